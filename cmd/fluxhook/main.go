@@ -1,0 +1,93 @@
+// Command fluxhook delivers webhooks from a PostgreSQL outbox.
+//
+// main is deliberately thin: it picks a subcommand and hands it the arguments, the process's
+// standard streams and a context cancelled by the first SIGINT/SIGTERM. Each subcommand lives
+// in its own file and registers itself in commands, so the commands can be tested by calling
+// run directly, without a process.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+)
+
+// command is one `fluxhook NAME` subcommand.
+type command struct {
+	// summary is the one-line description shown by `fluxhook help`.
+	summary string
+	// run executes the command. ctx is cancelled by the first SIGINT/SIGTERM; commands that
+	// need a second-signal behaviour (serve) install their own handling.
+	run func(ctx context.Context, env *environment, args []string) error
+}
+
+// environment is what a command may touch of the process, injectable for tests.
+type environment struct {
+	stdout io.Writer
+	stderr io.Writer
+	// getenv reads configuration variables; tests pass a map.
+	getenv func(string) string
+	// signals delivers SIGINT/SIGTERM after the first, for commands that escalate on a
+	// second signal. Nil in tests that do not send signals.
+	signals <-chan os.Signal
+}
+
+// commands is filled by each subcommand's file in an init function.
+var commands = map[string]command{}
+
+// errUsage marks errors caused by the command line itself; they exit with status 2.
+var errUsage = errors.New("usage")
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+// run is main without the process: it returns the exit status.
+func run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "fluxhook: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
+	}
+	ctx, signals, stop := notifyContext()
+	defer stop()
+	env := &environment{stdout: stdout, stderr: stderr, getenv: getenv, signals: signals}
+	if err := cmd.run(ctx, env, args[1:]); err != nil {
+		fmt.Fprintf(stderr, "fluxhook %s: %v\n", args[0], err)
+		if errors.Is(err, errUsage) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: fluxhook COMMAND [flags]\n\ncommands:")
+	names := make([]string, 0, len(commands))
+	for name := range commands {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
+	}
+	fmt.Fprintln(w, "\nRun `fluxhook COMMAND -h` for a command's flags. Every flag can also be set by its environment variable.")
+}
+
+// usageError wraps a command-line problem so that it exits with status 2.
+func usageError(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errUsage, strings.TrimSpace(fmt.Sprintf(format, args...)))
+}

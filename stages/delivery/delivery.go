@@ -1,0 +1,109 @@
+// Package delivery holds the one value every stage passes along: a claimed outbox row and,
+// once a stage has decided, its outcome.
+//
+// It is deliberately a plain data package with no behaviour of its own, so that the stages
+// can depend on it without depending on each other.
+package delivery
+
+import (
+	"net/http"
+	"time"
+)
+
+// Delivery is one claimed outbox row on its way from claim to settle.
+type Delivery struct {
+	// ID is the outbox row's primary key; retries are new rows with new IDs.
+	ID int64
+	// DeliveryID is stable across every attempt and replay of one event.
+	DeliveryID string
+	StreamID   string
+	EventType  string
+	// Payload is the exact body sent on every attempt: the stored jsonb, compacted once.
+	Payload []byte
+	// Attempt is 1 for the first try.
+	Attempt    int
+	EnqueuedAt time.Time
+	// DueAt is the row's created_at: when this attempt became due.
+	DueAt time.Time
+	// EndpointURL is the row's own endpoint_url; empty means the configured default.
+	EndpointURL string
+
+	// Endpoint is the validated target, set when the row is prepared. It is shared by every
+	// row that goes to the same URL.
+	Endpoint *Endpoint
+	// Header holds the signed request headers, set by the sign stage.
+	Header http.Header
+
+	// Outcome is set by whichever stage finishes with the row.
+	Outcome Outcome
+}
+
+// Endpoint is a validated consumer URL. Values are created once per distinct URL and shared.
+type Endpoint struct {
+	// URL is the full URL, possibly with a query string; it is never logged.
+	URL string
+	// Hash is the lower-case hex SHA-256 of URL: the name under which the endpoint appears in
+	// logs, metrics and Redis keys.
+	Hash string
+	// Key is the value the claim statement excludes while the endpoint is saturated: the row's
+	// endpoint_url, or "" for the configured default.
+	Key string
+}
+
+// Kind is what settle does with a row.
+type Kind uint8
+
+// The outcomes a row can have. The zero value means "not decided yet".
+const (
+	// Undecided is the zero value: no stage has finished with the row.
+	Undecided Kind = iota
+	// Delivered: the consumer answered 2xx.
+	Delivered
+	// Retry: a retryable failure; settle schedules the next attempt or, when the schedule is
+	// exhausted, dead-letters the event.
+	Retry
+	// Permanent: will never succeed (4xx other than the retryable ones, 3xx, an invalid row);
+	// settle dead-letters it at once.
+	Permanent
+	// Defer: the gate held the row back; settle re-enqueues it due after Delay with the same
+	// attempt number: no attempt is used.
+	Defer
+	// Release: the row was not attempted (its endpoint was saturated, or shutdown cancelled
+	// it); settle shortens its lease so that it is claimed again after Delay.
+	Release
+)
+
+// String names the kind for logs.
+func (k Kind) String() string {
+	switch k {
+	case Delivered:
+		return "delivered"
+	case Retry:
+		return "retry"
+	case Permanent:
+		return "permanent"
+	case Defer:
+		return "defer"
+	case Release:
+		return "release"
+	default:
+		return "undecided"
+	}
+}
+
+// Outcome is the result of one attempt, or the reason there was none.
+type Outcome struct {
+	Kind Kind
+	// Status is the HTTP status code, 0 when no response was received.
+	Status int
+	// Error describes a failed attempt (network error, status) for the outbox's error column.
+	Error string
+	// Reason is the dead-letter reason for Permanent outcomes that are not an HTTP status,
+	// for example an invalid endpoint_url.
+	Reason string
+	// Duration is how long the HTTP attempt took.
+	Duration time.Duration
+	// Delay is, for Retry, the minimum wait the consumer asked for with Retry-After (0 when
+	// it did not); for Defer and Release, the wait before the row is due again.
+	Delay time.Duration
+}
