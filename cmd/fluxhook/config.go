@@ -1,0 +1,247 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/fluxora/fluxhook/stages/dispatcher"
+	"github.com/fluxora/fluxhook/stages/sign"
+)
+
+// setting is one configuration variable. Every setting is an environment variable and a flag
+// of the same name in lower case with dashes (WEBHOOK_URL ↔ --webhook-url); a flag wins over
+// the environment. Defaults are written here, in one place, as the operator would type them.
+type setting struct {
+	env    string
+	def    string
+	help   string
+	secret bool
+}
+
+// settings lists every variable `serve` reads, with the original's names and defaults where
+// it had them.
+var settings = []setting{
+	{env: "DATABASE_URL", help: "PostgreSQL connection URL (required)", secret: true},
+	{env: "REDIS_URL", help: "Redis for the shared circuit breaker and rate limit (optional; reserved: this build gates in-process)", secret: true},
+	{env: "WEBHOOK_URL", help: "consumer URL for rows without endpoint_url; https unless loopback"},
+	{env: "WEBHOOK_SECRET", help: "HMAC signing secret (required)", secret: true},
+	{env: "WEBHOOK_SECRET_PREVIOUS", help: "previous secret during a rotation", secret: true},
+	{env: "WEBHOOK_SIGNATURE_SCHEME", def: "fluxora", help: "fluxora | standard"},
+	{env: "WEBHOOK_POLL_INTERVAL_MS", def: "10000", help: "backstop poll interval"},
+	{env: "WEBHOOK_BATCH_SIZE", def: "100", help: "most rows per claim (the original's default was 10)"},
+	{env: "WEBHOOK_MAX_IN_FLIGHT", def: "256", help: "rows claimed and not yet settled; also the number of send workers"},
+	{env: "WEBHOOK_ENDPOINT_CONCURRENCY", def: "64", help: "concurrent requests per endpoint"},
+	{env: "WEBHOOK_TIMEOUT_MS", def: "30000", help: "HTTP request timeout"},
+	{env: "WEBHOOK_LEASE_MS", help: "claim lease (default 2×timeout + 30 s)"},
+	{env: "WEBHOOK_DRAIN_TIMEOUT_MS", help: "how long SIGTERM waits for in-flight requests (default timeout + 5 s)"},
+	{env: "WEBHOOK_RETRY_SCHEDULE", def: "5s,1m,5m,30m,2h,6h,12h,24h", help: "waits before each retry; its length sets the attempts"},
+	{env: "WEBHOOK_MAX_PAYLOAD_BYTES", def: "1048576", help: "larger payloads are dead-lettered"},
+	{env: "WEBHOOK_RETRY_RPS", def: "10", help: "retries per second per consumer URL (reserved for the rate-limit gate)"},
+	{env: "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", def: "0", help: "consecutive retryable failures that open the circuit; 0 = off (reserved for the breaker gate)"},
+	{env: "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", def: "300000", help: "how long an open circuit stays open (reserved for the breaker gate)"},
+	{env: "WEBHOOK_RETENTION", def: "168h", help: "how long processed rows are kept (reserved for the janitor)"},
+	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "comma-separated private CIDRs an operator allows as endpoints (reserved for the SSRF guard)"},
+	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
+	{env: "LOG_FORMAT", def: "json", help: "json | console"},
+	{env: "METRICS_ADDR", help: "address for /metrics, /livez, /readyz (reserved)"},
+}
+
+func flagName(env string) string { return strings.ReplaceAll(strings.ToLower(env), "_", "-") }
+
+// loadSettings registers a flag per setting on fs, parses args, and returns the effective
+// value of every variable: flag, else environment, else default.
+func loadSettings(fs *flag.FlagSet, args []string, getenv func(string) string) (map[string]string, error) {
+	flagged := map[string]*string{}
+	for _, s := range settings {
+		help := s.help
+		if s.def != "" {
+			help += " (default " + s.def + ")"
+		}
+		flagged[s.env] = fs.String(flagName(s.env), "", help+" [$"+s.env+"]")
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, usageError("%v", err)
+	}
+	if fs.NArg() > 0 {
+		return nil, usageError("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	values := map[string]string{}
+	for _, s := range settings {
+		v := *flagged[s.env]
+		if v == "" {
+			v = getenv(s.env)
+		}
+		if v == "" {
+			v = s.def
+		}
+		values[s.env] = strings.TrimSpace(v)
+	}
+	return values, nil
+}
+
+// serveConfig is everything `serve` needs besides the dispatcher's own config.
+type serveConfig struct {
+	dispatcher   dispatcher.Config
+	drainTimeout time.Duration
+	logLevel     zapcore.Level
+	logFormat    string
+	redisURL     string
+	metricsAddr  string
+}
+
+// parseServeConfig turns the raw values into a validated configuration, reporting every bad
+// variable at once by name, so an operator fixes them in one go.
+func parseServeConfig(v map[string]string) (serveConfig, error) {
+	var errs []error
+	bad := func(env, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", env, fmt.Sprintf(format, args...)))
+	}
+	intOf := func(env string, min int) int {
+		raw := v[env]
+		if raw == "" {
+			return 0
+		}
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < min {
+			bad(env, "must be an integer ≥ %d, got %q", min, raw)
+			return 0
+		}
+		return n
+	}
+	msOf := func(env string, min int) time.Duration {
+		return time.Duration(intOf(env, min)) * time.Millisecond
+	}
+
+	var c serveConfig
+	d := &c.dispatcher
+	d.DatabaseURL = v["DATABASE_URL"]
+	d.DefaultURL = v["WEBHOOK_URL"]
+	d.Secret = v["WEBHOOK_SECRET"]
+	d.PreviousSecret = v["WEBHOOK_SECRET_PREVIOUS"]
+	d.Scheme = sign.Scheme(v["WEBHOOK_SIGNATURE_SCHEME"])
+	d.PollInterval = msOf("WEBHOOK_POLL_INTERVAL_MS", 10)
+	d.BatchSize = intOf("WEBHOOK_BATCH_SIZE", 1)
+	d.MaxInFlight = intOf("WEBHOOK_MAX_IN_FLIGHT", 1)
+	d.EndpointConcurrency = intOf("WEBHOOK_ENDPOINT_CONCURRENCY", 1)
+	d.Timeout = msOf("WEBHOOK_TIMEOUT_MS", 1)
+	d.Lease = msOf("WEBHOOK_LEASE_MS", 1)
+	c.drainTimeout = msOf("WEBHOOK_DRAIN_TIMEOUT_MS", 0)
+	d.MaxPayloadBytes = intOf("WEBHOOK_MAX_PAYLOAD_BYTES", 2)
+	intOf("WEBHOOK_RETRY_RPS", 1)
+	intOf("WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", 0)
+	intOf("WEBHOOK_CIRCUIT_BREAKER_RESET_MS", 1)
+	c.redisURL = v["REDIS_URL"]
+	c.metricsAddr = v["METRICS_ADDR"]
+
+	if d.DatabaseURL == "" {
+		bad("DATABASE_URL", "is required: a PostgreSQL URL such as postgres://user@localhost:5432/app")
+	}
+	if d.DefaultURL == "" {
+		bad("WEBHOOK_URL", "is required: the consumer's URL (https, or http on localhost)")
+	}
+	if d.Secret == "" {
+		bad("WEBHOOK_SECRET", "is required: the secret consumers verify signatures with")
+	}
+	sched, err := parseSchedule(v["WEBHOOK_RETRY_SCHEDULE"])
+	if err != nil {
+		bad("WEBHOOK_RETRY_SCHEDULE", "%v", err)
+	}
+	d.RetrySchedule = sched
+	if r := v["WEBHOOK_RETENTION"]; r != "" {
+		if dur, err := time.ParseDuration(r); err != nil || dur <= 0 {
+			bad("WEBHOOK_RETENTION", "must be a positive Go duration such as 168h, got %q", r)
+		}
+	}
+	if nets := v["WEBHOOK_ALLOWED_NETWORKS"]; nets != "" {
+		for _, n := range strings.Split(nets, ",") {
+			if _, err := netip.ParsePrefix(strings.TrimSpace(n)); err != nil {
+				bad("WEBHOOK_ALLOWED_NETWORKS", "%q is not a CIDR such as 10.0.0.0/8", strings.TrimSpace(n))
+			}
+		}
+	}
+	level, err := zapcore.ParseLevel(v["LOG_LEVEL"])
+	if err != nil {
+		bad("LOG_LEVEL", "must be debug, info, warn or error, got %q", v["LOG_LEVEL"])
+	}
+	c.logLevel = level
+	c.logFormat = v["LOG_FORMAT"]
+	if c.logFormat != "json" && c.logFormat != "console" {
+		bad("LOG_FORMAT", "must be json or console, got %q", c.logFormat)
+	}
+	if len(errs) == 0 {
+		// Only once each field parsed: Validate's messages would repeat the ones above.
+		if err := d.WithDefaults().Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.drainTimeout == 0 {
+		c.drainTimeout = d.WithDefaults().Timeout + 5*time.Second
+	}
+	return c, errors.Join(errs...)
+}
+
+// parseSchedule reads "5s,1m,5m" into durations.
+func parseSchedule(raw string) ([]time.Duration, error) {
+	if raw == "" {
+		return nil, errors.New("must list at least one duration, e.g. 5s,1m,5m,30m")
+	}
+	var out []time.Duration
+	for i, part := range strings.Split(raw, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(part))
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("step %d (%q) is not a positive duration such as 30s or 2h", i+1, strings.TrimSpace(part))
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// newLogger builds the zap logger: JSON for log shipping by default, console for humans,
+// with sampling so that a failing endpoint cannot flood the log stack.
+func newLogger(level zapcore.Level, format string, w zapcore.WriteSyncer) *zap.Logger {
+	encCfg := zap.NewProductionEncoderConfig()
+	encCfg.TimeKey = "ts"
+	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	var enc zapcore.Encoder
+	if format == "console" {
+		encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		enc = zapcore.NewConsoleEncoder(encCfg)
+	} else {
+		enc = zapcore.NewJSONEncoder(encCfg)
+	}
+	core := zapcore.NewCore(enc, w, level)
+	core = zapcore.NewSamplerWithOptions(core, time.Second, 100, 10)
+	return zap.New(core)
+}
+
+// effectiveConfig lists the configuration for the startup log line, secrets redacted.
+func effectiveConfig(v map[string]string) []zap.Field {
+	fields := make([]zap.Field, 0, len(settings))
+	for _, s := range settings {
+		val := v[s.env]
+		switch {
+		case val == "":
+			continue
+		case s.env == "DATABASE_URL" || s.env == "REDIS_URL":
+			val = redactURL(val)
+		case s.secret:
+			val = "[redacted]"
+		case s.env == "WEBHOOK_URL":
+			// The URL may carry a token in its query; logs name endpoints by hash.
+			sum := sha256.Sum256([]byte(val))
+			val = "sha256:" + hex.EncodeToString(sum[:])
+		}
+		fields = append(fields, zap.String(strings.ToLower(s.env), val))
+	}
+	return fields
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/fluxora/fluxhook/sql/sqltest"
+)
+
+func TestEnqueueCommandWritesOneEvent(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+
+	r := runCLI(t, db.URL, "enqueue", "--event-type", "order.created", "--payload", `{"order": 7}`,
+		"--stream-id", "orders", "--endpoint-url", "https://consumer.example/hook", "--delay", "90s")
+	if r.code != 0 {
+		t.Fatalf("enqueue exited %d: %s", r.code, r.stderr)
+	}
+	var id int64
+	var deliveryID string
+	if _, err := fmt.Sscanf(r.stdout, "id=%d delivery_id=%s\n", &id, &deliveryID); err != nil {
+		t.Fatalf("enqueue printed %q: %v", r.stdout, err)
+	}
+
+	var (
+		gotDelivery, eventType, payload, streamID, endpoint string
+		attempt                                             int
+		dueIn                                               float64
+	)
+	err := db.Pool.QueryRow(context.Background(), `
+		SELECT delivery_id::text, event_type, payload::text, stream_id, endpoint_url, attempt,
+		       extract(epoch FROM created_at - now())::float8
+		FROM webhook_outbox WHERE id = $1`, id).
+		Scan(&gotDelivery, &eventType, &payload, &streamID, &endpoint, &attempt, &dueIn)
+	if err != nil {
+		t.Fatalf("reading row %d: %v", id, err)
+	}
+	if gotDelivery != deliveryID || eventType != "order.created" || payload != `{"order": 7}` ||
+		streamID != "orders" || endpoint != "https://consumer.example/hook" || attempt != 1 {
+		t.Errorf("row = %s %s %s %s %s attempt %d", gotDelivery, eventType, payload, streamID, endpoint, attempt)
+	}
+	if dueIn < 80 || dueIn > 90 {
+		t.Errorf("--delay 90s made the row due in %.1fs", dueIn)
+	}
+}
+
+func TestEnqueueCommandDefaults(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+
+	if r := runCLI(t, db.URL, "enqueue", "--event-type", "ping"); r.code != 0 {
+		t.Fatalf("enqueue exited %d: %s", r.code, r.stderr)
+	}
+	n := count(t, db, `SELECT count(*) FROM webhook_outbox
+		WHERE event_type = 'ping' AND payload = '{}' AND stream_id IS NULL AND endpoint_url IS NULL
+		  AND created_at <= now() AND attempt = 1 AND NOT processed`)
+	if n != 1 {
+		t.Fatalf("found %d default rows, want 1 (payload {}, no stream, configured endpoint, due now)", n)
+	}
+}
+
+func TestEnqueueCommandRejectsBadFlagsWithoutWriting(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"enqueue"}, "--event-type is required"},
+		{[]string{"enqueue", "--event-type", "t", "--payload", `{"a":`}, "not valid JSON"},
+		{[]string{"enqueue", "--event-type", "t", "--delay", "-1s"}, "negative"},
+		{[]string{"enqueue", "--event-type", "t", "extra"}, `unexpected argument "extra"`},
+		{[]string{"enqueue", "--event-type", "a\tb"}, "control character"},
+		{[]string{"enqueue", "--nope"}, "flag provided but not defined"},
+	}
+	for _, tc := range cases {
+		r := runCLI(t, db.URL, tc.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want 2 mentioning %q", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 0 {
+		t.Fatalf("rejected commands wrote %d rows", n)
+	}
+}
+
+func TestEnqueueCommandNeedsADatabase(t *testing.T) {
+	t.Parallel()
+	r := runCLI(t, "", "enqueue", "--event-type", "t")
+	if r.code != 1 || !strings.Contains(r.stderr, "DATABASE_URL") {
+		t.Fatalf("without DATABASE_URL: exit %d, stderr %q; want 1 naming DATABASE_URL", r.code, r.stderr)
+	}
+	unmigrated := sqltest.New(t)
+	r = runCLI(t, unmigrated.URL, "enqueue", "--event-type", "t")
+	if r.code != 1 || !strings.Contains(r.stderr, "fluxhook migrate") {
+		t.Fatalf("on an unmigrated database: exit %d, stderr %q; want 1 with the migrate hint", r.code, r.stderr)
+	}
+}

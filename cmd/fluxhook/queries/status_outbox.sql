@@ -1,0 +1,15 @@
+-- fluxhook status: the outbox at a glance, in one scan of the unprocessed rows (the partial
+-- index's rows) plus an index range on processed_at. A row is in the backlog when it is due
+-- and no live lease holds it: an expired lease is waiting to be claimed again.
+SELECT
+    now(),
+    count(*) FILTER (WHERE created_at <= now() AND (lease_until IS NULL OR lease_until <= now())),
+    coalesce(extract(epoch FROM now() - min(created_at) FILTER (
+        WHERE created_at <= now() AND (lease_until IS NULL OR lease_until <= now())
+    )), 0)::float8,
+    count(*) FILTER (WHERE lease_until > now()),
+    count(*) FILTER (WHERE attempt > 1),
+    count(*) FILTER (WHERE created_at > now()),
+    (SELECT count(*) FROM webhook_outbox WHERE processed AND processed_at > now() - interval '1 hour')
+FROM webhook_outbox
+WHERE NOT processed

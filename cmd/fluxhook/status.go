@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	fluxsql "github.com/fluxora/fluxhook/sql"
+)
+
+//go:embed queries/status_outbox.sql
+var statusOutboxSQL string
+
+//go:embed queries/status_dead_letter_totals.sql
+var statusDeadLetterTotalsSQL string
+
+//go:embed queries/status_dead_letter_reasons.sql
+var statusDeadLetterReasonsSQL string
+
+//go:embed queries/status_dispatchers.sql
+var statusDispatchersSQL string
+
+func init() {
+	commands["status"] = command{summary: "backlog, leases, retries, dead letters and dispatchers (--json for monitoring)", run: runStatus}
+}
+
+// statusReport is `fluxhook status --json`. Its field names are an interface for monitoring
+// scripts: add fields, never rename them.
+type statusReport struct {
+	SchemaVersion int       `json:"schema_version"`
+	DatabaseTime  time.Time `json:"database_time"`
+	// Backlog: due, unprocessed and not held by a live lease.
+	Backlog int64 `json:"backlog"`
+	// OldestDueAgeSeconds: how long the oldest backlog row has been due; 0 without a backlog.
+	OldestDueAgeSeconds float64 `json:"oldest_due_age_seconds"`
+	// InFlight: unprocessed rows under a live lease (being sent).
+	InFlight int64 `json:"in_flight"`
+	// RetriesPending: unprocessed rows past their first attempt, due or not.
+	RetriesPending int64 `json:"retries_pending"`
+	// Scheduled: unprocessed rows not yet due (retries and delayed events).
+	Scheduled              int64                `json:"scheduled"`
+	ProcessedLastHour      int64                `json:"processed_last_hour"`
+	DeadLetters            int64                `json:"dead_letters"`
+	DeadLettersNotReplayed int64                `json:"dead_letters_not_replayed"`
+	DeadLettersByReason    []deadLetterReason   `json:"dead_letters_by_reason"`
+	Dispatchers            []dispatcherInstance `json:"dispatchers"`
+}
+
+type deadLetterReason struct {
+	Reason      string `json:"reason"`
+	Count       int64  `json:"count"`
+	NotReplayed int64  `json:"not_replayed"`
+}
+
+type dispatcherInstance struct {
+	InstanceID     string    `json:"instance_id"`
+	Armed          bool      `json:"armed"`
+	StartedAt      time.Time `json:"started_at"`
+	SeenAt         time.Time `json:"seen_at"`
+	SeenAgeSeconds float64   `json:"seen_age_seconds"`
+}
+
+// runStatus answers "is delivery keeping up, and is anything stuck?" from the database alone,
+// so it works while no dispatcher is running, which is when it is most needed.
+func runStatus(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet("status", env, "fluxhook status [--json]")
+	dbURL := databaseURLFlag(fs, env)
+	asJSON := fs.Bool("json", false, "print one JSON object with stable snake_case fields")
+	if err := noArguments(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	pool, err := connectCurrent(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	var rep statusReport
+	// One read-only snapshot: every number is as of the same instant, and now() is the same
+	// in every query.
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		rep, err = readStatus(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, rep)
+	}
+	return printStatus(env.stdout, rep)
+}
+
+func readStatus(ctx context.Context, tx pgx.Tx) (statusReport, error) {
+	rep := statusReport{DeadLettersByReason: []deadLetterReason{}, Dispatchers: []dispatcherInstance{}}
+	var err error
+	if rep.SchemaVersion, err = fluxsql.CurrentVersion(ctx, tx); err != nil {
+		return rep, err
+	}
+	if err := tx.QueryRow(ctx, statusOutboxSQL).Scan(&rep.DatabaseTime, &rep.Backlog, &rep.OldestDueAgeSeconds,
+		&rep.InFlight, &rep.RetriesPending, &rep.Scheduled, &rep.ProcessedLastHour); err != nil {
+		return rep, fmt.Errorf("reading the outbox: %w", err)
+	}
+	if err := tx.QueryRow(ctx, statusDeadLetterTotalsSQL).Scan(&rep.DeadLetters, &rep.DeadLettersNotReplayed); err != nil {
+		return rep, fmt.Errorf("reading dead letters: %w", err)
+	}
+	rows, _ := tx.Query(ctx, statusDeadLetterReasonsSQL)
+	reasons, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deadLetterReason, error) {
+		var d deadLetterReason
+		return d, r.Scan(&d.Reason, &d.Count, &d.NotReplayed)
+	})
+	if err != nil {
+		return rep, fmt.Errorf("reading dead-letter reasons: %w", err)
+	}
+	rep.DeadLettersByReason = append(rep.DeadLettersByReason, reasons...)
+	rows, _ = tx.Query(ctx, statusDispatchersSQL)
+	instances, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (dispatcherInstance, error) {
+		var d dispatcherInstance
+		return d, r.Scan(&d.InstanceID, &d.Armed, &d.StartedAt, &d.SeenAt, &d.SeenAgeSeconds)
+	})
+	if err != nil {
+		return rep, fmt.Errorf("reading dispatchers: %w", err)
+	}
+	rep.Dispatchers = append(rep.Dispatchers, instances...)
+	rep.DatabaseTime = rep.DatabaseTime.UTC()
+	for i := range rep.Dispatchers {
+		rep.Dispatchers[i].StartedAt = rep.Dispatchers[i].StartedAt.UTC()
+		rep.Dispatchers[i].SeenAt = rep.Dispatchers[i].SeenAt.UTC()
+	}
+	return rep, nil
+}
+
+func printStatus(w io.Writer, rep statusReport) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "schema version\t%d\n", rep.SchemaVersion)
+	fmt.Fprintf(tw, "database time\t%s\n", formatTime(rep.DatabaseTime))
+	fmt.Fprintf(tw, "backlog\t%d\tdue, waiting to be claimed\n", rep.Backlog)
+	fmt.Fprintf(tw, "oldest due age\t%s\n", formatSeconds(rep.OldestDueAgeSeconds))
+	fmt.Fprintf(tw, "in-flight leases\t%d\n", rep.InFlight)
+	fmt.Fprintf(tw, "retries pending\t%d\n", rep.RetriesPending)
+	fmt.Fprintf(tw, "scheduled\t%d\tnot yet due\n", rep.Scheduled)
+	fmt.Fprintf(tw, "processed last hour\t%d\n", rep.ProcessedLastHour)
+	fmt.Fprintf(tw, "dead letters\t%d\t%d not replayed\n", rep.DeadLetters, rep.DeadLettersNotReplayed)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rep.DeadLettersByReason) > 0 {
+		fmt.Fprintln(w, "\ndead letters by reason (top 10):")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  COUNT\tNOT REPLAYED\tREASON")
+		for _, r := range rep.DeadLettersByReason {
+			fmt.Fprintf(tw, "  %d\t%d\t%s\n", r.Count, r.NotReplayed, printable(r.Reason))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(w, "\ndispatchers:")
+	if len(rep.Dispatchers) == 0 {
+		_, err := fmt.Fprintln(w, "  none registered")
+		return err
+	}
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  INSTANCE\tARMED\tSTARTED\tLAST SEEN")
+	for _, d := range rep.Dispatchers {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s ago\n", printable(d.InstanceID), yesNo(d.Armed), formatTime(d.StartedAt), formatSeconds(d.SeenAgeSeconds))
+	}
+	return tw.Flush()
+}
+
+func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") }
+
+// formatSeconds rounds an age for people: tenths of a second below a minute, seconds above.
+func formatSeconds(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	if d < time.Minute {
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

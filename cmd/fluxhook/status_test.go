@@ -1,0 +1,169 @@
+package main
+
+import (
+	"encoding/json"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/fluxora/fluxhook/sql/sqltest"
+)
+
+// insertStatusFixtures fills the outbox, the dead-letter table and the dispatcher table with
+// one row of every kind status distinguishes.
+func insertStatusFixtures(t *testing.T, db *sqltest.DB) {
+	t.Helper()
+	mustExec(t, db, `INSERT INTO webhook_outbox (event_type, payload, created_at, attempt, lease_until, leased_by, processed, processed_at) VALUES
+		('due.old',      '{}', now() - interval '10 minutes', 1, NULL, NULL, false, NULL),            -- backlog, oldest
+		('due.new',      '{}', now() - interval '1 second',   1, NULL, NULL, false, NULL),            -- backlog
+		('expired',      '{}', now() - interval '2 minutes',  1, now() - interval '1 minute', 'gone', false, NULL), -- backlog: lease expired
+		('retry.due',    '{}', now() - interval '5 seconds',  3, NULL, NULL, false, NULL),            -- backlog and retry
+		('leased',       '{}', now() - interval '1 hour',     1, now() + interval '1 minute', 'd1', false, NULL), -- in flight
+		('retry.later',  '{}', now() + interval '1 hour',     2, NULL, NULL, false, NULL),            -- scheduled and retry
+		('done.recent',  '{}', now() - interval '5 minutes',  1, NULL, NULL, true, now() - interval '4 minutes'),
+		('done.recent2', '{}', now() - interval '5 minutes',  2, NULL, NULL, true, now() - interval '59 minutes'),
+		('done.old',     '{}', now() - interval '3 hours',    1, NULL, NULL, true, now() - interval '2 hours')`)
+	mustExec(t, db, `INSERT INTO webhook_dead_letter (delivery_id, event_type, payload, attempts, reason, enqueued_at, replayed_at) VALUES
+		(gen_random_uuid(), 'a', '{}', 9, 'attempts exhausted', now(), NULL),
+		(gen_random_uuid(), 'a', '{}', 9, 'attempts exhausted', now(), NULL),
+		(gen_random_uuid(), 'a', '{}', 9, 'attempts exhausted', now(), now()),
+		(gen_random_uuid(), 'b', '{}', 1, 'permanent: HTTP 404', now(), NULL)`)
+	mustExec(t, db, `INSERT INTO webhook_dispatcher (instance_id, armed, started_at, seen_at) VALUES
+		('host-b', false, now() - interval '1 hour', now() - interval '2 seconds'),
+		('host-a', true,  now() - interval '2 hours', now())`)
+}
+
+func TestStatusJSON(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	insertStatusFixtures(t, db)
+
+	r := runCLI(t, db.URL, "status", "--json")
+	if r.code != 0 {
+		t.Fatalf("status --json exited %d: %s", r.code, r.stderr)
+	}
+	var rep statusReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("status --json printed %q: %v", r.stdout, err)
+	}
+	if rep.SchemaVersion != 1 || rep.DatabaseTime.IsZero() {
+		t.Errorf("schema_version=%d database_time=%v", rep.SchemaVersion, rep.DatabaseTime)
+	}
+	got := map[string]int64{
+		"backlog": rep.Backlog, "in_flight": rep.InFlight, "retries_pending": rep.RetriesPending,
+		"scheduled": rep.Scheduled, "processed_last_hour": rep.ProcessedLastHour,
+		"dead_letters": rep.DeadLetters, "dead_letters_not_replayed": rep.DeadLettersNotReplayed,
+	}
+	want := map[string]int64{
+		"backlog": 4, "in_flight": 1, "retries_pending": 2, "scheduled": 1, "processed_last_hour": 2,
+		"dead_letters": 4, "dead_letters_not_replayed": 3,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("counts = %v\nwant     %v", got, want)
+	}
+	// The leased row is older but in flight: the age is the oldest row waiting to be claimed.
+	if rep.OldestDueAgeSeconds < 600 || rep.OldestDueAgeSeconds > 660 {
+		t.Errorf("oldest_due_age_seconds = %.1f, want about 600", rep.OldestDueAgeSeconds)
+	}
+	wantReasons := []deadLetterReason{{"attempts exhausted", 3, 2}, {"permanent: HTTP 404", 1, 1}}
+	if !reflect.DeepEqual(rep.DeadLettersByReason, wantReasons) {
+		t.Errorf("dead_letters_by_reason = %+v, want %+v", rep.DeadLettersByReason, wantReasons)
+	}
+	if len(rep.Dispatchers) != 2 || rep.Dispatchers[0].InstanceID != "host-a" || !rep.Dispatchers[0].Armed ||
+		rep.Dispatchers[1].Armed || rep.Dispatchers[1].SeenAgeSeconds < 2 {
+		t.Errorf("dispatchers = %+v", rep.Dispatchers)
+	}
+
+	// The field names are what monitoring scripts depend on.
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for k := range raw {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	wantKeys := []string{"backlog", "database_time", "dead_letters", "dead_letters_by_reason", "dead_letters_not_replayed",
+		"dispatchers", "in_flight", "oldest_due_age_seconds", "processed_last_hour", "retries_pending", "scheduled", "schema_version"}
+	if !slices.Equal(keys, wantKeys) {
+		t.Errorf("JSON fields = %v\nwant          %v", keys, wantKeys)
+	}
+	d := raw["dispatchers"].([]any)[0].(map[string]any)
+	for _, k := range []string{"instance_id", "armed", "started_at", "seen_at", "seen_age_seconds"} {
+		if _, ok := d[k]; !ok {
+			t.Errorf("dispatcher object lacks %q: %v", k, d)
+		}
+	}
+}
+
+func TestStatusJSONOnAnEmptyOutbox(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+
+	r := runCLI(t, db.URL, "status", "--json")
+	if r.code != 0 {
+		t.Fatalf("status --json exited %d: %s", r.code, r.stderr)
+	}
+	// Lists are [] and the age is 0, never null: scripts can index and compare without checks.
+	for _, want := range []string{`"backlog": 0`, `"oldest_due_age_seconds": 0`, `"dead_letters_by_reason": []`, `"dispatchers": []`} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("status --json lacks %s:\n%s", want, r.stdout)
+		}
+	}
+}
+
+func TestStatusHumanReadable(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	insertStatusFixtures(t, db)
+
+	r := runCLI(t, db.URL, "status")
+	if r.code != 0 {
+		t.Fatalf("status exited %d: %s", r.code, r.stderr)
+	}
+	lines := strings.Split(r.stdout, "\n")
+	field := func(label string) []string {
+		for _, l := range lines {
+			if rest, ok := strings.CutPrefix(l, label); ok && strings.HasPrefix(rest, " ") {
+				return strings.Fields(rest)
+			}
+		}
+		t.Errorf("no %q line in:\n%s", label, r.stdout)
+		return []string{""}
+	}
+	for label, want := range map[string]string{
+		"backlog": "4", "in-flight leases": "1", "retries pending": "2", "scheduled": "1",
+		"processed last hour": "2", "dead letters": "4", "oldest due age": "10m0s",
+	} {
+		if got := field(label)[0]; got != want {
+			t.Errorf("%s = %q, want %q", label, got, want)
+		}
+	}
+	// Values line up in one column.
+	col := strings.Index(lines[0], "1")
+	for _, l := range lines[:9] {
+		if len(l) <= col || l[col-1] != ' ' || l[col] == ' ' {
+			t.Errorf("value not at column %d: %q", col, l)
+		}
+	}
+	for _, want := range []string{"attempts exhausted", "permanent: HTTP 404", "host-a", "host-b", "INSTANCE"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("status output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+func TestStatusRefusesAnOutdatedSchema(t *testing.T) {
+	t.Parallel()
+	db := sqltest.New(t)
+
+	r := runCLI(t, db.URL, "status", "--json")
+	if r.code != 1 || !strings.Contains(r.stderr, "fluxhook migrate") || r.stdout != "" {
+		t.Fatalf("status on an unmigrated database: exit %d, stdout %q, stderr %q; want 1 and the migrate hint", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(t, db.URL, "status", "extra"); r.code != 2 {
+		t.Errorf("status with an argument exited %d, want 2", r.code)
+	}
+}

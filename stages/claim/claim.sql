@@ -1,0 +1,31 @@
+-- Lease up to $1 due rows in claim order, skipping rows another dispatcher holds, and record
+-- in the same statement whether this dispatcher is now idle (armed for a NOTIFY) or busy.
+--   $1 limit, $2 lease in milliseconds, $3 endpoint keys to skip (saturated endpoints; '' is
+--   the configured default), $4 this dispatcher's instance id.
+-- The lease commits with the statement: no transaction stays open across HTTP.
+WITH due AS MATERIALIZED (
+    SELECT id
+    FROM webhook_outbox
+    WHERE NOT processed
+      AND created_at <= now()
+      AND (lease_until IS NULL OR lease_until < now())
+      AND NOT (coalesce(endpoint_url, '') = ANY ($3::text[]))
+    ORDER BY created_at, id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE webhook_outbox o
+    SET lease_until = now() + $2::bigint * interval '1 millisecond',
+        leased_by = $4
+    FROM due
+    WHERE o.id = due.id
+    RETURNING o.id, o.delivery_id::text, coalesce(o.stream_id, ''), o.event_type, o.payload::text,
+              o.attempt, o.enqueued_at, o.created_at, coalesce(o.endpoint_url, '')
+), arm AS (
+    -- Written only when the flag changes, so a busy dispatcher does not touch this row.
+    UPDATE webhook_dispatcher
+    SET armed = NOT EXISTS (SELECT 1 FROM claimed), seen_at = now()
+    WHERE instance_id = $4
+      AND armed = EXISTS (SELECT 1 FROM claimed)
+)
+SELECT * FROM claimed ORDER BY created_at, id

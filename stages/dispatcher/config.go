@@ -1,0 +1,164 @@
+package dispatcher
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/fluxora/fluxhook/stages/gate"
+	"github.com/fluxora/fluxhook/stages/settle"
+	"github.com/fluxora/fluxhook/stages/sign"
+)
+
+// Config is everything a Dispatcher needs. The zero value of each field means its default
+// (see WithDefaults); Validate names the environment variable of a bad field, because that is
+// how operators set them.
+type Config struct {
+	// DatabaseURL connects to the database holding webhook_outbox (DATABASE_URL).
+	DatabaseURL string
+	// DefaultURL is the consumer for rows without endpoint_url (WEBHOOK_URL).
+	DefaultURL string
+	// Secret signs requests (WEBHOOK_SECRET); PreviousSecret also signs during a rotation
+	// with the Standard Webhooks scheme (WEBHOOK_SECRET_PREVIOUS).
+	Secret, PreviousSecret string
+	// Scheme is the signature scheme (WEBHOOK_SIGNATURE_SCHEME).
+	Scheme sign.Scheme
+	// PollInterval is the backstop poll (WEBHOOK_POLL_INTERVAL_MS, default 10 s).
+	PollInterval time.Duration
+	// BatchSize is the most rows one claim statement leases (WEBHOOK_BATCH_SIZE). The
+	// original's default was 10; ours is 100, because a claim is one round trip whatever its
+	// size and a batch of 10 caps a dispatcher at a few thousand events per second. Claims
+	// are further limited by free capacity, so a large batch never means waiting.
+	BatchSize int
+	// MaxInFlight is the pipeline's capacity: rows claimed and not yet settled
+	// (WEBHOOK_MAX_IN_FLIGHT, default 256). It is also the number of send workers.
+	MaxInFlight int
+	// EndpointConcurrency caps concurrent requests to one endpoint
+	// (WEBHOOK_ENDPOINT_CONCURRENCY, default 64), so one slow consumer cannot take every
+	// worker: rows for a saturated endpoint are left in the table (claimed around) until it
+	// has room.
+	EndpointConcurrency int
+	// Timeout bounds one HTTP attempt (WEBHOOK_TIMEOUT_MS, default 30 s).
+	Timeout time.Duration
+	// Lease is how long a claimed row is reserved (WEBHOOK_LEASE_MS, default 2×Timeout+30 s).
+	// A crashed dispatcher's rows are delivered again after it; it must exceed Timeout with
+	// room for queueing and settling, or a slow attempt could be delivered twice at once.
+	Lease time.Duration
+	// RetrySchedule is the wait before each retry (WEBHOOK_RETRY_SCHEDULE); its length sets
+	// the number of attempts. Nil means settle.DefaultSchedule.
+	RetrySchedule []time.Duration
+	// RetryJitter is the ± fraction applied to retry waits (0 = default 20%, <0 = none).
+	RetryJitter float64
+	// MaxPayloadBytes dead-letters rows whose payload is larger (WEBHOOK_MAX_PAYLOAD_BYTES,
+	// default 1 MiB): consumers commonly refuse large bodies, and retrying them for two
+	// days only to fail helps no one.
+	MaxPayloadBytes int
+	// InstanceID names this dispatcher in leases and in webhook_dispatcher (default:
+	// hostname-pid-random).
+	InstanceID string
+	// Gate decides which rows may be attempted now (nil = gate.AllowAll).
+	Gate gate.Gate
+	// Logger receives structured logs (nil = no logs).
+	Logger *zap.Logger
+	// AsyncCommit sets synchronous_commit=off on the dispatcher's own connections (default
+	// on: a claim or settle lost in a database crash only causes a redelivery, and it saves
+	// a WAL flush per batch). Set DurableCommit to turn it off.
+	DurableCommit bool
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.Scheme == "" {
+		c.Scheme = sign.Fluxora
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 10 * time.Second
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 100
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 256
+	}
+	if c.EndpointConcurrency == 0 {
+		c.EndpointConcurrency = 64
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 30 * time.Second
+	}
+	if c.Lease == 0 {
+		c.Lease = 2*c.Timeout + 30*time.Second
+	}
+	if c.RetrySchedule == nil {
+		c.RetrySchedule = settle.DefaultSchedule
+	}
+	if c.MaxPayloadBytes == 0 {
+		c.MaxPayloadBytes = 1 << 20
+	}
+	if c.InstanceID == "" {
+		c.InstanceID = defaultInstanceID()
+	}
+	if c.Gate == nil {
+		c.Gate = gate.AllowAll{}
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+// Validate reports every invalid field, naming its environment variable and what is expected.
+// The URL and secret are validated by the send and sign stages when the Dispatcher is built.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(env, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", env, fmt.Sprintf(format, args...)))
+	}
+	if c.DatabaseURL == "" {
+		bad("DATABASE_URL", "is required (a PostgreSQL connection URL, e.g. postgres://user@host:5432/db)")
+	}
+	if c.PollInterval < 10*time.Millisecond {
+		bad("WEBHOOK_POLL_INTERVAL_MS", "must be at least 10 ms, got %s", c.PollInterval)
+	}
+	if c.BatchSize < 1 || c.BatchSize > 10000 {
+		bad("WEBHOOK_BATCH_SIZE", "must be between 1 and 10000, got %d", c.BatchSize)
+	}
+	if c.MaxInFlight < 1 || c.MaxInFlight > 100000 {
+		bad("WEBHOOK_MAX_IN_FLIGHT", "must be between 1 and 100000, got %d", c.MaxInFlight)
+	}
+	if c.EndpointConcurrency < 1 {
+		bad("WEBHOOK_ENDPOINT_CONCURRENCY", "must be at least 1, got %d", c.EndpointConcurrency)
+	}
+	if c.Timeout < time.Millisecond {
+		bad("WEBHOOK_TIMEOUT_MS", "must be at least 1 ms, got %s", c.Timeout)
+	}
+	if c.Lease < c.Timeout+time.Second {
+		bad("WEBHOOK_LEASE_MS", "must exceed WEBHOOK_TIMEOUT_MS (%s) by at least 1 s, got %s; otherwise a slow attempt's row could be claimed and sent again while it is still in flight", c.Timeout, c.Lease)
+	}
+	if len(c.RetrySchedule) > 100 {
+		bad("WEBHOOK_RETRY_SCHEDULE", "has %d steps; at most 100", len(c.RetrySchedule))
+	}
+	for i, d := range c.RetrySchedule {
+		if d <= 0 {
+			bad("WEBHOOK_RETRY_SCHEDULE", "step %d is %s; every step must be positive", i+1, d)
+		}
+	}
+	if c.MaxPayloadBytes < 2 {
+		bad("WEBHOOK_MAX_PAYLOAD_BYTES", "must be at least 2, got %d", c.MaxPayloadBytes)
+	}
+	if c.Scheme != sign.Fluxora && c.Scheme != sign.Standard {
+		bad("WEBHOOK_SIGNATURE_SCHEME", "must be %q or %q, got %q", sign.Fluxora, sign.Standard, c.Scheme)
+	}
+	return errors.Join(errs...)
+}
+
+func defaultInstanceID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "fluxhook"
+	}
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomHex(3))
+}

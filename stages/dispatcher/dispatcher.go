@@ -1,0 +1,470 @@
+package dispatcher
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/fluxora/fluxhook/pipeline"
+	fluxsql "github.com/fluxora/fluxhook/sql"
+	"github.com/fluxora/fluxhook/stages/claim"
+	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/send"
+	"github.com/fluxora/fluxhook/stages/settle"
+	"github.com/fluxora/fluxhook/stages/sign"
+	"github.com/fluxora/fluxhook/stages/wake"
+)
+
+// Dispatcher is one running fluxhook instance. Start it once; Stop it once.
+type Dispatcher struct {
+	cfg     Config
+	log     *zap.Logger
+	signer  *sign.Signer
+	sender  *send.Sender
+	slots   *pipeline.Slots
+	pool    *pgxpool.Pool
+	claimer *claim.Claimer
+	settler *settle.Settler
+	waker   *wake.Waker
+
+	claimed  chan []*delivery.Delivery
+	toSend   chan *delivery.Delivery
+	toSettle chan *delivery.Delivery
+
+	stopClaiming context.CancelFunc
+	cancelSends  context.CancelFunc
+	cancelSettle context.CancelFunc
+	settleDone   chan struct{}
+	claimDone    chan struct{}
+	maintDone    chan struct{}
+
+	stats Stats
+
+	mu       sync.Mutex
+	started  bool
+	stopping bool
+	stopped  chan struct{}
+}
+
+// Stats are running totals, for tests, `status` and metrics.
+type Stats struct {
+	Claimed, Delivered, Retried, DeadLettered, Deferred, Released atomic.Int64
+	Claims, Settles, SettleErrors, ClaimErrors                    atomic.Int64
+}
+
+// New validates cfg and builds the stages. Nothing touches the database until Start.
+func New(cfg Config) (*Dispatcher, error) {
+	cfg = cfg.WithDefaults()
+	var errs []error
+	if err := cfg.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	signer, err := sign.New(sign.Config{Secret: cfg.Secret, PreviousSecret: cfg.PreviousSecret, Scheme: cfg.Scheme})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	sender, err := send.New(send.Config{
+		DefaultURL:          cfg.DefaultURL,
+		Timeout:             cfg.Timeout,
+		EndpointConcurrency: cfg.EndpointConcurrency,
+	})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		if sender != nil {
+			sender.Close()
+		}
+		return nil, err
+	}
+	return &Dispatcher{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		signer:  signer,
+		sender:  sender,
+		slots:   pipeline.NewSlots(cfg.MaxInFlight),
+		stopped: make(chan struct{}),
+	}, nil
+}
+
+// Config returns the effective configuration (defaults applied).
+func (d *Dispatcher) Config() Config { return d.cfg }
+
+// Stats returns the running totals.
+func (d *Dispatcher) Stats() *Stats { return &d.stats }
+
+// ListenerConnected reports whether the NOTIFY listener is currently listening.
+func (d *Dispatcher) ListenerConnected() bool { return d.waker != nil && d.waker.Connected() }
+
+// Start connects, checks the schema, registers this instance and starts every stage. It
+// returns an error, having claimed nothing, when the database is unreachable or the schema is
+// not current.
+func (d *Dispatcher) Start(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.started {
+		return errors.New("dispatcher: already started")
+	}
+	d.started = true
+
+	poolCfg, err := pgxpool.ParseConfig(d.cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	params := poolCfg.ConnConfig.RuntimeParams
+	if params["application_name"] == "" {
+		params["application_name"] = "fluxhook"
+	}
+	if !d.cfg.DurableCommit {
+		params["synchronous_commit"] = "off"
+	}
+	poolCfg.MaxConns = 4
+	listenCfg := poolCfg.ConnConfig.Copy()
+	listenCfg.RuntimeParams["application_name"] = "fluxhook-listener"
+
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return fmt.Errorf("connecting to the database: %w", err)
+	}
+	if err := fluxsql.CheckCurrent(ctx, pool); err != nil {
+		pool.Close()
+		return err
+	}
+	d.pool = pool
+	d.claimer = claim.New(pool, d.cfg.InstanceID, d.cfg.Lease)
+	d.settler = settle.New(pool, settle.Config{Schedule: d.cfg.RetrySchedule, Jitter: d.cfg.RetryJitter, InstanceID: d.cfg.InstanceID})
+	if err := d.claimer.Register(ctx); err != nil {
+		pool.Close()
+		return err
+	}
+	d.waker = wake.New(wake.Config{
+		Connect:      func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, listenCfg) },
+		PollInterval: d.cfg.PollInterval,
+		OnError: func(err error) {
+			d.log.Warn("listener error", zap.Error(err))
+		},
+		OnConnect: func() { d.log.Debug("listener connected") },
+	})
+
+	n := d.cfg.MaxInFlight
+	d.claimed = make(chan []*delivery.Delivery, 2)
+	d.toSend = make(chan *delivery.Delivery, n)
+	d.toSettle = make(chan *delivery.Delivery, n)
+	d.claimDone = make(chan struct{})
+	d.settleDone = make(chan struct{})
+	d.maintDone = make(chan struct{})
+
+	// Each phase of the shutdown has its own context, all detached from ctx's cancellation:
+	// Start's ctx only bounds starting.
+	base := context.WithoutCancel(ctx)
+	claimCtx, stopClaiming := context.WithCancel(base)
+	sendCtx, cancelSends := context.WithCancel(base)
+	settleCtx, cancelSettle := context.WithCancel(base)
+	d.stopClaiming, d.cancelSends, d.cancelSettle = stopClaiming, cancelSends, cancelSettle
+
+	d.waker.Start(claimCtx)
+	go d.claimLoop(claimCtx)
+	go d.maintain(claimCtx)
+	prepared := make(chan struct{})
+	go func() {
+		defer close(prepared)
+		for batch := range d.claimed {
+			d.prepare(sendCtx, batch)
+		}
+		close(d.toSend)
+	}()
+	sent := pipeline.Workers(n, d.toSend, func(del *delivery.Delivery) {
+		d.sender.Send(sendCtx, del)
+		d.toSettle <- del
+	})
+	go func() {
+		<-prepared
+		<-sent
+		close(d.toSettle)
+	}()
+	go func() {
+		defer close(d.settleDone)
+		pipeline.Batch(d.toSettle, max(d.cfg.BatchSize, 64), func(batch []*delivery.Delivery) {
+			d.settle(settleCtx, batch)
+		})
+	}()
+	d.log.Info("dispatcher started",
+		zap.String("instance_id", d.cfg.InstanceID),
+		zap.Int("max_in_flight", n),
+		zap.Int("batch_size", d.cfg.BatchSize))
+	return nil
+}
+
+// Stop shuts down in two phases: it stops claiming and waits until every claimed row has been
+// sent and settled; if ctx ends first (drain timeout, second signal) it cancels the requests
+// still in flight, whose rows are released for redelivery, and finishes settling. Safe to call
+// more than once and before Start.
+func (d *Dispatcher) Stop(ctx context.Context) error {
+	d.mu.Lock()
+	if !d.started {
+		d.mu.Unlock()
+		return nil
+	}
+	if d.stopping {
+		d.mu.Unlock()
+		<-d.stopped
+		return nil
+	}
+	d.stopping = true
+	d.mu.Unlock()
+	defer close(d.stopped)
+
+	d.stopClaiming()
+	d.waker.Stop()
+	<-d.claimDone
+	<-d.maintDone
+
+	var drainErr error
+	select {
+	case <-d.settleDone:
+	case <-ctx.Done():
+		drainErr = fmt.Errorf("drain cut short (%w): %d rows in flight were cancelled and will be delivered again", context.Cause(ctx), d.slots.InUse())
+		d.log.Warn("drain timeout: cancelling in-flight requests", zap.Int("in_flight", d.slots.InUse()))
+		d.cancelSends()
+		select {
+		case <-d.settleDone:
+		case <-time.After(10 * time.Second):
+			// Settling is stuck (database gone): abandon it; the leases bring the rows back.
+			d.cancelSettle()
+			<-d.settleDone
+		}
+	}
+	d.cancelSends()
+	d.cancelSettle()
+
+	unregCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	if err := d.claimer.Unregister(unregCtx); err != nil {
+		d.log.Warn("unregister failed", zap.Error(err))
+	}
+	cancel()
+	d.pool.Close()
+	d.sender.Close()
+	d.log.Info("dispatcher stopped", zap.String("instance_id", d.cfg.InstanceID))
+	return drainErr
+}
+
+// claimLoop owns claiming: it claims while there is capacity and work, arms itself when a
+// claim comes back empty, claims once more to close the race with a concurrent insert, and
+// then sleeps until a wake-up (NOTIFY, due timer, poll) or freed capacity.
+func (d *Dispatcher) claimLoop(ctx context.Context) {
+	defer close(d.claimDone)
+	defer close(d.claimed)
+	armed := false
+	var skip []string
+	backoff := time.Duration(0)
+	for ctx.Err() == nil {
+		free := d.slots.Free()
+		if free == 0 {
+			select {
+			case <-d.slots.Freed():
+			case <-ctx.Done():
+			}
+			continue
+		}
+		limit := min(free, d.cfg.BatchSize)
+		skip = d.sender.Saturated(skip[:0])
+		rows, err := d.claimer.Claim(ctx, limit, skip)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d.stats.ClaimErrors.Add(1)
+			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+			d.log.Warn("claim failed", zap.Error(err), zap.Duration("retry_in", backoff))
+			d.sleep(ctx, backoff)
+			continue
+		}
+		backoff = 0
+		d.stats.Claims.Add(1)
+		if len(rows) > 0 {
+			armed = false // the claim statement disarmed us
+			d.slots.Take(len(rows))
+			d.stats.Claimed.Add(int64(len(rows)))
+			d.claimed <- rows
+			continue // more may be due: claim again (the next empty claim arms us)
+		}
+		if !armed {
+			armed = true // the claim statement armed us; claim once more (see above)
+			continue
+		}
+		if wait, ok, err := d.claimer.NextDue(ctx); err == nil && ok {
+			d.waker.DueIn(wait)
+		}
+		select {
+		case <-d.waker.C():
+		case <-d.slots.Freed():
+			// Capacity or a saturated endpoint freed up: rows skipped earlier may be claimable.
+			if len(skip) == 0 {
+				// Nothing was skipped; wait for a real wake-up.
+				select {
+				case <-d.waker.C():
+				case <-ctx.Done():
+				}
+			}
+		case <-ctx.Done():
+		}
+	}
+}
+
+func (d *Dispatcher) sleep(ctx context.Context, wait time.Duration) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-d.waker.C():
+	case <-ctx.Done():
+	}
+}
+
+// maintain keeps this instance registered and clears crashed peers' rows.
+func (d *Dispatcher) maintain(ctx context.Context) {
+	defer close(d.maintDone)
+	interval := min(d.cfg.PollInterval, 30*time.Second)
+	stale := max(5*time.Minute, 5*interval)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := d.claimer.Heartbeat(ctx, stale); err != nil && ctx.Err() == nil {
+				d.log.Warn("heartbeat failed", zap.Error(err))
+			}
+		}
+	}
+}
+
+// prepare validates, gates and signs one claimed batch. Rows that are decided here (invalid,
+// held back by the gate) go straight to settle without an HTTP request.
+func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
+	check := batch[:0:0]
+	for _, del := range batch {
+		if reason := d.validate(del); reason != "" {
+			del.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: reason}
+			d.toSettle <- del
+			continue
+		}
+		check = append(check, del)
+	}
+	if len(check) == 0 {
+		return
+	}
+	d.cfg.Gate.Check(ctx, check)
+	now := time.Now()
+	for _, del := range check {
+		if del.Outcome.Kind != delivery.Undecided {
+			d.toSettle <- del
+			continue
+		}
+		d.signer.Sign(del, now)
+		d.toSend <- del
+	}
+}
+
+// validate returns why a row can never be delivered, or "".
+func (d *Dispatcher) validate(del *delivery.Delivery) string {
+	if del.EventType == "" {
+		return "invalid row: event_type is empty"
+	}
+	if len(del.Payload) > d.cfg.MaxPayloadBytes {
+		return fmt.Sprintf("invalid row: payload is %d bytes, over the limit of %d (WEBHOOK_MAX_PAYLOAD_BYTES)", len(del.Payload), d.cfg.MaxPayloadBytes)
+	}
+	ep, err := d.sender.Endpoint(del.EndpointURL)
+	if err != nil {
+		return "invalid endpoint_url: " + err.Error()
+	}
+	del.Endpoint = ep
+	return ""
+}
+
+// settle commits one batch of outcomes, tells the gate, logs, and frees the rows' slots.
+func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
+	res, err := d.settler.Settle(ctx, batch)
+	d.stats.Settles.Add(1)
+	// Rows this instance re-enqueued or released come due again after their delay; set the
+	// due timer now instead of waiting for the next empty claim or the poll to notice them.
+	var soonest time.Duration = -1
+	for _, del := range batch {
+		switch del.Outcome.Kind {
+		case delivery.Retry, delivery.Defer, delivery.Release:
+			if soonest < 0 || del.Outcome.Delay < soonest {
+				soonest = del.Outcome.Delay
+			}
+		}
+	}
+	if err == nil && soonest >= 0 {
+		d.waker.DueIn(soonest)
+	}
+	if err != nil {
+		d.stats.SettleErrors.Add(1)
+		d.log.Error("settle failed; rows will be delivered again after their lease", zap.Error(err), zap.Int("rows", len(batch)))
+	} else {
+		if res.Fallback > 0 {
+			d.log.Warn("settle batch rejected; settled rows one by one", zap.Int("rows", res.Fallback))
+		}
+		d.cfg.Gate.Record(ctx, batch)
+		for _, del := range batch {
+			d.logOutcome(del)
+		}
+	}
+	d.slots.Release(len(batch))
+}
+
+func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
+	o := del.Outcome
+	endpoint := ""
+	if del.Endpoint != nil {
+		endpoint = del.Endpoint.Hash
+	}
+	fields := func() []zap.Field {
+		return []zap.Field{
+			zap.String("delivery_id", del.DeliveryID),
+			zap.String("event_type", del.EventType),
+			zap.Int("attempt", del.Attempt),
+			zap.Int("status", o.Status),
+			zap.Int64("duration_ms", o.Duration.Milliseconds()),
+			zap.String("endpoint", endpoint),
+		}
+	}
+	switch o.Kind {
+	case delivery.Delivered:
+		d.stats.Delivered.Add(1)
+		if ce := d.log.Check(zap.DebugLevel, "delivered"); ce != nil {
+			ce.Write(fields()...)
+		}
+	case delivery.Retry:
+		d.stats.Retried.Add(1)
+		d.log.Warn("delivery attempt failed", append(fields(), zap.String("error", o.Error), zap.Duration("retry_in", o.Delay))...)
+	case delivery.Permanent:
+		d.stats.DeadLettered.Add(1)
+		d.log.Error("delivery dead-lettered", append(fields(), zap.String("error", o.Error), zap.String("reason", o.Reason))...)
+	case delivery.Defer:
+		d.stats.Deferred.Add(1)
+		if ce := d.log.Check(zap.DebugLevel, "delivery deferred"); ce != nil {
+			ce.Write(append(fields(), zap.String("reason", o.Reason), zap.Duration("retry_in", o.Delay))...)
+		}
+	case delivery.Release:
+		d.stats.Released.Add(1)
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

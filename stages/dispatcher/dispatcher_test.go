@@ -1,0 +1,459 @@
+package dispatcher_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fluxora/fluxhook/sql/outbox"
+	"github.com/fluxora/fluxhook/stages/dispatcher"
+	"github.com/fluxora/fluxhook/stages/sign"
+)
+
+func TestDeliversSignedExactBody(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// 204 with no Content-Type and no body is a success (the original regressed on it).
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusNoContent) })
+	b.start(b.config(c.URL()))
+
+	payload := json.RawMessage(`{"event": "stream.updated", "nested": {"b": [1, 2], "a": "x"}}`)
+	id := b.enqueue(outbox.Event{EventType: "stream.updated", Payload: payload, StreamID: "s-1"})
+	b.waitSettled(10 * time.Second)
+
+	got := c.arrivals()
+	if len(got) != 1 {
+		t.Fatalf("consumer got %d requests, want 1", len(got))
+	}
+	a := got[0]
+	if a.VerifyErr != nil {
+		t.Fatalf("signature does not verify: %v", a.VerifyErr)
+	}
+	if a.DeliveryID != id || a.Event != "stream.updated" || a.Attempt != "1" {
+		t.Fatalf("headers: delivery id %q (want %q), event %q, attempt %q", a.DeliveryID, id, a.Event, a.Attempt)
+	}
+	if ct := a.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("Content-Type = %q", ct)
+	}
+	// The body is the stored jsonb, compacted once (as the original's JSON.stringify did);
+	// jsonb orders keys by length, then bytes.
+	want := `{"event":"stream.updated","nested":{"a":"x","b":[1,2]}}`
+	if string(a.Body) != want {
+		t.Fatalf("body = %s, want %s", a.Body, want)
+	}
+	ts := a.Header.Get("x-fluxora-timestamp")
+	if sig := sign.FluxoraSignature([]byte(testSecret), ts, a.Body); a.Header.Get("x-fluxora-signature") != sig {
+		t.Fatalf("signature header %q, want %q", a.Header.Get("x-fluxora-signature"), sig)
+	}
+	var status, attempt int
+	if err := b.pool.QueryRow(context.Background(),
+		`SELECT status_code, attempt FROM webhook_outbox WHERE delivery_id = $1`, id).Scan(&status, &attempt); err != nil {
+		t.Fatal(err)
+	}
+	if status != 204 || attempt != 1 {
+		t.Fatalf("settled row: status %d attempt %d", status, attempt)
+	}
+}
+
+func TestRetryKeepsDeliveryIDAndBody(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var calls atomic.Int32
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) {
+		if calls.Add(1) == 1 {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	cfg := b.config(c.URL())
+	cfg.RetrySchedule = []time.Duration{300 * time.Millisecond}
+	b.start(cfg)
+	id := b.enqueue(outbox.Event{Payload: map[string]any{"k": "v"}})
+	b.waitSettled(10 * time.Second)
+
+	got := c.byDelivery()[id]
+	if len(got) != 2 {
+		t.Fatalf("got %d attempts, want 2", len(got))
+	}
+	if !bytes.Equal(got[0].Body, got[1].Body) {
+		t.Fatalf("bodies differ between attempts: %s vs %s", got[0].Body, got[1].Body)
+	}
+	if got[0].Attempt != "1" || got[1].Attempt != "2" {
+		t.Fatalf("attempt headers %q, %q", got[0].Attempt, got[1].Attempt)
+	}
+	// The second attempt is a new row due per the schedule, by the database's clock.
+	var gap time.Duration
+	err := b.pool.QueryRow(context.Background(), `
+		SELECT r.created_at - f.processed_at FROM webhook_outbox f JOIN webhook_outbox r USING (delivery_id)
+		WHERE f.attempt = 1 AND r.attempt = 2 AND delivery_id = $1`, id).Scan(&gap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gap < 250*time.Millisecond || gap > 350*time.Millisecond {
+		t.Fatalf("retry due %s after the failure, want the schedule's 300ms", gap)
+	}
+	// It arrived although the poll interval is an hour: the due timer woke the dispatcher.
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND status_code = 500`, id); n != 1 {
+		t.Fatalf("first attempt row with status 500: %d", n)
+	}
+}
+
+func TestPermanentFailureIsDeadLetteredWithoutRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusGone) })
+	b.start(b.config(c.URL()))
+	id := b.enqueue(outbox.Event{})
+	b.waitSettled(10 * time.Second)
+	if n := len(c.arrivals()); n != 1 {
+		t.Fatalf("410 was attempted %d times, want 1", n)
+	}
+	var status, attempts int
+	var reason string
+	if err := b.pool.QueryRow(context.Background(),
+		`SELECT last_status, attempts, reason FROM webhook_dead_letter WHERE delivery_id = $1`, id).
+		Scan(&status, &attempts, &reason); err != nil {
+		t.Fatalf("dead letter: %v", err)
+	}
+	if status != 410 || attempts != 1 || !strings.Contains(reason, "410") {
+		t.Fatalf("dead letter: status %d attempts %d reason %q", status, attempts, reason)
+	}
+}
+
+func TestExhaustedRetriesAreDeadLetteredWithLastStatus(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusServiceUnavailable) })
+	cfg := b.config(c.URL())
+	cfg.RetrySchedule = []time.Duration{50 * time.Millisecond, 50 * time.Millisecond}
+	b.start(cfg)
+	id := b.enqueue(outbox.Event{})
+	b.waitSettled(10 * time.Second)
+	if n := len(c.byDelivery()[id]); n != 3 {
+		t.Fatalf("attempts = %d, want 3 (1 + 2 retries)", n)
+	}
+	var status, attempts int
+	var reason string
+	if err := b.pool.QueryRow(context.Background(),
+		`SELECT last_status, attempts, reason FROM webhook_dead_letter WHERE delivery_id = $1`, id).
+		Scan(&status, &attempts, &reason); err != nil {
+		t.Fatalf("dead letter: %v", err)
+	}
+	if status != 503 || attempts != 3 || !strings.Contains(reason, "exhausted") {
+		t.Fatalf("dead letter: status %d attempts %d reason %q", status, attempts, reason)
+	}
+}
+
+func TestTimeoutAndConnectionRefusedAreRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	var calls atomic.Int32
+	slow := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		if calls.Add(1) == 1 {
+			hang(a, release) // the first attempt hangs past the timeout
+		}
+	})
+	// A port with nothing listening: connection refused.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "http://" + l.Addr().String() + "/hook"
+	l.Close()
+
+	cfg := b.config(slow.URL())
+	cfg.Timeout = 300 * time.Millisecond
+	cfg.Lease = 5 * time.Second
+	cfg.RetrySchedule = []time.Duration{50 * time.Millisecond}
+	b.start(cfg)
+	timedOut := b.enqueue(outbox.Event{})
+	refusedID := b.enqueue(outbox.Event{EndpointURL: refused})
+	b.waitSettled(10 * time.Second)
+
+	if n := len(slow.byDelivery()[timedOut]); n != 2 {
+		t.Fatalf("timed-out event attempted %d times, want 2 (retried, then delivered)", n)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND error ILIKE '%timeout%'`, timedOut); n != 1 {
+		t.Fatalf("no attempt recorded as a timeout")
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, refusedID); n != 2 {
+		t.Fatalf("refused event has %d rows, want 2 (first attempt and its retry)", n)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1 AND last_error ILIKE '%refused%'`, refusedID); n != 1 {
+		t.Fatalf("refused event not dead-lettered with a connection-refused error after its retries")
+	}
+}
+
+func TestInvalidRowIsDeadLetteredAndTheRestDelivered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	b.start(b.config(c.URL()))
+	ctx := context.Background()
+	var bad []string
+	// One batch: good rows around invalid ones (credentials, scheme, plain http to a public host).
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for i, u := range []string{"", "https://user:pw@example.com/x", "", "ftp://example.com/x", "http://example.com/x", ""} {
+			e, err := outbox.Enqueue(ctx, tx, outbox.Event{EventType: "t", Payload: map[string]int{"i": i}, EndpointURL: u})
+			if err != nil {
+				return err
+			}
+			if u != "" {
+				bad = append(bad, e.DeliveryID)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitSettled(10 * time.Second)
+	if n := len(c.arrivals()); n != 3 {
+		t.Fatalf("consumer got %d requests, want the 3 valid rows", n)
+	}
+	for _, id := range bad {
+		var reason string
+		if err := b.pool.QueryRow(ctx, `SELECT reason FROM webhook_dead_letter WHERE delivery_id = $1`, id).Scan(&reason); err != nil {
+			t.Fatalf("invalid row %s not dead-lettered: %v", id, err)
+		}
+		if !strings.Contains(reason, "endpoint_url") {
+			t.Fatalf("reason %q does not name endpoint_url", reason)
+		}
+		if strings.Contains(reason, "pw@") {
+			t.Fatalf("reason %q leaks the URL's credentials", reason)
+		}
+	}
+}
+
+func TestSlowEndpointDoesNotDelayOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	slowEP := newConsumer(t, func(a arrival, w http.ResponseWriter) { hang(a, release) })
+	fast := newConsumer(t, nil)
+	cfg := b.config(fast.URL())
+	cfg.Timeout = 30 * time.Second
+	b.start(cfg)
+	b.enqueue(outbox.Event{EndpointURL: slowEP.URL()})
+	eventually(t, 10*time.Second, "the slow endpoint to receive its request", func() bool { return len(slowEP.arrivals()) == 1 })
+	for range 20 {
+		b.enqueue(outbox.Event{})
+	}
+	// The 20 events reach the fast consumer while the slow request is still hanging.
+	eventually(t, 10*time.Second, "20 deliveries to the fast endpoint", func() bool { return len(fast.arrivals()) == 20 })
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE NOT processed`); n != 1 {
+		t.Fatalf("unsettled rows = %d, want only the hanging one", n)
+	}
+}
+
+func TestSaturatedEndpointIsClaimedAround(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	slowEP := newConsumer(t, func(a arrival, w http.ResponseWriter) { hang(a, release) })
+	fast := newConsumer(t, nil)
+	cfg := b.config(fast.URL())
+	cfg.EndpointConcurrency = 2
+	cfg.MaxInFlight = 8
+	b.start(cfg)
+	for range 10 {
+		b.enqueue(outbox.Event{EndpointURL: slowEP.URL()})
+	}
+	eventually(t, 10*time.Second, "two requests hanging at the slow endpoint", func() bool { return len(slowEP.arrivals()) == 2 })
+	for range 30 {
+		b.enqueue(outbox.Event{})
+	}
+	// The slow endpoint's backlog does not hold the pipeline's capacity (8) hostage.
+	eventually(t, 10*time.Second, "30 deliveries to the fast endpoint", func() bool { return len(fast.arrivals()) == 30 })
+	if n := len(slowEP.arrivals()); n != 2 {
+		t.Fatalf("slow endpoint got %d concurrent requests, limit is 2", n)
+	}
+	close(release)
+	b.waitSettled(20 * time.Second)
+	if n := len(slowEP.byDelivery()); n != 10 {
+		t.Fatalf("slow endpoint eventually got %d distinct events, want 10", n)
+	}
+}
+
+func TestRolledBackProducerDeliversNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	b.start(b.config(c.URL()))
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost, err := outbox.Enqueue(ctx, tx, outbox.Event{EventType: "ghost", Payload: map[string]int{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	real := b.enqueue(outbox.Event{EventType: "real"})
+	b.waitSettled(10 * time.Second)
+	got := c.byDelivery()
+	if len(got[real]) != 1 || len(got[ghost.DeliveryID]) != 0 || len(got) != 1 {
+		t.Fatalf("deliveries: %v; want only the committed event", keys(got))
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func TestTwoInstancesDeliverEveryEventNeverConcurrently(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	const n = 2000
+	ctx := context.Background()
+	// Prefill, then start both instances at once so they race for the same rows.
+	_, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload)
+		SELECT 'bulk', jsonb_build_object('i', i) FROM generate_series(1, $1) i`, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config(c.URL())
+	cfg.BatchSize = 50
+	b.start(cfg)
+	b.start(cfg)
+	b.waitSettled(60 * time.Second)
+	got := c.byDelivery()
+	if len(got) != n {
+		t.Fatalf("distinct deliveries = %d, want %d", len(got), n)
+	}
+	c.mu.Lock()
+	concurrent := len(c.concurrent)
+	c.mu.Unlock()
+	if concurrent != 0 {
+		t.Fatalf("%d delivery ids were received twice at the same time", concurrent)
+	}
+	if dups := len(c.arrivals()) - n; dups != 0 {
+		t.Fatalf("%d duplicate deliveries with both instances healthy", dups)
+	}
+}
+
+func TestListenerReconnectsAfterBackendKilled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	cfg := b.config(c.URL())
+	cfg.PollInterval = 500 * time.Millisecond // the backstop while the listener is away
+	d := b.start(cfg)
+	ctx := context.Background()
+	listenerPID := func() int {
+		var pid int
+		err := b.pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'fluxhook-listener'`).Scan(&pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
+	eventually(t, 10*time.Second, "listener connected", func() bool { return d.ListenerConnected() && listenerPID() != 0 })
+	old := listenerPID()
+	if _, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		b.enqueue(outbox.Event{})
+	}
+	eventually(t, 10*time.Second, "deliveries to continue", func() bool { return len(c.arrivals()) == 5 })
+	eventually(t, 10*time.Second, "a new listener backend", func() bool {
+		pid := listenerPID()
+		return pid != 0 && pid != old && d.ListenerConnected()
+	})
+	// And NOTIFY works again through the new connection: with the poll an hour away, a new
+	// event arrives only by NOTIFY (or the due timer, which has nothing to wait for).
+	b.waitSettled(10 * time.Second)
+	b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "delivery after reconnect", func() bool { return len(c.arrivals()) == 6 })
+}
+
+func TestStopDrainsInFlightRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	c := newConsumer(t, func(a arrival, w http.ResponseWriter) { hang(a, release) })
+	d, err := dispatcher.New(b.config(c.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "request in flight", func() bool { return len(c.arrivals()) == 1 })
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Stop(context.Background()) }()
+	// Stop must not return while the request is in flight; let the consumer answer.
+	select {
+	case err := <-stopped:
+		t.Fatalf("Stop returned (%v) with a request in flight", err)
+	default:
+	}
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed AND status_code = 200`, id); n != 1 {
+		t.Fatalf("in-flight delivery was not settled before Stop returned")
+	}
+}
+
+func TestStopTimeoutReleasesInFlightRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	c := newConsumer(t, func(a arrival, w http.ResponseWriter) { hang(a, release) })
+	d, err := dispatcher.New(b.config(c.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "request in flight", func() bool { return len(c.arrivals()) == 1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the drain deadline has already passed: a second signal
+	if err := d.Stop(ctx); err == nil {
+		t.Fatal("Stop with an expired drain reported a clean drain")
+	}
+	// The row is neither processed nor lost: it is released for prompt redelivery.
+	var processed bool
+	var leaseLeft time.Duration
+	if err := b.pool.QueryRow(context.Background(), `SELECT processed, coalesce(lease_until - now(), '0') FROM webhook_outbox WHERE delivery_id = $1`, id).
+		Scan(&processed, &leaseLeft); err != nil {
+		t.Fatal(err)
+	}
+	if processed || leaseLeft > time.Second {
+		t.Fatalf("cancelled row: processed=%v lease left %s; want unprocessed and released", processed, leaseLeft)
+	}
+}
+
+// hang blocks a consumer's answer until the test releases it or the dispatcher gives up.
+func hang(a arrival, release <-chan struct{}) {
+	select {
+	case <-release:
+	case <-a.Ctx.Done():
+	}
+}

@@ -1,0 +1,42 @@
+// Package gate decides, per claimed batch, which rows may be attempted now and which are held
+// back until later (open circuit, retry rate limit), and learns from settled outcomes.
+//
+// The interface is batch-shaped on purpose: a store shared across instances (Redis) answers a
+// whole batch in one round trip. This package holds the interface and the always-allow gate;
+// the breaker and limiter stores implement the same interface.
+package gate
+
+import (
+	"context"
+
+	"github.com/fluxora/fluxhook/stages/delivery"
+)
+
+// Gate is what the dispatcher asks before attempting rows and tells after settling them.
+type Gate interface {
+	// Check decides for every row of batch. A row that may be attempted now keeps
+	// Outcome.Kind == delivery.Undecided; a held row gets Outcome{Kind: delivery.Defer,
+	// Delay: wait, Reason: why}. Check never fails: a gate that cannot reach its store allows
+	// the delivery (fail open), because delivering is what never loses an event.
+	Check(ctx context.Context, batch []*delivery.Delivery)
+	// Record reports the outcomes of a settled batch (best effort).
+	Record(ctx context.Context, batch []*delivery.Delivery)
+}
+
+// AllowAll is the gate with no breaker and no rate limit: every row is attempted.
+type AllowAll struct{}
+
+// Check allows every row.
+func (AllowAll) Check(context.Context, []*delivery.Delivery) {}
+
+// Record ignores outcomes.
+func (AllowAll) Record(context.Context, []*delivery.Delivery) {}
+
+// Func adapts a function to a Gate whose Record does nothing; tests use it to hold rows back.
+type Func func(ctx context.Context, batch []*delivery.Delivery)
+
+// Check calls f.
+func (f Func) Check(ctx context.Context, batch []*delivery.Delivery) { f(ctx, batch) }
+
+// Record ignores outcomes.
+func (Func) Record(context.Context, []*delivery.Delivery) {}

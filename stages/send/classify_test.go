@@ -1,0 +1,113 @@
+package send_test
+
+import (
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/send"
+)
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	want := map[delivery.Kind][]int{
+		delivery.Delivered: {200, 201, 202, 204, 299},
+		delivery.Retry:     {408, 425, 429, 500, 502, 503, 504},
+		delivery.Permanent: {0, 100, 199, 300, 301, 302, 303, 304, 307, 308, 400, 401, 403, 404, 409, 410, 413, 422, 501, 505, 511, 599, 600, 999},
+	}
+	for kind, statuses := range want {
+		for _, status := range statuses {
+			if got := send.Classify(status); got != kind {
+				t.Errorf("Classify(%d) = %v, want %v", status, got, kind)
+			}
+		}
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2024, 3, 10, 12, 0, 0, 0, time.UTC)
+	date := func(d time.Duration, layout string) string { return now.Add(d).Format(layout) }
+	const (
+		rfc850  = "Monday, 02-Jan-06 15:04:05 GMT"
+		ansiC   = time.ANSIC
+		maxWait = send.MaxRetryAfter
+	)
+	tests := []struct {
+		in     string
+		want   time.Duration
+		wantOK bool
+	}{
+		{"120", 120 * time.Second, true},
+		{"0", 0, true},
+		{" 120\t", 120 * time.Second, true},
+		{"0120", 120 * time.Second, true},
+		{"000000000000000000120", 120 * time.Second, true},
+		{"2592000", maxWait, true},
+		{"2592001", maxWait, true},
+		{"999999999", maxWait, true},
+		{"99999999999999999999999999", maxWait, true},
+		{date(90*time.Second, http.TimeFormat), 90 * time.Second, true},
+		{date(2*time.Hour, rfc850), 2 * time.Hour, true},
+		{date(5*time.Minute, ansiC), 5 * time.Minute, true},
+		{date(-time.Hour, http.TimeFormat), 0, true}, // in the past: no wait
+		{date(365*24*time.Hour, http.TimeFormat), maxWait, true},
+		{"Fri, 31 Dec 9999 23:59:59 GMT", maxWait, true},
+		{"Mon, 01 Jan 0001 00:00:00 GMT", 0, true},
+		{"", 0, false},
+		{"   ", 0, false},
+		{"-5", 0, false},
+		{"+5", 0, false},
+		{"1.5", 0, false},
+		{"1e3", 0, false},
+		{"120s", 0, false},
+		{"soon", 0, false},
+		{"Sun, 10 Mar 2024 13:00:00 PST", 0, false},
+		{"Sun, 10 Mar 2024", 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := send.ParseRetryAfter(tt.in, now)
+		if got != tt.want || ok != tt.wantOK {
+			t.Errorf("ParseRetryAfter(%q) = %v, %v; want %v, %v", tt.in, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}
+
+func FuzzParseRetryAfter(f *testing.F) {
+	now := time.Date(2024, 3, 10, 12, 0, 0, 0, time.UTC)
+	for _, seed := range []string{
+		"120", "0", "-1", "", " 7 ", "99999999999999999999", "1.5",
+		"Sun, 10 Mar 2024 12:01:00 GMT", "Sunday, 10-Mar-24 12:01:00 GMT", "Sun Mar 10 12:01:00 2024",
+		"Fri, 31 Dec 9999 23:59:59 GMT",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		d, ok := send.ParseRetryAfter(v, now)
+		if !ok && d != 0 {
+			t.Fatalf("ParseRetryAfter(%q) = %v, false; want 0 when not ok", v, d)
+		}
+		if d < 0 || d > send.MaxRetryAfter {
+			t.Fatalf("ParseRetryAfter(%q) = %v, outside [0, %v]", v, d, send.MaxRetryAfter)
+		}
+		// Plain delta-seconds must agree with strconv where strconv can tell.
+		if n, err := strconv.ParseUint(v, 10, 32); err == nil && v[0] != '+' {
+			want := min(time.Duration(n)*time.Second, send.MaxRetryAfter)
+			if !ok || d != want {
+				t.Fatalf("ParseRetryAfter(%q) = %v, %v; want %v, true", v, d, ok, want)
+			}
+		}
+	})
+}
+
+func BenchmarkClassify(b *testing.B) {
+	statuses := []int{200, 204, 301, 400, 404, 429, 500, 503, 504, 505}
+	var sink delivery.Kind
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		sink += send.Classify(statuses[i%len(statuses)])
+	}
+	_ = sink
+}

@@ -1,0 +1,133 @@
+package send
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/fluxora/fluxhook/stages/delivery"
+)
+
+// ErrInvalidURL is wrapped by every error from ValidateURL and Endpoint about a malformed or
+// disallowed URL, so that callers can tell "dead-letter this row" from other failures with
+// errors.Is without matching text.
+var ErrInvalidURL = errors.New("invalid endpoint URL")
+
+// ErrNoEndpoint is returned by Endpoint for a row without endpoint_url when no WEBHOOK_URL is
+// configured: the row has nowhere to go, which is a reason to dead-letter it, not to retry.
+var ErrNoEndpoint = errors.New("row has no endpoint_url and WEBHOOK_URL is not set")
+
+// maxCachedEndpoints bounds the endpoint cache: endpoint_url comes from rows, so the number of
+// distinct values is not ours to control.
+const maxCachedEndpoints = 10_000
+
+// ValidateURL applies the endpoint rules to a consumer URL, both the configured WEBHOOK_URL
+// at startup and each row's endpoint_url, so that one set of rules decides what fluxhook may
+// call. Plain http is allowed only for loopback hosts, where it serves local development;
+// credentials in the URL are refused because they would travel to, and be logged by, every
+// hop. The error says what is wrong and what to do, without repeating the URL, which may carry
+// a token in its query string.
+func ValidateURL(raw string) error {
+	if raw == "" {
+		return fmt.Errorf("%w: the URL is empty; set an https:// URL", ErrInvalidURL)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		// url.Error repeats the whole URL; keep only what went wrong.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("%w: it does not parse (%v); use the form https://host/path", ErrInvalidURL, err)
+	}
+	switch u.Scheme {
+	case "https", "http":
+	case "":
+		return fmt.Errorf("%w: it has no scheme; use the form https://host/path", ErrInvalidURL)
+	default:
+		return fmt.Errorf("%w: scheme %q is not supported; use https:// (or http:// for a loopback host)",
+			ErrInvalidURL, truncate(u.Scheme, 16))
+	}
+	if u.User != nil {
+		return fmt.Errorf("%w: it contains a user name or password; remove them, consumers authenticate requests by their signature",
+			ErrInvalidURL)
+	}
+	if u.Opaque != "" || u.Host == "" || u.Hostname() == "" {
+		return fmt.Errorf("%w: it has no host; use the form https://host/path", ErrInvalidURL)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%w: port %q is out of range; use a port from 1 to 65535", ErrInvalidURL, truncate(p, 16))
+		}
+	}
+	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
+		return fmt.Errorf("%w: http:// is allowed only for loopback hosts (localhost, 127.0.0.0/8, ::1); use https://",
+			ErrInvalidURL)
+	}
+	return nil
+}
+
+// isLoopback reports whether host names this machine without a DNS lookup: the name
+// localhost or a loopback address literal (IPv4-mapped and zoned forms included).
+func isLoopback(host string) bool {
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		return true
+	}
+	addr, err := netip.ParseAddr(host)
+	return err == nil && addr.Unmap().IsLoopback()
+}
+
+// truncate keeps error messages short when they quote a piece of the URL.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// Endpoint resolves a row's endpoint_url into the shared *delivery.Endpoint the rest of the
+// pipeline uses, so that validation and hashing happen once per distinct URL rather than once
+// per row, and rows for the same consumer share one value (and one concurrency count). An
+// empty raw means the configured default. The error wraps ErrInvalidURL or ErrNoEndpoint and
+// is suitable as the row's dead-letter reason.
+func (s *Sender) Endpoint(raw string) (*delivery.Endpoint, error) {
+	if raw == "" {
+		if s.defaultEndpoint == nil {
+			return nil, ErrNoEndpoint
+		}
+		return s.defaultEndpoint, nil
+	}
+	s.endpointsMu.Lock()
+	ep, ok := s.endpoints[raw]
+	s.endpointsMu.Unlock()
+	if ok {
+		return ep, nil
+	}
+	if err := ValidateURL(raw); err != nil {
+		return nil, err
+	}
+	ep = newEndpoint(raw, raw)
+	s.endpointsMu.Lock()
+	defer s.endpointsMu.Unlock()
+	if prev, ok := s.endpoints[raw]; ok {
+		// Another caller resolved it meanwhile; keep one pointer per URL.
+		return prev, nil
+	}
+	if len(s.endpoints) >= maxCachedEndpoints {
+		// Resetting is simpler than LRU and costs only a re-validation per URL; concurrency
+		// is counted by Key, so endpoints created before the reset keep sharing their slots.
+		clear(s.endpoints)
+	}
+	s.endpoints[raw] = ep
+	return ep, nil
+}
+
+func newEndpoint(rawURL, key string) *delivery.Endpoint {
+	sum := sha256.Sum256([]byte(rawURL))
+	return &delivery.Endpoint{URL: rawURL, Hash: hex.EncodeToString(sum[:]), Key: key}
+}

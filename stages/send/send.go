@@ -1,0 +1,305 @@
+package send
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/fluxora/fluxhook/stages/delivery"
+)
+
+// Defaults, in one place, for the Config fields whose zero value means "default".
+const (
+	// DefaultTimeout is the original dispatcher's request timeout, kept so that consumers
+	// tuned for it see no change.
+	DefaultTimeout = 30 * time.Second
+	// DefaultEndpointConcurrency lets one fast consumer absorb a full backlog drain while
+	// bounding what a slow one can hold: at 30 s per request, 64 slots tie up 64 workers'
+	// worth of attempts at most, never the whole pipeline.
+	DefaultEndpointConcurrency = 64
+	// DefaultMaxResponseBytes is enough to drain the typical short acknowledgement so the
+	// connection can be reused, and small enough that an endless body costs nothing.
+	DefaultMaxResponseBytes = 64 << 10
+	// SaturatedDelay is how soon a row released because its endpoint was saturated is
+	// claimable again: long enough not to spin on a slow consumer, short enough that a
+	// briefly busy one loses no throughput.
+	SaturatedDelay = 100 * time.Millisecond
+	// maxResponseHeaderBytes bounds response headers so a consumer cannot exhaust memory
+	// with them; legitimate acknowledgements are far smaller.
+	maxResponseHeaderBytes = 64 << 10
+	// shutdownError is the Outcome.Error of a row whose attempt shutdown cancelled.
+	shutdownError = "cancelled by shutdown"
+)
+
+// Config is the send stage's whole configuration, so that its defaults and limits can be
+// read in one place; the zero value of every field means its default.
+type Config struct {
+	// DefaultURL is WEBHOOK_URL, used for rows whose endpoint_url is empty. It may be empty
+	// when every row names its own endpoint.
+	DefaultURL string
+	// Timeout bounds one attempt end to end (dial, request, response headers and body
+	// drain). Zero means DefaultTimeout. Set from WEBHOOK_TIMEOUT_MS.
+	Timeout time.Duration
+	// EndpointConcurrency is the most requests in flight to one endpoint; beyond it, Send
+	// releases rows instead of queueing them. Zero means DefaultEndpointConcurrency.
+	EndpointConcurrency int
+	// MaxResponseBytes is how much of a response body is read (and discarded) so that the
+	// connection can be reused; anything longer closes the connection instead. Zero means
+	// DefaultMaxResponseBytes.
+	MaxResponseBytes int64
+	// MaxConnsPerHost caps connections to one host:port across all endpoints on it, to
+	// protect a consumer that exposes many endpoint URLs. Zero means EndpointConcurrency.
+	// Endpoints that share a host share this cap, so a saturated one can make the others
+	// on that host wait (up to Timeout) for a connection; raise it when that matters.
+	MaxConnsPerHost int
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default, so that code
+// reading the config never needs to know which zero means what.
+func (c Config) WithDefaults() Config {
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.EndpointConcurrency == 0 {
+		c.EndpointConcurrency = DefaultEndpointConcurrency
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.MaxConnsPerHost == 0 {
+		c.MaxConnsPerHost = c.EndpointConcurrency
+	}
+	return c
+}
+
+// Validate reports the first invalid setting, naming the field and, where there is one, the
+// environment variable, so that a bad configuration stops fluxhook before anything is claimed.
+func (c Config) Validate() error {
+	if c.DefaultURL != "" {
+		if err := ValidateURL(c.DefaultURL); err != nil {
+			return fmt.Errorf("WEBHOOK_URL: %w", err)
+		}
+	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("WEBHOOK_TIMEOUT_MS: the request timeout must be positive, got %v", c.Timeout)
+	}
+	if c.EndpointConcurrency < 0 {
+		return fmt.Errorf("send: EndpointConcurrency must be positive (0 for the default %d), got %d",
+			DefaultEndpointConcurrency, c.EndpointConcurrency)
+	}
+	if c.MaxResponseBytes < 0 {
+		return fmt.Errorf("send: MaxResponseBytes must be positive (0 for the default %d), got %d",
+			DefaultMaxResponseBytes, c.MaxResponseBytes)
+	}
+	if c.MaxConnsPerHost < 0 {
+		return fmt.Errorf("send: MaxConnsPerHost must be positive (0 for EndpointConcurrency), got %d", c.MaxConnsPerHost)
+	}
+	return nil
+}
+
+// Sender makes delivery attempts. One Sender is shared by all send workers so that they
+// share its connections and its per-endpoint concurrency counts; it is safe for concurrent
+// use.
+type Sender struct {
+	cfg Config
+	// transport makes every request. It is used directly, not through an http.Client: a
+	// client exists to follow redirects, which fluxhook must not do (a 3xx is Permanent,
+	// and following it would send signed payloads to a URL nobody validated), and to do so
+	// it copies every request's headers; RoundTrip never follows a redirect and sends
+	// d.Header as it is.
+	transport *http.Transport
+
+	defaultEndpoint *delivery.Endpoint // nil without DefaultURL
+
+	endpointsMu sync.Mutex
+	endpoints   map[string]*delivery.Endpoint // by raw endpoint_url
+
+	inflightMu sync.Mutex
+	// inflight counts requests in flight by Endpoint.Key; keys are removed at zero, so its
+	// size is bounded by the number of requests in flight and Saturated scans only those.
+	inflight map[string]int
+}
+
+// New builds a Sender from cfg, validating it first so that a bad WEBHOOK_URL or limit is
+// reported at startup rather than as dead letters.
+func New(cfg Config) (*Sender, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	transport := &http.Transport{
+		// No proxy from the environment: the dial-time private-network check must see the
+		// consumer's own address, and a proxy would also see every signed request.
+		Proxy:                  nil,
+		TLSClientConfig:        &tls.Config{MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout:    10 * time.Second,
+		MaxIdleConns:           0, // no global cap: per host and IdleConnTimeout bound it
+		MaxIdleConnsPerHost:    cfg.EndpointConcurrency,
+		MaxConnsPerHost:        cfg.MaxConnsPerHost,
+		IdleConnTimeout:        90 * time.Second,
+		MaxResponseHeaderBytes: maxResponseHeaderBytes,
+		// The body is discarded; asking for gzip would only add decompression work and a
+		// header the consumer did not get from the original dispatcher.
+		DisableCompression: true,
+		ForceAttemptHTTP2:  false,
+	}
+	// Dialing goes through this one field so that the private-network guard can wrap it:
+	// checking the address actually dialled, after DNS resolution, is the only check that a
+	// DNS answer cannot sidestep.
+	transport.DialContext = dialer.DialContext
+
+	s := &Sender{
+		cfg:       cfg,
+		transport: transport,
+		endpoints: make(map[string]*delivery.Endpoint),
+		inflight:  make(map[string]int),
+	}
+	if cfg.DefaultURL != "" {
+		s.defaultEndpoint = newEndpoint(cfg.DefaultURL, "")
+	}
+	return s, nil
+}
+
+// Send makes one attempt for d and records the result in d.Outcome, so that the caller only
+// has to pass the row on to settle. d.Endpoint and d.Header must be set; d.Payload is sent
+// byte for byte and d.Header as is (it is not copied, and not modified).
+//
+// Send never waits for a slot: if d's endpoint already has EndpointConcurrency requests in
+// flight it makes no request and returns a Release outcome due after SaturatedDelay. If ctx
+// is cancelled before a response arrives (shutdown forced), the outcome is a Release due at
+// once, so that the row is retried by whichever instance claims it next.
+func (s *Sender) Send(ctx context.Context, d *delivery.Delivery) {
+	if d.Endpoint == nil {
+		// A wiring bug, not a consumer failure: dead-letter with a reason rather than panic
+		// in a long-running service or loop on the row forever.
+		d.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: "send: row reached the send stage without an endpoint"}
+		return
+	}
+	if d.Header == nil {
+		// Likewise a wiring bug: the sign stage did not run, and an unsigned request is
+		// worse than a dead letter that can be replayed.
+		d.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: "send: row reached the send stage unsigned (no headers)"}
+		return
+	}
+	if ctx.Err() != nil {
+		d.Outcome = delivery.Outcome{Kind: delivery.Release, Error: shutdownError}
+		return
+	}
+	key := d.Endpoint.Key
+	if !s.acquire(key) {
+		d.Outcome = delivery.Outcome{Kind: delivery.Release, Delay: SaturatedDelay}
+		return
+	}
+	defer s.release(key)
+	d.Outcome = s.attempt(ctx, d)
+}
+
+// attempt performs the HTTP request; the caller holds the endpoint's slot.
+func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Outcome {
+	reqCtx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, d.Endpoint.URL, bytes.NewReader(d.Payload))
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return delivery.Outcome{Kind: delivery.Permanent, Reason: ErrInvalidURL.Error() + ": " + err.Error()}
+	}
+	req.Header = d.Header
+	req.ContentLength = int64(len(d.Payload))
+
+	start := time.Now()
+	resp, err := s.transport.RoundTrip(req) // see Sender.transport for why not a Client
+	if err != nil {
+		elapsed := time.Since(start)
+		if ctx.Err() != nil {
+			return delivery.Outcome{Kind: delivery.Release, Error: shutdownError, Duration: elapsed}
+		}
+		timedOut := errors.Is(reqCtx.Err(), context.DeadlineExceeded)
+		return delivery.Outcome{Kind: delivery.Retry, Error: describeError(err, s.cfg.Timeout, timedOut), Duration: elapsed}
+	}
+	// Drain a little so that the connection can be reused; whatever is left (or a body that
+	// never ends) is cut off by Close, and a trickling body by the request timeout. A read
+	// error here changes nothing: the consumer has already answered.
+	_, _ = io.CopyN(io.Discard, resp.Body, s.cfg.MaxResponseBytes)
+	_ = resp.Body.Close()
+
+	status := resp.StatusCode
+	out := delivery.Outcome{Kind: Classify(status), Status: status, Duration: time.Since(start)}
+	if out.Kind != delivery.Delivered {
+		out.Error = statusError(status)
+	}
+	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
+		if v := resp.Header.Get("Retry-After"); v != "" {
+			if delay, ok := ParseRetryAfter(v, time.Now()); ok {
+				out.Delay = delay
+			}
+		}
+	}
+	return out
+}
+
+// statusError is the error text for a non-2xx answer, e.g. "HTTP 503 Service Unavailable".
+func statusError(status int) string {
+	if text := http.StatusText(status); text != "" {
+		return "HTTP " + strconv.Itoa(status) + " " + text
+	}
+	return "HTTP " + strconv.Itoa(status)
+}
+
+// acquire takes one of key's slots, or reports that there is none free.
+func (s *Sender) acquire(key string) bool {
+	s.inflightMu.Lock()
+	defer s.inflightMu.Unlock()
+	n := s.inflight[key]
+	if n >= s.cfg.EndpointConcurrency {
+		return false
+	}
+	s.inflight[key] = n + 1
+	return true
+}
+
+func (s *Sender) release(key string) {
+	s.inflightMu.Lock()
+	defer s.inflightMu.Unlock()
+	if n := s.inflight[key] - 1; n > 0 {
+		s.inflight[key] = n
+	} else {
+		delete(s.inflight, key)
+	}
+}
+
+// Saturated appends to dst the Keys of the endpoints that currently have no free slot and
+// returns it, so that the claim can leave their rows unleased instead of claiming rows Send
+// would only release. It is cheap enough to call before every claim: it scans only the
+// endpoints with requests in flight. Reuse dst across calls to avoid allocating.
+func (s *Sender) Saturated(dst []string) []string {
+	s.inflightMu.Lock()
+	defer s.inflightMu.Unlock()
+	for key, n := range s.inflight {
+		if n >= s.cfg.EndpointConcurrency {
+			dst = append(dst, key)
+		}
+	}
+	return dst
+}
+
+// Close closes idle keep-alive connections so that shutdown does not leave sockets open to
+// consumers. Requests still in flight are not interrupted (cancel their context for that), and
+// the Sender remains usable, dialling anew if called again.
+func (s *Sender) Close() {
+	s.transport.CloseIdleConnections()
+}

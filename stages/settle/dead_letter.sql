@@ -1,0 +1,16 @@
+-- Last resort for one row whose normal settlement failed (for example a constraint or trigger
+-- the operator added rejects its retry row): dead-letter it with the reason, so that it
+-- neither blocks the batch nor comes back forever.
+--   $1 row id, $2 reason, $3 HTTP status (0 = none), $4 error ('' = none).
+WITH settled AS (
+    UPDATE webhook_outbox
+    SET processed = true, processed_at = now(), lease_until = NULL,
+        status_code = nullif($3::int, 0), error = nullif($4::text, '')
+    WHERE id = $1 AND NOT processed
+    RETURNING id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, enqueued_at
+)
+INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload,
+                                 endpoint_url, attempts, last_status, last_error, reason, enqueued_at)
+SELECT id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt,
+       nullif($3::int, 0), nullif($4::text, ''), $2, enqueued_at
+FROM settled

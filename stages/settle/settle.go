@@ -1,0 +1,214 @@
+// Package settle writes the outcomes of attempts back to the outbox: one statement per batch
+// marks rows processed with their outcome, inserts the next attempt of retryable failures
+// (with backoff and jitter), inserts dead letters, re-enqueues deferred rows and shortens the
+// lease of rows that were not attempted.
+//
+// A batch is all-or-nothing in the database, but a bad row must never hold the others back:
+// when the batch statement fails, each row is settled on its own, and a row that still fails
+// is dead-lettered with the error as its reason. Only when the database itself is unreachable
+// do rows stay unsettled; their lease then expires and they are delivered again
+// (at-least-once), never lost.
+package settle
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fluxora/fluxhook/stages/delivery"
+)
+
+var (
+	//go:embed settle.sql
+	settleSQL string
+	//go:embed dead_letter.sql
+	deadLetterSQL string
+)
+
+// DefaultSchedule is the wait before each retry: about two days in all, like the peers that
+// retry for one to eight days, where the original gave up after about 30 s.
+var DefaultSchedule = []time.Duration{
+	5 * time.Second, time.Minute, 5 * time.Minute, 30 * time.Minute,
+	2 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour,
+}
+
+// DefaultJitter spreads retries of events that failed together by ±20%.
+const DefaultJitter = 0.2
+
+// Config configures a Settler.
+type Config struct {
+	// Schedule is the wait before retry n (Schedule[n-1]); its length is the number of
+	// retries, so an event gets len(Schedule)+1 attempts. Nil means DefaultSchedule.
+	Schedule []time.Duration
+	// Jitter is the fraction by which each wait is randomly lengthened or shortened.
+	// Zero means DefaultJitter; negative means none (tests).
+	Jitter float64
+	// InstanceID guards releases: a row is only released by the dispatcher that leased it.
+	InstanceID string
+}
+
+// Settler writes outcomes.
+type Settler struct {
+	pool     *pgxpool.Pool
+	schedule []time.Duration
+	maxStep  time.Duration
+	jitter   float64
+	instance string
+}
+
+// New returns a Settler writing through pool.
+func New(pool *pgxpool.Pool, cfg Config) *Settler {
+	s := &Settler{pool: pool, schedule: cfg.Schedule, jitter: cfg.Jitter, instance: cfg.InstanceID}
+	if s.schedule == nil {
+		s.schedule = DefaultSchedule
+	}
+	if s.jitter == 0 {
+		s.jitter = DefaultJitter
+	}
+	if s.jitter < 0 {
+		s.jitter = 0
+	}
+	for _, d := range s.schedule {
+		s.maxStep = max(s.maxStep, d)
+	}
+	return s
+}
+
+// Result counts what one Settle call wrote.
+type Result struct {
+	Settled, Requeued, DeadLettered, Released int
+	// Fallback is the number of rows settled one by one after the batch statement failed.
+	Fallback int
+}
+
+// Settle writes the outcomes of batch. Rows whose Outcome is Retry are turned into a retry or,
+// when the schedule is exhausted, a dead letter; the row's Outcome is updated to say which,
+// so that callers (logs, the gate) see the final decision. It returns an error only when
+// rows could not be settled at all (their leases will expire and they will be re-delivered).
+func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Result, error) {
+	if len(batch) == 0 {
+		return Result{}, nil
+	}
+	n := len(batch)
+	ids := make([]int64, n)
+	kinds := make([]int16, n)
+	statuses := make([]int32, n)
+	errs := make([]string, n)
+	durations := make([]int32, n)
+	delays := make([]int64, n)
+	reasons := make([]string, n)
+	for i, d := range batch {
+		s.decide(d)
+		o := d.Outcome
+		ids[i] = d.ID
+		kinds[i] = int16(o.Kind)
+		statuses[i] = int32(o.Status)
+		errs[i] = o.Error
+		durations[i] = int32(o.Duration.Milliseconds())
+		delays[i] = o.Delay.Milliseconds()
+		reasons[i] = o.Reason
+	}
+	var r Result
+	err := s.pool.QueryRow(ctx, settleSQL, ids, kinds, statuses, errs, durations, delays, reasons, s.instance).
+		Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Released)
+	if err == nil {
+		return r, nil
+	}
+	if !isStatementError(err) || n == 1 && ctx.Err() != nil {
+		return Result{}, fmt.Errorf("settle: %w", err)
+	}
+	// The batch was rejected by the database because of (probably) one row: settle each row
+	// on its own so the bad one cannot hold back the rest.
+	return s.settleEach(ctx, batch, err)
+}
+
+// decide turns a Retry outcome into the next attempt's delay or, after the last scheduled
+// retry, a dead letter. It also fills in dead-letter reasons for Permanent outcomes.
+func (s *Settler) decide(d *delivery.Delivery) {
+	o := &d.Outcome
+	switch o.Kind {
+	case delivery.Retry:
+		if d.Attempt > len(s.schedule) {
+			o.Kind = delivery.Permanent
+			o.Reason = fmt.Sprintf("attempts exhausted after %d attempts; last: %s", d.Attempt, describe(*o))
+			return
+		}
+		o.Delay = s.Backoff(d.Attempt, o.Delay)
+	case delivery.Permanent:
+		if o.Reason == "" {
+			o.Reason = "permanent failure: " + describe(*o)
+		}
+	case delivery.Undecided:
+		// A stage forgot to decide: never lose the row, retry it soon without using an attempt.
+		o.Kind = delivery.Release
+		o.Delay = time.Second
+	}
+}
+
+// Backoff is the wait before the attempt after attempt (1-based), jittered, lengthened to
+// retryAfter when the consumer asked for more (Retry-After), capped at the schedule's largest
+// step so a consumer cannot push an event past the horizon.
+func (s *Settler) Backoff(attempt int, retryAfter time.Duration) time.Duration {
+	base := s.schedule[min(attempt, len(s.schedule))-1]
+	wait := base
+	if s.jitter > 0 {
+		wait = time.Duration(float64(base) * (1 + s.jitter*(2*rand.Float64()-1)))
+	}
+	if retryAfter > wait {
+		wait = min(retryAfter, s.maxStep)
+	}
+	return wait
+}
+
+func describe(o delivery.Outcome) string {
+	switch {
+	case o.Error != "":
+		return o.Error
+	case o.Status != 0:
+		return fmt.Sprintf("HTTP %d", o.Status)
+	default:
+		return "no response"
+	}
+}
+
+// isStatementError reports whether err came from the database rejecting the statement (as
+// opposed to the connection failing), the case where settling rows one by one can help.
+func isStatementError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr)
+}
+
+func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, batchErr error) (Result, error) {
+	var total Result
+	for _, d := range batch {
+		o := d.Outcome
+		var r Result
+		err := s.pool.QueryRow(ctx, settleSQL, []int64{d.ID}, []int16{int16(o.Kind)}, []int32{int32(o.Status)},
+			[]string{o.Error}, []int32{int32(o.Duration.Milliseconds())}, []int64{o.Delay.Milliseconds()},
+			[]string{o.Reason}, s.instance).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Released)
+		if err != nil {
+			if !isStatementError(err) {
+				return total, fmt.Errorf("settle: %w (after the batch failed: %v)", err, batchErr)
+			}
+			reason := "settle failed: " + err.Error()
+			if _, err := s.pool.Exec(ctx, deadLetterSQL, d.ID, reason, o.Status, o.Error); err != nil {
+				return total, fmt.Errorf("settle: dead-lettering row %d: %w", d.ID, err)
+			}
+			d.Outcome.Kind = delivery.Permanent
+			d.Outcome.Reason = reason
+			r = Result{Settled: 1, DeadLettered: 1}
+		}
+		total.Settled += r.Settled
+		total.Requeued += r.Requeued
+		total.DeadLettered += r.DeadLettered
+		total.Released += r.Released
+		total.Fallback++
+	}
+	return total, nil
+}

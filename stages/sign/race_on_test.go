@@ -1,0 +1,5 @@
+//go:build race
+
+package sign_test
+
+const raceEnabled = true
