@@ -1,0 +1,111 @@
+package claim_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/sqltest"
+	"github.com/fluxora/fluxhook/stages/claim"
+)
+
+func TestClaimLeasesArmsAndSkips(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	armed := func(instance string) bool {
+		var a bool
+		if err := db.Pool.QueryRow(ctx, `SELECT armed FROM webhook_dispatcher WHERE instance_id = $1`, instance).Scan(&a); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	a := claim.New(db.Pool, "a", time.Minute)
+	b := claim.New(db.Pool, "b", 300*time.Millisecond)
+	for _, c := range []*claim.Claimer{a, b} {
+		if err := c.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// An empty claim arms; claiming work disarms.
+	if rows, err := a.Claim(ctx, 10, nil); err != nil || len(rows) != 0 {
+		t.Fatalf("empty claim = %d rows, %v", len(rows), err)
+	}
+	if !armed("a") {
+		t.Fatal("empty claim did not arm the dispatcher")
+	}
+	exec(`INSERT INTO webhook_outbox (event_type, payload, endpoint_url) VALUES
+		('e', '{"a": 1}', NULL), ('e', '{}', 'https://slow.example/x'), ('e', '{}', NULL)`)
+	exec(`INSERT INTO webhook_outbox (event_type, payload, created_at) VALUES ('future', '{}', now() + interval '1 hour')`)
+
+	// Saturated endpoints are claimed around.
+	rows, err := a.Claim(ctx, 10, []string{"https://slow.example/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0].EndpointURL != "" || string(rows[0].Payload) != `{"a":1}` || rows[0].Attempt != 1 {
+		t.Fatalf("claimed %+v", rows)
+	}
+	if armed("a") {
+		t.Fatal("a claim that found work did not disarm")
+	}
+	// Leased rows are not claimed again; the slow endpoint's row is now claimable by b.
+	rows, err = b.Claim(ctx, 10, nil)
+	if err != nil || len(rows) != 1 || rows[0].EndpointURL != "https://slow.example/x" {
+		t.Fatalf("b claimed %d rows (%v); want only the slow endpoint's row", len(rows), err)
+	}
+	// b "crashes": its short lease expires and the row comes back.
+	wait, ok, err := a.NextDue(ctx)
+	if err != nil || !ok || wait > 300*time.Millisecond {
+		t.Fatalf("NextDue = %s, %v, %v; want b's lease expiry within 300ms", wait, ok, err)
+	}
+	time.Sleep(wait + 20*time.Millisecond) // the lease is the thing under test: wait it out
+	rows, err = a.Claim(ctx, 10, nil)
+	if err != nil || len(rows) != 1 || rows[0].EndpointURL != "https://slow.example/x" {
+		t.Fatalf("after b's lease expired a claimed %d rows (%v); want b's row", len(rows), err)
+	}
+	// What remains: a's own one-minute leases and the row due in an hour; the leases are
+	// the earlier (a crashed a's rows would come back then).
+	wait, ok, err = a.NextDue(ctx)
+	if err != nil || !ok || wait < 55*time.Second || wait > time.Minute {
+		t.Fatalf("NextDue = %s, %v, %v; want a's lease expiry in about a minute", wait, ok, err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET processed = true WHERE event_type = 'e'`); err != nil {
+		t.Fatal(err)
+	}
+	wait, ok, err = a.NextDue(ctx)
+	if err != nil || !ok || wait < 59*time.Minute || wait > time.Hour {
+		t.Fatalf("NextDue = %s, %v, %v; want the future row in about an hour", wait, ok, err)
+	}
+}
+
+func TestHeartbeatRemovesStalePeers(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_dispatcher (instance_id, armed, seen_at)
+		VALUES ('crashed', true, now() - interval '1 hour'), ('alive', true, now())`); err != nil {
+		t.Fatal(err)
+	}
+	c := claim.New(db.Pool, "me", time.Minute)
+	if err := c.Heartbeat(ctx, 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	rows, _ := db.Pool.Query(ctx, `SELECT instance_id FROM webhook_dispatcher ORDER BY instance_id`)
+	for rows.Next() {
+		var id string
+		_ = rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	if len(ids) != 2 || ids[0] != "alive" || ids[1] != "me" {
+		t.Fatalf("dispatchers after heartbeat: %v; want [alive me]", ids)
+	}
+}

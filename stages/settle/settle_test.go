@@ -1,0 +1,156 @@
+package settle_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/sqltest"
+	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/settle"
+)
+
+// leased inserts n rows leased by "me" and returns them as claimed deliveries.
+func leased(t *testing.T, db *sqltest.DB, eventType string, n int) []*delivery.Delivery {
+	t.Helper()
+	rows, err := db.Pool.Query(context.Background(), `
+		INSERT INTO webhook_outbox (event_type, payload, lease_until, leased_by)
+		SELECT $1, '{}', now() + interval '1 minute', 'me' FROM generate_series(1, $2)
+		RETURNING id, delivery_id::text, attempt`, eventType, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []*delivery.Delivery
+	for rows.Next() {
+		d := &delivery.Delivery{EventType: eventType}
+		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.Attempt); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func count(t *testing.T, db *sqltest.DB, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+func TestSettleWritesEveryKindInOneBatch(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	rows := leased(t, db, "e", 5)
+	rows[0].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200, Duration: 12 * time.Millisecond}
+	rows[1].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503"}
+	rows[2].Outcome = delivery.Outcome{Kind: delivery.Permanent, Status: 410, Error: "HTTP 410"}
+	rows[3].Outcome = delivery.Outcome{Kind: delivery.Defer, Delay: 2 * time.Second, Reason: "circuit open"}
+	rows[4].Outcome = delivery.Outcome{Kind: delivery.Release, Delay: 0}
+	res, err := s.Settle(context.Background(), rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := settle.Result{Settled: 4, Requeued: 2, DeadLettered: 1, Released: 1}
+	if res != want {
+		t.Fatalf("result %+v, want %+v", res, want)
+	}
+	// The retry is attempt 2 due in a minute; the deferral keeps attempt 1.
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 2 AND NOT processed
+		AND created_at BETWEEN now() + interval '59 seconds' AND now() + interval '61 seconds'`, rows[1].DeliveryID); n != 1 {
+		t.Fatal("retry row not due per the schedule")
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 1 AND NOT processed`, rows[3].DeliveryID); n != 1 {
+		t.Fatal("deferred row not re-enqueued with the same attempt")
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1 AND last_status = 410`, rows[2].DeliveryID); n != 1 {
+		t.Fatal("permanent failure not dead-lettered")
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND NOT processed AND lease_until <= now()`, rows[4].ID); n != 1 {
+		t.Fatal("released row still leased")
+	}
+	// Settling the same outcomes again (a late duplicate after a lease expiry) changes nothing.
+	again, err := s.Settle(context.Background(), rows[:4])
+	if err != nil || again.Settled != 0 || again.Requeued != 0 {
+		t.Fatalf("second settle = %+v, %v; want no effect", again, err)
+	}
+}
+
+// TestBadRowDoesNotBlockTheBatch injects a row the database refuses to settle normally (an
+// operator's constraint rejects its retry row): it is dead-lettered with the reason, and the
+// other rows of the batch settle as usual.
+func TestBadRowDoesNotBlockTheBatch(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `ALTER TABLE webhook_outbox ADD CONSTRAINT no_poison_retries
+		CHECK (event_type <> 'poison' OR attempt < 2)`); err != nil {
+		t.Fatal(err)
+	}
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	good := leased(t, db, "good", 3)
+	bad := leased(t, db, "poison", 1)[0]
+	for _, d := range good {
+		d.Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 500}
+	}
+	bad.Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 500}
+	batch := []*delivery.Delivery{good[0], bad, good[1], good[2]}
+	res, err := s.Settle(ctx, batch)
+	if err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+	if res.Fallback != 4 || res.DeadLettered != 1 || res.Requeued != 3 {
+		t.Fatalf("result %+v; want the batch settled row by row with one dead letter", res)
+	}
+	var reason string
+	if err := db.Pool.QueryRow(ctx, `SELECT reason FROM webhook_dead_letter WHERE delivery_id = $1`, bad.DeliveryID).Scan(&reason); err != nil {
+		t.Fatalf("bad row not dead-lettered: %v", err)
+	}
+	if !strings.Contains(reason, "no_poison_retries") {
+		t.Fatalf("reason %q does not say what failed", reason)
+	}
+	if bad.Outcome.Kind != delivery.Permanent {
+		t.Fatalf("bad row's outcome not updated to Permanent: %v", bad.Outcome.Kind)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE event_type = 'good' AND attempt = 2`); n != 3 {
+		t.Fatalf("good rows' retries: %d, want 3", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE lease_until IS NOT NULL AND processed`); n != 0 {
+		t.Fatalf("%d settled rows still leased", n)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	sched := []time.Duration{5 * time.Second, time.Minute, time.Hour}
+	exact := settle.New(nil, settle.Config{Schedule: sched, Jitter: -1})
+	for attempt, want := range map[int]time.Duration{1: 5 * time.Second, 2: time.Minute, 3: time.Hour} {
+		if got := exact.Backoff(attempt, 0); got != want {
+			t.Errorf("Backoff(%d) = %s, want %s", attempt, got, want)
+		}
+	}
+	// Retry-After lengthens the wait, capped at the schedule's largest step.
+	if got := exact.Backoff(1, 2*time.Minute); got != 2*time.Minute {
+		t.Errorf("Retry-After 2m: %s", got)
+	}
+	if got := exact.Backoff(1, 48*time.Hour); got != time.Hour {
+		t.Errorf("Retry-After 48h: %s, want capped at 1h", got)
+	}
+	if got := exact.Backoff(2, time.Second); got != time.Minute {
+		t.Errorf("a shorter Retry-After must not shorten the schedule: %s", got)
+	}
+	jittered := settle.New(nil, settle.Config{Schedule: sched, Jitter: 0.2})
+	lo, hi := time.Hour, time.Duration(0)
+	for range 1000 {
+		d := jittered.Backoff(2, 0)
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	if lo < 48*time.Second || hi > 72*time.Second || hi-lo < 10*time.Second {
+		t.Fatalf("±20%% jitter of 1m spread over [%s, %s]", lo, hi)
+	}
+}
