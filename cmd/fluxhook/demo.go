@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/receiver"
+	fluxsql "github.com/fluxora/fluxhook/sql"
+	"github.com/fluxora/fluxhook/sql/outbox"
+	"github.com/fluxora/fluxhook/stages/dispatcher"
+)
+
+func init() {
+	commands["demo"] = command{
+		summary: "watch signed webhooks arrive: throwaway PostgreSQL (or DATABASE_URL), local receiver, sample events",
+		run:     runDemo,
+	}
+}
+
+// runDemo is the README's first command: everything fluxhook does, on one screen, with
+// nothing to set up. Without DATABASE_URL it starts a throwaway PostgreSQL cluster (installing
+// Debian's server package if needed) and removes it on exit.
+func runDemo(ctx context.Context, env *environment, args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	dbURL := databaseURLFlag(fs, env)
+	events := fs.Int("events", 0, "stop after this many events have been delivered (0 = run until Ctrl-C)")
+	interval := fs.Duration("interval", 500*time.Millisecond, "time between sample events")
+	if err := fs.Parse(args); err != nil {
+		return usageError("%v", err)
+	}
+	if *interval <= 0 || *events < 0 {
+		return usageError("--interval must be positive and --events not negative")
+	}
+	out := env.stdout
+
+	url := *dbURL
+	if url == "" {
+		fmt.Fprintln(out, "DATABASE_URL is not set: starting a throwaway PostgreSQL cluster (removed on exit)...")
+		cluster, err := pgtemp.Start(ctx, pgtemp.Options{Progress: env.stderr})
+		if err != nil {
+			return fmt.Errorf("starting a throwaway PostgreSQL (set DATABASE_URL to use your own): %w", err)
+		}
+		defer func() {
+			if err := cluster.Stop(); err != nil {
+				fmt.Fprintf(env.stderr, "stopping the throwaway cluster: %v\n", err)
+			}
+		}()
+		url = cluster.URL()
+	}
+	pool, err := connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := fluxsql.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "schema installed (version %d) in %s\n", fluxsql.LatestVersion(), redactURL(url))
+
+	// The consumer: the same verifying receiver as `fluxhook receive`, plus a flaky path that
+	// fails every first attempt so the demo shows a retry with the same delivery id.
+	secret := randomSecret()
+	var mu sync.Mutex
+	sentAt := map[string]time.Time{}
+	delivered := 0
+	done := make(chan struct{})
+	recv := &receiver.Receiver{
+		Secrets: []string{secret},
+		OnDelivery: func(d receiver.Delivery) {
+			mu.Lock()
+			defer mu.Unlock()
+			start, ok := sentAt[d.ID]
+			latency := "?"
+			if ok {
+				latency = fmt.Sprintf("%.1f ms", float64(d.ReceivedAt.Sub(start).Microseconds())/1000)
+			}
+			delivered++
+			fmt.Fprintf(out, "✓ received %-16s delivery %s  attempt %d  signature ok  %s after insert  body %s\n",
+				d.Event, d.ID, d.Attempt, latency, d.Body)
+			if *events > 0 && delivered == *events {
+				close(done)
+			}
+		},
+		OnReject: func(r receiver.Rejection) {
+			fmt.Fprintf(out, "✗ rejected delivery %s: %d %s\n", r.DeliveryID, r.Status, r.Reason)
+		},
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/hook", recv)
+	mux.HandleFunc("/flaky", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("x-fluxora-attempt") == "1" {
+			fmt.Fprintf(out, "… flaky endpoint answered 503 to attempt 1 of %s; fluxhook will retry\n", r.Header.Get("x-fluxora-delivery-id"))
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		recv.ServeHTTP(w, r)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	base := "http://" + ln.Addr().String()
+	fmt.Fprintf(out, "receiver verifying signatures at %s/hook\n", base)
+
+	d, err := dispatcher.New(dispatcher.Config{
+		DatabaseURL:   url,
+		DefaultURL:    base + "/hook",
+		Secret:        secret,
+		RetrySchedule: []time.Duration{time.Second, 5 * time.Second},
+		Logger:        newLogger(zapcore.WarnLevel, "console", zapcore.Lock(zapcore.AddSync(env.stderr))),
+	})
+	if err != nil {
+		return err
+	}
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = d.Stop(stopCtx)
+	}()
+	fmt.Fprintln(out, "dispatcher running; enqueueing sample events (Ctrl-C to stop)")
+
+	kinds := []string{"stream.created", "stream.updated", "order.paid", "user.signed_up"}
+	tick := time.NewTicker(*interval)
+	defer tick.Stop()
+	for n := 1; ; n++ {
+		if *events == 0 || n <= *events {
+			ev := outbox.Event{
+				EventType: kinds[n%len(kinds)],
+				StreamID:  fmt.Sprintf("demo-%d", n%3),
+				Payload:   map[string]any{"n": n, "demo": true},
+			}
+			if n%5 == 0 {
+				ev.EndpointURL = base + "/flaky"
+			}
+			mu.Lock() // held across the insert so OnDelivery cannot look before sentAt is set
+			start := time.Now()
+			e, err := outbox.Enqueue(ctx, pool, ev)
+			if err == nil {
+				sentAt[e.DeliveryID] = start
+			}
+			mu.Unlock()
+			if err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				return fmt.Errorf("enqueue: %w", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(out, "\nstopping: draining in-flight deliveries, removing what the demo started")
+			return nil
+		case <-done:
+			fmt.Fprintf(out, "%d events delivered; done\n", *events)
+			return nil
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+func randomSecret() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return "demo-" + hex.EncodeToString(b)
+}
