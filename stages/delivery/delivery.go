@@ -34,6 +34,10 @@ type Delivery struct {
 	// Header holds the signed request headers, set by the sign stage.
 	Header http.Header
 
+	// GateToken is set by the gate when this attempt holds something the gate must get back
+	// with the outcome (the circuit breaker's half-open probe ownership); empty otherwise.
+	GateToken string
+
 	// Outcome is set by whichever stage finishes with the row.
 	Outcome Outcome
 }
