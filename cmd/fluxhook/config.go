@@ -6,11 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -53,7 +55,8 @@ var settings = []setting{
 	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "comma-separated private CIDRs an operator allows as endpoints (reserved for the SSRF guard)"},
 	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
 	{env: "LOG_FORMAT", def: "json", help: "json | console"},
-	{env: "METRICS_ADDR", help: "address for /metrics, /livez, /readyz (reserved)"},
+	{env: "METRICS_ADDR", help: "address for /metrics, /livez and /readyz, e.g. 127.0.0.1:9090 (off when empty)"},
+	{env: "METRICS_ENDPOINT_LABEL", def: "false", help: "add an endpoint-hash label to fluxora_webhook_deliveries_total"},
 }
 
 func flagName(env string) string { return strings.ReplaceAll(strings.ToLower(env), "_", "-") }
@@ -142,9 +145,24 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	intOf("WEBHOOK_CIRCUIT_BREAKER_RESET_MS", 1)
 	c.redisURL = v["REDIS_URL"]
 	c.metricsAddr = v["METRICS_ADDR"]
+	if c.metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.metricsAddr); err != nil {
+			bad("METRICS_ADDR", "must be host:port such as 127.0.0.1:9090 or :9090, got %q", c.metricsAddr)
+		}
+	}
+	switch v["METRICS_ENDPOINT_LABEL"] {
+	case "true", "1":
+		d.MetricsEndpointLabel = true
+	case "false", "0", "":
+	default:
+		bad("METRICS_ENDPOINT_LABEL", "must be true or false, got %q", v["METRICS_ENDPOINT_LABEL"])
+	}
 
 	if d.DatabaseURL == "" {
 		bad("DATABASE_URL", "is required: a PostgreSQL URL such as postgres://user@localhost:5432/app")
+	} else if _, err := pgxpool.ParseConfig(d.DatabaseURL); err != nil {
+		// pgx's message can quote the URL; say what is wrong without echoing a password.
+		bad("DATABASE_URL", "is not a valid PostgreSQL connection string (%s)", redactURL(err.Error()))
 	}
 	if d.DefaultURL == "" {
 		bad("WEBHOOK_URL", "is required: the consumer's URL (https, or http on localhost)")

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
+	"net"
+	"net/http"
 	"time"
 
 	"go.uber.org/zap"
@@ -48,20 +51,37 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 
+	var metricsSrv *http.Server
+	if cfg.metricsAddr != "" {
+		ln, err := net.Listen("tcp", cfg.metricsAddr)
+		if err != nil {
+			_ = d.Stop(context.Background())
+			return fmt.Errorf("METRICS_ADDR: %w", err)
+		}
+		metricsSrv = &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = metricsSrv.Serve(ln) }()
+		log.Info("serving /metrics, /livez and /readyz", zap.String("addr", ln.Addr().String()))
+	}
+
 	<-ctx.Done()
-	log.Info("shutting down: draining in-flight deliveries", zap.Duration("drain_timeout", cfg.drainTimeout))
-	drainCtx, cancelDrain := context.WithTimeoutCause(context.Background(), cfg.drainTimeout, errors.New("drain timeout"))
+	log.Info("shutting down: draining in-flight deliveries", zap.Int64("drain_timeout_ms", cfg.drainTimeout.Milliseconds()))
+	signalled, cancelSignalled := context.WithCancelCause(context.Background())
+	defer cancelSignalled(nil)
+	drainCtx, cancelDrain := context.WithTimeoutCause(signalled, cfg.drainTimeout, errors.New("drain timeout"))
 	defer cancelDrain()
 	go func() {
 		select {
 		case <-env.signals:
 			log.Warn("second signal: cancelling in-flight deliveries")
-			cancelDrain()
+			cancelSignalled(errors.New("second signal"))
 		case <-drainCtx.Done():
 		}
 	}()
 	if err := d.Stop(drainCtx); err != nil {
 		log.Warn("shutdown incomplete", zap.Error(err))
+	}
+	if metricsSrv != nil {
+		_ = metricsSrv.Close()
 	}
 	return nil
 }

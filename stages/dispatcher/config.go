@@ -61,6 +61,10 @@ type Config struct {
 	InstanceID string
 	// Gate decides which rows may be attempted now (nil = gate.AllowAll).
 	Gate gate.Gate
+	// MetricsEndpointLabel adds an endpoint label (the URL's SHA-256) to the deliveries
+	// counter (METRICS_ENDPOINT_LABEL). Off by default: one series per endpoint can be too
+	// many for Prometheus when every tenant has its own URL.
+	MetricsEndpointLabel bool
 	// Logger receives structured logs (nil = no logs).
 	Logger *zap.Logger
 	// AsyncCommit sets synchronous_commit=off on the dispatcher's own connections (default

@@ -47,7 +47,12 @@ type Dispatcher struct {
 	claimDone    chan struct{}
 	maintDone    chan struct{}
 
-	stats Stats
+	stats   Stats
+	metrics *metrics
+	// lastLoop is when the claiming loop last went round (Unix nanoseconds), for /livez.
+	lastLoop atomic.Int64
+	// draining is set as soon as Stop begins, for /readyz.
+	draining atomic.Bool
 
 	mu       sync.Mutex
 	started  bool
@@ -86,14 +91,16 @@ func New(cfg Config) (*Dispatcher, error) {
 		}
 		return nil, err
 	}
-	return &Dispatcher{
+	d := &Dispatcher{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		signer:  signer,
 		sender:  sender,
 		slots:   pipeline.NewSlots(cfg.MaxInFlight),
 		stopped: make(chan struct{}),
-	}, nil
+	}
+	d.metrics = newMetrics(d)
+	return d, nil
 }
 
 // Config returns the effective configuration (defaults applied).
@@ -103,7 +110,10 @@ func (d *Dispatcher) Config() Config { return d.cfg }
 func (d *Dispatcher) Stats() *Stats { return &d.stats }
 
 // ListenerConnected reports whether the NOTIFY listener is currently listening.
-func (d *Dispatcher) ListenerConnected() bool { return d.waker != nil && d.waker.Connected() }
+func (d *Dispatcher) ListenerConnected() bool {
+	_, w := d.handles()
+	return w != nil && w.Connected()
+}
 
 // Start connects, checks the schema, registers this instance and starts every stage. It
 // returns an error, having claimed nothing, when the database is unreachable or the schema is
@@ -146,13 +156,20 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		pool.Close()
 		return err
 	}
+	var connects atomic.Int64
 	d.waker = wake.New(wake.Config{
 		Connect:      func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, listenCfg) },
 		PollInterval: d.cfg.PollInterval,
+		OnWake:       func(s wake.Source) { d.metrics.wakeups.WithLabelValues(string(s)).Inc() },
 		OnError: func(err error) {
 			d.log.Warn("listener error", zap.Error(err))
 		},
-		OnConnect: func() { d.log.Debug("listener connected") },
+		OnConnect: func() {
+			if connects.Add(1) > 1 {
+				d.metrics.reconnects.Inc()
+				d.log.Info("listener reconnected")
+			}
+		},
 	})
 
 	n := d.cfg.MaxInFlight
@@ -220,6 +237,7 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 		return nil
 	}
 	d.stopping = true
+	d.draining.Store(true)
 	d.mu.Unlock()
 	defer close(d.stopped)
 
@@ -233,7 +251,8 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	case <-d.settleDone:
 	case <-ctx.Done():
 		drainErr = fmt.Errorf("drain cut short (%w): %d rows in flight were cancelled and will be delivered again", context.Cause(ctx), d.slots.InUse())
-		d.log.Warn("drain timeout: cancelling in-flight requests", zap.Int("in_flight", d.slots.InUse()))
+		d.log.Warn("drain cut short: cancelling in-flight requests", zap.Int("in_flight", d.slots.InUse()),
+			zap.String("cause", context.Cause(ctx).Error()))
 		d.cancelSends()
 		select {
 		case <-d.settleDone:
@@ -267,6 +286,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	var skip []string
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
+		d.lastLoop.Store(time.Now().UnixNano())
 		free := d.slots.Free()
 		if free == 0 {
 			select {
@@ -283,6 +303,8 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 				return
 			}
 			d.stats.ClaimErrors.Add(1)
+			d.metrics.claimErrors.Inc()
+			armed = false // unknown after a failure: re-arm through the next empty claim
 			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
 			d.log.Warn("claim failed", zap.Error(err), zap.Duration("retry_in", backoff))
 			d.sleep(ctx, backoff)
@@ -290,6 +312,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		}
 		backoff = 0
 		d.stats.Claims.Add(1)
+		d.metrics.claimRows.Observe(float64(len(rows)))
 		if len(rows) > 0 {
 			armed = false // the claim statement disarmed us
 			d.slots.Take(len(rows))
@@ -412,13 +435,17 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 	}
 	if err != nil {
 		d.stats.SettleErrors.Add(1)
+		d.metrics.settleErrors.Inc()
 		d.log.Error("settle failed; rows will be delivered again after their lease", zap.Error(err), zap.Int("rows", len(batch)))
 	} else {
 		if res.Fallback > 0 {
 			d.log.Warn("settle batch rejected; settled rows one by one", zap.Int("rows", res.Fallback))
 		}
 		d.cfg.Gate.Record(ctx, batch)
+		d.metrics.settleRows.Observe(float64(len(batch)))
+		now := time.Now()
 		for _, del := range batch {
+			d.metrics.observe(del, now)
 			d.logOutcome(del)
 		}
 	}

@@ -265,6 +265,7 @@ func TestSaturatedEndpointIsClaimedAround(t *testing.T) {
 	cfg := b.config(fast.URL())
 	cfg.EndpointConcurrency = 2
 	cfg.MaxInFlight = 8
+	cfg.Timeout = 60 * time.Second // the hanging requests must not time out during the test
 	b.start(cfg)
 	for range 10 {
 		b.enqueue(outbox.Event{EndpointURL: slowEP.URL()})

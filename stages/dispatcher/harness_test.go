@@ -95,6 +95,13 @@ func (c *consumer) arrivals() []arrival {
 	return append([]arrival(nil), c.got...)
 }
 
+// received is the number of requests so far (cheap enough to poll in benchmarks).
+func (c *consumer) received() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.got)
+}
+
 // byDelivery groups arrivals by delivery id.
 func (c *consumer) byDelivery() map[string][]arrival {
 	out := map[string][]arrival{}

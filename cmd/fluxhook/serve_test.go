@@ -1,0 +1,492 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/outbox"
+	"github.com/fluxora/fluxhook/sql/sqltest"
+)
+
+// dbPassword is put in DATABASE_URL by the tests that check logs and errors for secrets; the
+// test server trusts local connections and ignores it.
+const dbPassword = "hunter2-db-pass"
+
+// queryInt runs a query returning one integer.
+func queryInt(t *testing.T, db *sqltest.DB, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// queryStrings runs a query returning one text column.
+func queryStrings(t *testing.T, db *sqltest.DB, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := db.Pool.Query(context.Background(), sql, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return out
+}
+
+func enqueueOne(t *testing.T, db *sqltest.DB, ev outbox.Event) string {
+	t.Helper()
+	if ev.EventType == "" {
+		ev.EventType = "test.event"
+	}
+	if ev.Payload == nil {
+		ev.Payload = map[string]any{"n": 1}
+	}
+	e, err := outbox.Enqueue(context.Background(), db.Pool, ev)
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	return e.DeliveryID
+}
+
+func unprocessed(t *testing.T, db *sqltest.DB) int {
+	t.Helper()
+	return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed`)
+}
+
+// TestServeSIGKILLLosesNothing kills a dispatcher with requests in flight and checks that a
+// second one, on the same database, delivers everything, duplicating only what was in flight.
+func TestServeSIGKILLLosesNothing(t *testing.T) {
+	t.Parallel()
+	const (
+		events = 200
+		hang   = 20 // the first requests hang until released or cancelled
+	)
+	db := sqltest.NewMigrated(t)
+	release := newGate()
+	c := newHookConsumer(t, func(ctx context.Context, req *hookRequest) int {
+		if req.N <= hang && !release.wait(ctx) {
+			return 0
+		}
+		return http.StatusOK
+	})
+	env := serveEnv(db.URL, c.URL())
+	// The killed instance's leases must expire soon, and the lease must exceed the timeout by
+	// 1 s; the timeout must outlast the wait below, or the hanging requests would time out
+	// (and be settled as retries) before the kill.
+	env["WEBHOOK_TIMEOUT_MS"] = "3000"
+	env["WEBHOOK_LEASE_MS"] = "4000"
+
+	first := startServe(t, "first serve", env)
+	evs := make([]outbox.Event, events)
+	for i := range evs {
+		evs[i] = outbox.Event{EventType: "test.kill", Payload: map[string]any{"n": i}}
+	}
+	if n, err := outbox.EnqueueMany(context.Background(), db.Pool, evs); err != nil || n != events {
+		t.Fatalf("EnqueueMany = %d, %v", n, err)
+	}
+	ids := queryStrings(t, db, `SELECT delivery_id::text FROM webhook_outbox`)
+	if len(ids) != events {
+		t.Fatalf("%d rows in the outbox, want %d", len(ids), events)
+	}
+
+	// Kill once everything but the hanging requests has been answered: the rows left in
+	// flight are then the hanging ones plus those answered but not yet settled, few enough
+	// for the bound on duplicates below to mean something.
+	first.waitFor(15*time.Second, "the hanging requests in flight and the others answered", func() bool {
+		_, active, ok := c.counts()
+		return active >= hang && ok >= events-hang
+	})
+	arrivedAtKill, hangingAtKill, okAtKill := c.counts()
+	first.kill()
+	if code := first.waitExit(5 * time.Second); code != -1 {
+		t.Fatalf("first serve exited with %d after SIGKILL, want death by signal", code)
+	}
+	// A statement the killed process had sent may still be finishing on the server; once its
+	// sessions are gone, the table shows exactly what it left in flight.
+	pollUntil(t, 5*time.Second, "the killed instance's sessions to end", func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name LIKE 'fluxhook%'`) == 0
+	})
+	inFlight := map[string]bool{}
+	for _, id := range queryStrings(t, db, `SELECT delivery_id::text FROM webhook_outbox
+		WHERE NOT processed AND leased_by IS NOT NULL`) {
+		inFlight[id] = true
+	}
+	t.Logf("at the kill: %d requests arrived, %d hanging, %d answered 2xx; %d rows leased and unsettled",
+		arrivedAtKill, hangingAtKill, okAtKill, len(inFlight))
+	if len(inFlight) == 0 {
+		t.Fatalf("no rows were in flight at the kill; the test did not exercise a crash mid-delivery")
+	}
+
+	second := startServe(t, "second serve", env)
+	release.open()
+	second.waitFor(20*time.Second, "every outbox row processed", func() bool { return unprocessed(t, db) == 0 })
+
+	oks := map[string]int{}
+	bodies := map[string][]byte{}
+	for _, r := range c.requests() {
+		if r.VerifyErr != nil {
+			t.Errorf("request %d (%s): signature does not verify: %v", r.N, r.DeliveryID, r.VerifyErr)
+		}
+		if prev, ok := bodies[r.DeliveryID]; ok && !bytes.Equal(prev, r.Body) {
+			t.Errorf("%s: body changed between attempts: %s then %s", r.DeliveryID, prev, r.Body)
+		}
+		bodies[r.DeliveryID] = r.Body
+		if r.Status >= 200 && r.Status <= 299 {
+			oks[r.DeliveryID]++
+		}
+	}
+	var lost, duplicated []string
+	for _, id := range ids {
+		switch n := oks[id]; {
+		case n == 0:
+			lost = append(lost, id)
+		case n > 1:
+			duplicated = append(duplicated, id)
+			if !inFlight[id] {
+				t.Errorf("%s was delivered %d times but was not in flight at the kill", id, n)
+			}
+		}
+	}
+	if len(lost) > 0 {
+		t.Errorf("%d of %d events never reached the consumer with a 2xx: %v", len(lost), events, lost)
+	}
+	if len(duplicated) > len(inFlight) {
+		t.Errorf("%d events delivered more than once, more than the %d in flight at the kill", len(duplicated), len(inFlight))
+	}
+	if n := queryInt(t, db, `SELECT count(DISTINCT delivery_id) FROM webhook_outbox
+		WHERE processed AND status_code BETWEEN 200 AND 299`); n != events {
+		t.Errorf("%d delivery ids settled as delivered, want %d", n, events)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Errorf("%d dead letters, want none", n)
+	}
+	t.Logf("%d requests in all, %d events delivered more than once", len(c.requests()), len(duplicated))
+}
+
+// startHangingOne starts serve with one event whose first request hangs until release opens,
+// and waits until that request is in flight.
+func startHangingOne(t *testing.T, db *sqltest.DB, release *gate, env map[string]string) (*serveProc, *hookConsumer, string) {
+	t.Helper()
+	c := newHookConsumer(t, func(ctx context.Context, req *hookRequest) int {
+		if req.N == 1 && !release.wait(ctx) {
+			return 0
+		}
+		return http.StatusOK
+	})
+	env["WEBHOOK_URL"] = c.URL()
+	p := startServe(t, "serve", env)
+	id := enqueueOne(t, db, outbox.Event{EventType: "test.slow"})
+	p.waitFor(15*time.Second, "the request to be in flight", func() bool {
+		_, active, _ := c.counts()
+		return active == 1
+	})
+	return p, c, id
+}
+
+// TestServeSIGTERMDrainsSlowRequest checks the graceful half of shutdown: SIGTERM waits for
+// the request in flight, settles it, and exits 0.
+func TestServeSIGTERMDrainsSlowRequest(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	release := newGate()
+	env := serveEnv(db.URL, "")
+	env["WEBHOOK_TIMEOUT_MS"] = "20000" // far beyond the test: only the release ends the request
+	p, c, id := startHangingOne(t, db, release, env)
+
+	p.signal(syscall.SIGTERM)
+	p.waitLog(5*time.Second, "shutting down: draining in-flight deliveries")
+	if p.exited() {
+		t.Fatalf("serve exited (%s) while a request was in flight", p.cmd.ProcessState)
+	}
+	if _, active, _ := c.counts(); active != 1 {
+		t.Fatalf("%d requests in flight after SIGTERM, want the one still hanging", active)
+	}
+	release.open()
+	if code := p.waitExit(10 * time.Second); code != 0 {
+		t.Fatalf("serve exited with %d, want 0", code)
+	}
+	var status int
+	var processed bool
+	if err := db.Pool.QueryRow(context.Background(),
+		`SELECT processed, coalesce(status_code, 0) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 1`, id,
+	).Scan(&processed, &status); err != nil {
+		t.Fatal(err)
+	}
+	if !processed || status != http.StatusOK {
+		t.Fatalf("row after drain: processed=%v status=%d, want settled with 200", processed, status)
+	}
+	if n := len(c.requests()); n != 1 {
+		t.Errorf("consumer got %d requests, want 1", n)
+	}
+	if logs := p.stderr.String(); strings.Contains(logs, "shutdown incomplete") || !strings.Contains(logs, "dispatcher stopped") {
+		t.Errorf("shutdown was not a clean drain")
+	}
+}
+
+// TestServeSecondSignalCancels checks the forced half of shutdown: a second signal cancels the
+// request in flight at once, and its row is released for another instance to deliver.
+func TestServeSecondSignalCancels(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	release := newGate()
+	env := serveEnv(db.URL, "")
+	env["WEBHOOK_TIMEOUT_MS"] = "20000"
+	p, c, id := startHangingOne(t, db, release, env)
+
+	p.signal(syscall.SIGTERM)
+	p.waitLog(5*time.Second, "shutting down: draining in-flight deliveries")
+	start := time.Now()
+	p.signal(syscall.SIGINT)
+	code := p.waitExit(5 * time.Second) // the request's own timeout is 20 s
+	t.Logf("exited with %d %s after the second signal", code, time.Since(start).Round(time.Millisecond))
+	if !strings.Contains(p.stderr.String(), "second signal: cancelling in-flight deliveries") {
+		t.Errorf("no log line about the second signal")
+	}
+	var processed, released bool
+	if err := db.Pool.QueryRow(context.Background(),
+		`SELECT processed, lease_until IS NULL OR lease_until <= now() + interval '1 second'
+		 FROM webhook_outbox WHERE delivery_id = $1`, id,
+	).Scan(&processed, &released); err != nil {
+		t.Fatal(err)
+	}
+	if processed || !released {
+		t.Fatalf("row after a forced stop: processed=%v lease released=%v; want unprocessed and released", processed, released)
+	}
+
+	// Released, not left leased for the full lease: another instance delivers it right away.
+	next := startServe(t, "next serve", env)
+	next.waitFor(15*time.Second, "the released row to be delivered", func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox
+			WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
+	})
+	if n := len(c.requests()); n != 2 {
+		t.Errorf("consumer got %d requests, want 2 (the cancelled one and the redelivery)", n)
+	}
+}
+
+// serveInProcess calls run([serve]) in this process with env as the whole environment.
+func serveInProcess(env map[string]string) (code int, stderr string) {
+	var out, errBuf bytes.Buffer
+	code = run([]string{"serve"}, &out, &errBuf, func(k string) string { return env[k] })
+	return code, out.String() + errBuf.String()
+}
+
+// TestServeInvalidConfig checks that each bad variable stops serve before anything is
+// claimed, with a non-zero status and a message naming the variable.
+func TestServeInvalidConfig(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	id := enqueueOne(t, db, outbox.Event{})
+	c := newHookConsumer(t, nil)
+
+	cases := []struct {
+		name string
+		set  map[string]string
+		want string // the variable the message must name
+		leak string // a value that must not be repeated
+	}{
+		{"no database", map[string]string{"DATABASE_URL": ""}, "DATABASE_URL", ""},
+		{"database url does not parse", map[string]string{"DATABASE_URL": "postgres://root:" + dbPassword + "@127.0.0.1:notaport/db"}, "DATABASE_URL", ""},
+		{"no url", map[string]string{"WEBHOOK_URL": ""}, "WEBHOOK_URL", ""},
+		{"ftp url", map[string]string{"WEBHOOK_URL": "ftp://x"}, "WEBHOOK_URL", ""},
+		{"http url", map[string]string{"WEBHOOK_URL": "http://example.com"}, "WEBHOOK_URL", ""},
+		{"url with credentials", map[string]string{"WEBHOOK_URL": "https://u:p4ssw0rd-in-url@example.com"}, "WEBHOOK_URL", "p4ssw0rd-in-url"},
+		{"no secret", map[string]string{"WEBHOOK_SECRET": ""}, "WEBHOOK_SECRET", ""},
+		{"scheme", map[string]string{"WEBHOOK_SIGNATURE_SCHEME": "bogus"}, "WEBHOOK_SIGNATURE_SCHEME", ""},
+		{"poll not a number", map[string]string{"WEBHOOK_POLL_INTERVAL_MS": "abc"}, "WEBHOOK_POLL_INTERVAL_MS", ""},
+		{"poll too short", map[string]string{"WEBHOOK_POLL_INTERVAL_MS": "1"}, "WEBHOOK_POLL_INTERVAL_MS", ""},
+		{"batch size", map[string]string{"WEBHOOK_BATCH_SIZE": "0"}, "WEBHOOK_BATCH_SIZE", ""},
+		{"max in flight", map[string]string{"WEBHOOK_MAX_IN_FLIGHT": "-1"}, "WEBHOOK_MAX_IN_FLIGHT", ""},
+		{"endpoint concurrency", map[string]string{"WEBHOOK_ENDPOINT_CONCURRENCY": "0"}, "WEBHOOK_ENDPOINT_CONCURRENCY", ""},
+		{"timeout", map[string]string{"WEBHOOK_TIMEOUT_MS": "x"}, "WEBHOOK_TIMEOUT_MS", ""},
+		{"lease under timeout", map[string]string{"WEBHOOK_LEASE_MS": "500", "WEBHOOK_TIMEOUT_MS": "30000"}, "WEBHOOK_LEASE_MS", ""},
+		{"schedule word", map[string]string{"WEBHOOK_RETRY_SCHEDULE": "5s,banana"}, "WEBHOOK_RETRY_SCHEDULE", ""},
+		{"schedule zero", map[string]string{"WEBHOOK_RETRY_SCHEDULE": "0s"}, "WEBHOOK_RETRY_SCHEDULE", ""},
+		{"max payload", map[string]string{"WEBHOOK_MAX_PAYLOAD_BYTES": "1"}, "WEBHOOK_MAX_PAYLOAD_BYTES", ""},
+		{"retry rps", map[string]string{"WEBHOOK_RETRY_RPS": "0"}, "WEBHOOK_RETRY_RPS", ""},
+		{"breaker threshold", map[string]string{"WEBHOOK_CIRCUIT_BREAKER_THRESHOLD": "-1"}, "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", ""},
+		{"breaker reset", map[string]string{"WEBHOOK_CIRCUIT_BREAKER_RESET_MS": "0"}, "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", ""},
+		{"retention", map[string]string{"WEBHOOK_RETENTION": "forever"}, "WEBHOOK_RETENTION", ""},
+		{"allowed networks", map[string]string{"WEBHOOK_ALLOWED_NETWORKS": "10.0.0.0/33"}, "WEBHOOK_ALLOWED_NETWORKS", ""},
+		{"log level", map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL", ""},
+		{"log format", map[string]string{"LOG_FORMAT": "xml"}, "LOG_FORMAT", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			env := serveEnv(withPassword(t, db.URL, dbPassword), c.URL())
+			for k, v := range tc.set {
+				env[k] = v
+			}
+			code, stderr := serveInProcess(env)
+			if code == 0 {
+				t.Fatalf("serve exited 0; output:\n%s", stderr)
+			}
+			if !strings.Contains(stderr, tc.want) {
+				t.Errorf("exit %d, but the message does not name %s:\n%s", code, tc.want, stderr)
+			}
+			for _, secret := range []string{serveSecret, dbPassword, tc.leak} {
+				if secret != "" && strings.Contains(stderr, secret) {
+					t.Errorf("the output shows the secret %q:\n%s", secret, stderr)
+				}
+			}
+		})
+	}
+
+	var leased bool
+	if err := db.Pool.QueryRow(context.Background(),
+		`SELECT lease_until IS NOT NULL OR leased_by IS NOT NULL OR processed FROM webhook_outbox WHERE delivery_id = $1`, id,
+	).Scan(&leased); err != nil {
+		t.Fatal(err)
+	}
+	if leased {
+		t.Errorf("a serve with an invalid configuration claimed the pending row")
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dispatcher`); n != 0 {
+		t.Errorf("%d dispatchers registered by serves with an invalid configuration", n)
+	}
+	if arrived, _, _ := c.counts(); arrived != 0 {
+		t.Errorf("the consumer got %d requests", arrived)
+	}
+}
+
+// TestServeInvalidConfigExitStatus checks the same through the real binary: the process exit
+// status, which is what an orchestrator sees.
+func TestServeInvalidConfigExitStatus(t *testing.T) {
+	t.Parallel()
+	env := serveEnv("postgres://root@127.0.0.1:5432/none?sslmode=disable", "http://127.0.0.1:1/hook")
+	env["WEBHOOK_BATCH_SIZE"] = "0"
+	p := startServe(t, "serve", env)
+	code := p.waitExit(15 * time.Second)
+	if code <= 0 {
+		t.Fatalf("exit status %d, want a non-zero status", code)
+	}
+	if logs := p.stderr.String(); !strings.Contains(logs, "WEBHOOK_BATCH_SIZE") || strings.Contains(logs, serveSecret) {
+		t.Errorf("exit %d; stderr does not name WEBHOOK_BATCH_SIZE or shows the secret:\n%s", code, logs)
+	}
+}
+
+// TestServeRefusesOutdatedSchema checks that serve on a database without fluxhook's schema
+// stops with the instruction to migrate.
+func TestServeRefusesOutdatedSchema(t *testing.T) {
+	t.Parallel()
+	db := sqltest.New(t)
+	c := newHookConsumer(t, nil)
+	code, stderr := serveInProcess(serveEnv(withPassword(t, db.URL, dbPassword), c.URL()))
+	if code == 0 {
+		t.Fatalf("serve exited 0 on a database without the schema:\n%s", stderr)
+	}
+	if !strings.Contains(stderr, "fluxhook migrate") {
+		t.Errorf("exit %d, but the message does not say to run `fluxhook migrate`:\n%s", code, stderr)
+	}
+	for _, secret := range []string{serveSecret, dbPassword} {
+		if strings.Contains(stderr, secret) {
+			t.Errorf("the output shows the secret %q:\n%s", secret, stderr)
+		}
+	}
+}
+
+// TestServeLogsNoSecrets runs serve through deliveries, a failing endpoint and a shutdown, and
+// checks that every log line is JSON with stable fields and no secret in it.
+func TestServeLogsNoSecrets(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ok := newHookConsumer(t, nil)
+	failing := newHookConsumer(t, func(context.Context, *hookRequest) int { return http.StatusInternalServerError })
+	const hookToken, failToken = "hook-query-token-5e1d", "fail-query-token-9b7c"
+	hookURL := ok.URL() + "?token=" + hookToken
+	failURL := failing.URL() + "?token=" + failToken
+
+	env := serveEnv(withPassword(t, db.URL, dbPassword), hookURL)
+	env["WEBHOOK_RETRY_SCHEDULE"] = "100ms" // two attempts, then a dead letter
+	p := startServe(t, "serve", env)
+	enqueueOne(t, db, outbox.Event{EventType: "test.ok"})
+	enqueueOne(t, db, outbox.Event{EventType: "test.ok"})
+	failID := enqueueOne(t, db, outbox.Event{EventType: "test.fail", EndpointURL: failURL})
+	p.waitFor(15*time.Second, "every row settled and the failing one dead-lettered", func() bool {
+		return unprocessed(t, db) == 0 && queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter`) == 1
+	})
+	p.waitLog(5*time.Second, `"msg":"delivery dead-lettered"`)
+	p.signal(syscall.SIGTERM)
+	if code := p.waitExit(10 * time.Second); code != 0 {
+		t.Fatalf("serve exited with %d after SIGTERM, want 0", code)
+	}
+
+	logs := p.stderr.String()
+	for _, secret := range []string{
+		serveSecret, dbPassword, hookToken, failToken,
+		ok.srv.Listener.Addr().String(), failing.srv.Listener.Addr().String(), // endpoints appear as hashes only
+	} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("the logs show %q", secret)
+		}
+	}
+	sum := sha256.Sum256([]byte(failURL))
+	failHash := hex.EncodeToString(sum[:])
+	failures := map[string]bool{}
+	for i, line := range strings.Split(strings.TrimRight(logs, "\n"), "\n") {
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Errorf("log line %d is not JSON (%v): %s", i+1, err, line)
+			continue
+		}
+		for _, field := range []string{"msg", "level", "ts"} {
+			if _, ok := entry[field].(string); !ok {
+				t.Errorf("log line %d has no string %q: %s", i+1, field, line)
+			}
+		}
+		msg, _ := entry["msg"].(string)
+		if msg != "delivery attempt failed" && msg != "delivery dead-lettered" {
+			continue
+		}
+		failures[msg] = true
+		want := map[string]any{
+			"delivery_id": failID,
+			"event_type":  "test.fail",
+			"status":      float64(http.StatusInternalServerError),
+			"endpoint":    failHash,
+		}
+		for k, v := range want {
+			if entry[k] != v {
+				t.Errorf("%q line: %s = %#v, want %#v: %s", msg, k, entry[k], v, line)
+			}
+		}
+		for _, k := range []string{"attempt", "duration_ms"} {
+			if _, ok := entry[k].(float64); !ok {
+				t.Errorf("%q line: no numeric %s: %s", msg, k, line)
+			}
+		}
+	}
+	for _, msg := range []string{"delivery attempt failed", "delivery dead-lettered"} {
+		if !failures[msg] {
+			t.Errorf("no %q line in the logs", msg)
+		}
+	}
+	for _, r := range append(ok.requests(), failing.requests()...) {
+		if r.VerifyErr != nil {
+			t.Errorf("request %s: signature does not verify: %v", r.DeliveryID, r.VerifyErr)
+		}
+	}
+	if n := len(failing.requests()); n != 2 {
+		t.Errorf("failing consumer got %d requests, want 2 (the schedule allows one retry)", n)
+	}
+}

@@ -1,0 +1,96 @@
+package dispatcher
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	fluxsql "github.com/fluxora/fluxhook/sql"
+	"github.com/fluxora/fluxhook/stages/wake"
+)
+
+// Handler serves /metrics (Prometheus), /livez and /readyz for this dispatcher. It is meant
+// for METRICS_ADDR: an operator's port, not the internet.
+//
+//   - /livez answers 200 while the claiming loop keeps going round; a loop stuck for several
+//     poll intervals (a deadlock) answers 503 so that a supervisor restarts the process.
+//   - /readyz answers 200 when PostgreSQL answers, the NOTIFY listener is connected and the
+//     schema is current, and 503 from the moment shutdown begins, so a load balancer or
+//     orchestrator stops counting on this instance before it goes away.
+func (d *Dispatcher) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{Registry: d.metrics.reg}))
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, r *http.Request) {
+		if err := d.Live(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := d.Ready(ctx); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// Registry is the dispatcher's own Prometheus registry, for programs that embed fluxhook and
+// serve metrics themselves.
+func (d *Dispatcher) Registry() *prometheus.Registry { return d.metrics.reg }
+
+// Live returns nil while the claiming loop is running and has gone round recently.
+func (d *Dispatcher) Live() error {
+	d.mu.Lock()
+	started, stopping := d.started, d.stopping
+	d.mu.Unlock()
+	if !started {
+		return fmt.Errorf("not started")
+	}
+	if stopping {
+		return nil // draining is alive; readiness says it is going away
+	}
+	last := time.Unix(0, d.lastLoop.Load())
+	limit := 3*d.cfg.PollInterval + 30*time.Second
+	if since := time.Since(last); since > limit {
+		return fmt.Errorf("claiming loop has not run for %s (limit %s)", since.Round(time.Second), limit)
+	}
+	return nil
+}
+
+// Ready returns nil when this instance can deliver: not shutting down, PostgreSQL reachable,
+// listener connected, schema current.
+func (d *Dispatcher) Ready(ctx context.Context) error {
+	if d.draining.Load() {
+		return fmt.Errorf("shutting down")
+	}
+	pool, waker := d.handles()
+	if pool == nil || waker == nil {
+		return fmt.Errorf("not started")
+	}
+	if err := fluxsql.CheckCurrent(ctx, pool); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if !waker.Connected() {
+		return fmt.Errorf("NOTIFY listener not connected")
+	}
+	return nil
+}
+
+// handles returns the pool and waker once Start has set them (nil before), read under the
+// lock Start holds while it sets them.
+func (d *Dispatcher) handles() (*pgxpool.Pool, *wake.Waker) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.pool, d.waker
+}

@@ -1,0 +1,191 @@
+package dispatcher
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/wake"
+)
+
+// metrics are the dispatcher's Prometheus series, on a registry of their own so that
+// embedding fluxhook in another program never collides with that program's metrics. Names
+// use base units (seconds, bytes) and the fluxora_webhook_ prefix. No series is labelled by
+// URL: an endpoint label, when enabled, is the URL's SHA-256, and it is off by default
+// because one label value per tenant endpoint can overwhelm a Prometheus server.
+type metrics struct {
+	reg             *prometheus.Registry
+	endpointLabel   bool
+	deliveries      *prometheus.CounterVec
+	attemptSeconds  *prometheus.HistogramVec
+	endToEndSeconds prometheus.Histogram
+	retries         prometheus.Counter
+	deadLetters     *prometheus.CounterVec
+	deferrals       *prometheus.CounterVec
+	released        prometheus.Counter
+	failOpen        prometheus.Counter
+	transitions     *prometheus.CounterVec
+	reconnects      prometheus.Counter
+	wakeups         *prometheus.CounterVec
+	claimRows       prometheus.Histogram
+	settleRows      prometheus.Histogram
+	settleErrors    prometheus.Counter
+	claimErrors     prometheus.Counter
+}
+
+const ns = "fluxora_webhook"
+
+func newMetrics(d *Dispatcher) *metrics {
+	m := &metrics{reg: prometheus.NewRegistry(), endpointLabel: d.cfg.MetricsEndpointLabel}
+	outcomeLabels := []string{"outcome"}
+	if m.endpointLabel {
+		outcomeLabels = append(outcomeLabels, "endpoint")
+	}
+	latency := []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	m.deliveries = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "deliveries_total",
+		Help: "Settled outcomes of claimed rows: delivered, retry, dead_letter, deferred, released."}, outcomeLabels)
+	m.attemptSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "attempt_duration_seconds",
+		Help: "Duration of HTTP attempts, by outcome.", Buckets: latency}, []string{"outcome"})
+	m.endToEndSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "end_to_end_latency_seconds",
+		Help:    "From the event's first enqueue to its successful delivery (includes retries).",
+		Buckets: append(latency, 60, 300, 1800, 3600, 21600, 86400, 172800)})
+	m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "retries_scheduled_total",
+		Help: "Retry rows inserted after a retryable failure."})
+	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dead_letters_total",
+		Help: "Events moved to webhook_dead_letter, by reason class: permanent, exhausted, invalid, settle_failed."}, []string{"reason"})
+	m.deferrals = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "deferrals_total",
+		Help: "Rows held back by the gate without an attempt, by reason: circuit_open, rate_limited, other."}, []string{"reason"})
+	m.released = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "released_total",
+		Help: "Claimed rows released without an attempt (endpoint saturated, shutdown)."})
+	m.failOpen = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "gate_fail_open_total",
+		Help: "Rows allowed because the gate's store (Redis) could not be reached."})
+	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "circuit_breaker_transitions_total",
+		Help: "Real changes of a circuit breaker's state."}, []string{"from_state", "to_state"})
+	m.reconnects = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "listener_reconnects_total",
+		Help: "Times the NOTIFY listener connected after its first connection."})
+	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "wakeups_total",
+		Help: "Wake-ups of the claiming loop by source: notify, poll, timer, backlog."}, []string{"source"})
+	m.claimRows = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "claim_batch_rows",
+		Help: "Rows returned per claim statement.", Buckets: []float64{0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000}})
+	m.settleRows = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "settle_batch_rows",
+		Help: "Rows written per settle statement.", Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000}})
+	m.settleErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "settle_errors_total",
+		Help: "Settle batches that could not be written (their rows are redelivered after the lease)."})
+	m.claimErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "claim_errors_total",
+		Help: "Claim statements that failed."})
+	inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "in_flight",
+		Help: "Rows claimed by this instance and not yet settled."}, func() float64 { return float64(d.slots.InUse()) })
+	capacity := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "capacity",
+		Help: "The most rows this instance holds in flight (WEBHOOK_MAX_IN_FLIGHT)."}, func() float64 { return float64(d.slots.Size()) })
+	m.reg.MustRegister(m.deliveries, m.attemptSeconds, m.endToEndSeconds, m.retries, m.deadLetters, m.deferrals,
+		m.released, m.failOpen, m.transitions, m.reconnects, m.wakeups, m.claimRows, m.settleRows, m.settleErrors,
+		m.claimErrors, inFlight, capacity, &backlogCollector{d: d},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, s := range []wake.Source{wake.Notify, wake.Poll, wake.Timer, wake.Backlog} {
+		m.wakeups.WithLabelValues(string(s))
+	}
+	return m
+}
+
+// observe records one settled row.
+func (m *metrics) observe(del *delivery.Delivery, now time.Time) {
+	o := del.Outcome
+	var outcome string
+	switch o.Kind {
+	case delivery.Delivered:
+		outcome = "delivered"
+		if !del.EnqueuedAt.IsZero() {
+			m.endToEndSeconds.Observe(now.Sub(del.EnqueuedAt).Seconds())
+		}
+	case delivery.Retry:
+		outcome = "retry"
+		m.retries.Inc()
+	case delivery.Permanent:
+		outcome = "dead_letter"
+		m.deadLetters.WithLabelValues(deadLetterClass(o.Reason)).Inc()
+	case delivery.Defer:
+		outcome = "deferred"
+		m.deferrals.WithLabelValues(deferralClass(o.Reason)).Inc()
+	case delivery.Release:
+		outcome = "released"
+		m.released.Inc()
+	default:
+		return
+	}
+	labels := []string{outcome}
+	if m.endpointLabel {
+		hash := ""
+		if del.Endpoint != nil {
+			hash = del.Endpoint.Hash
+		}
+		labels = append(labels, hash)
+	}
+	m.deliveries.WithLabelValues(labels...).Inc()
+	if o.Duration > 0 || o.Status != 0 {
+		m.attemptSeconds.WithLabelValues(outcome).Observe(o.Duration.Seconds())
+	}
+}
+
+func deadLetterClass(reason string) string {
+	switch {
+	case strings.HasPrefix(reason, "attempts exhausted"):
+		return "exhausted"
+	case strings.HasPrefix(reason, "invalid"):
+		return "invalid"
+	case strings.HasPrefix(reason, "settle failed"):
+		return "settle_failed"
+	default:
+		return "permanent"
+	}
+}
+
+func deferralClass(reason string) string {
+	r := strings.ToLower(reason)
+	switch {
+	case strings.Contains(r, "circuit") || strings.Contains(r, "breaker") || strings.Contains(r, "probe"):
+		return "circuit_open"
+	case strings.Contains(r, "rate"):
+		return "rate_limited"
+	default:
+		return "other"
+	}
+}
+
+// backlogCollector reads the due backlog and the age of the oldest due row at scrape time:
+// the numbers operators page on. One indexed query per scrape, bounded by a short timeout, so
+// a slow database makes the scrape miss these two series rather than hang.
+type backlogCollector struct{ d *Dispatcher }
+
+var (
+	backlogDesc = prometheus.NewDesc(ns+"_backlog", "Unprocessed rows that are due and not leased (all instances).", nil, nil)
+	oldestDesc  = prometheus.NewDesc(ns+"_oldest_due_age_seconds", "Age of the oldest due, unprocessed, unleased row (0 when none).", nil, nil)
+)
+
+func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- backlogDesc
+	ch <- oldestDesc
+}
+
+func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
+	pool, _ := c.d.handles()
+	if pool == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var n int64
+	var age float64
+	err := pool.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
+		FROM webhook_outbox WHERE NOT processed AND created_at <= now()
+		AND (lease_until IS NULL OR lease_until < now())`).Scan(&n, &age)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(backlogDesc, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, age)
+}
