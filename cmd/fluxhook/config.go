@@ -51,7 +51,7 @@ var settings = []setting{
 	{env: "WEBHOOK_RETRY_RPS", def: "10", help: "retries per second per consumer URL (reserved for the rate-limit gate)"},
 	{env: "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", def: "0", help: "consecutive retryable failures that open the circuit; 0 = off (reserved for the breaker gate)"},
 	{env: "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", def: "300000", help: "how long an open circuit stays open (reserved for the breaker gate)"},
-	{env: "WEBHOOK_RETENTION", def: "168h", help: "how long processed rows are kept (reserved for the janitor)"},
+	{env: "WEBHOOK_RETENTION", def: "168h", help: "how long processed rows (the delivery log) are kept; dead letters are kept until purged"},
 	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "comma-separated private CIDRs an operator allows as endpoints (reserved for the SSRF guard)"},
 	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
 	{env: "LOG_FORMAT", def: "json", help: "json | console"},
@@ -176,9 +176,11 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	}
 	d.RetrySchedule = sched
 	if r := v["WEBHOOK_RETENTION"]; r != "" {
-		if dur, err := time.ParseDuration(r); err != nil || dur <= 0 {
+		dur, err := time.ParseDuration(r)
+		if err != nil || dur <= 0 {
 			bad("WEBHOOK_RETENTION", "must be a positive Go duration such as 168h, got %q", r)
 		}
+		d.Retention = dur
 	}
 	if nets := v["WEBHOOK_ALLOWED_NETWORKS"]; nets != "" {
 		for _, n := range strings.Split(nets, ",") {

@@ -27,6 +27,8 @@ var (
 	nextDueSQL string
 	//go:embed heartbeat.sql
 	heartbeatSQL string
+	//go:embed janitor.sql
+	janitorSQL string
 )
 
 // Claimer leases rows for one dispatcher instance.
@@ -120,4 +122,21 @@ func (c *Claimer) NextDue(ctx context.Context) (time.Duration, bool, error) {
 		return 0, false, nil
 	}
 	return max(*wait, 0), true, nil
+}
+
+// Prune deletes processed rows (the delivery log) older than retention, in batches of at most
+// batch rows, until a batch comes back short or ctx ends. It returns how many rows it
+// deleted. Dead letters are never touched: they stay until an operator purges them.
+func (c *Claimer) Prune(ctx context.Context, retention time.Duration, batch int) (int64, error) {
+	var total int64
+	for {
+		tag, err := c.pool.Exec(ctx, janitorSQL, retention.Milliseconds(), batch)
+		if err != nil {
+			return total, fmt.Errorf("janitor: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) || ctx.Err() != nil {
+			return total, nil
+		}
+	}
 }

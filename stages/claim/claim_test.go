@@ -109,3 +109,39 @@ func TestHeartbeatRemovesStalePeers(t *testing.T) {
 		t.Fatalf("dispatchers after heartbeat: %v; want [alive me]", ids)
 	}
 }
+
+func TestPruneDeletesOnlyOldProcessedRows(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `
+		INSERT INTO webhook_outbox (event_type, payload, processed, processed_at)
+		SELECT 'old', '{}', true, now() - interval '8 days' FROM generate_series(1, 25);
+		INSERT INTO webhook_outbox (event_type, payload, processed, processed_at) VALUES ('recent', '{}', true, now());
+		INSERT INTO webhook_outbox (event_type, payload, created_at) VALUES ('pending', '{}', now() - interval '30 days');
+		INSERT INTO webhook_dead_letter (delivery_id, event_type, payload, attempts, reason, enqueued_at, failed_at)
+		VALUES (gen_random_uuid(), 'dead', '{}', 9, 'exhausted', now() - interval '30 days', now() - interval '30 days');`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := claim.New(db.Pool, "me", time.Minute)
+	n, err := c.Prune(ctx, 7*24*time.Hour, 10) // batches of 10: 10, 10, 5
+	if err != nil || n != 25 {
+		t.Fatalf("Prune = %d, %v; want 25 old rows deleted", n, err)
+	}
+	var left []string
+	rows, _ := db.Pool.Query(ctx, `SELECT event_type FROM webhook_outbox ORDER BY event_type`)
+	for rows.Next() {
+		var e string
+		_ = rows.Scan(&e)
+		left = append(left, e)
+	}
+	if len(left) != 2 || left[0] != "pending" || left[1] != "recent" {
+		t.Fatalf("rows left: %v; want [pending recent]", left)
+	}
+	var dead int
+	_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_dead_letter`).Scan(&dead)
+	if dead != 1 {
+		t.Fatalf("dead letters: %d; the janitor must keep them", dead)
+	}
+}

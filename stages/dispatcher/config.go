@@ -56,6 +56,9 @@ type Config struct {
 	// default 1 MiB): consumers commonly refuse large bodies, and retrying them for two
 	// days only to fail helps no one.
 	MaxPayloadBytes int
+	// Retention is how long processed rows (the delivery log) are kept before the janitor
+	// deletes them (WEBHOOK_RETENTION, default 7 days). Dead letters are kept until purged.
+	Retention time.Duration
 	// InstanceID names this dispatcher in leases and in webhook_dispatcher (default:
 	// hostname-pid-random).
 	InstanceID string
@@ -101,6 +104,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxPayloadBytes == 0 {
 		c.MaxPayloadBytes = 1 << 20
+	}
+	if c.Retention == 0 {
+		c.Retention = 7 * 24 * time.Hour
 	}
 	if c.InstanceID == "" {
 		c.InstanceID = defaultInstanceID()
@@ -149,6 +155,9 @@ func (c Config) Validate() error {
 		if d <= 0 {
 			bad("WEBHOOK_RETRY_SCHEDULE", "step %d is %s; every step must be positive", i+1, d)
 		}
+	}
+	if c.Retention < time.Minute {
+		bad("WEBHOOK_RETENTION", "must be at least 1m, got %s", c.Retention)
 	}
 	if c.MaxPayloadBytes < 2 {
 		bad("WEBHOOK_MAX_PAYLOAD_BYTES", "must be at least 2, got %d", c.MaxPayloadBytes)

@@ -353,13 +353,15 @@ func (d *Dispatcher) sleep(ctx context.Context, wait time.Duration) {
 	}
 }
 
-// maintain keeps this instance registered and clears crashed peers' rows.
+// maintain keeps this instance registered, clears crashed peers' rows, and runs the janitor
+// that deletes old processed rows in small batches.
 func (d *Dispatcher) maintain(ctx context.Context) {
 	defer close(d.maintDone)
 	interval := min(d.cfg.PollInterval, 30*time.Second)
 	stale := max(5*time.Minute, 5*interval)
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	var lastPrune time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -367,6 +369,15 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 		case <-t.C:
 			if err := d.claimer.Heartbeat(ctx, stale); err != nil && ctx.Err() == nil {
 				d.log.Warn("heartbeat failed", zap.Error(err))
+			}
+			if time.Since(lastPrune) >= time.Minute {
+				lastPrune = time.Now()
+				n, err := d.claimer.Prune(ctx, d.cfg.Retention, 1000)
+				if err != nil && ctx.Err() == nil {
+					d.log.Warn("janitor failed", zap.Error(err))
+				} else if n > 0 {
+					d.log.Info("janitor deleted old processed rows", zap.Int64("rows", n))
+				}
 			}
 		}
 	}
