@@ -35,7 +35,7 @@ var dlqLockMatchingSQL string
 var dlqReplaySQL string
 
 func init() {
-	commands["dlq"] = command{summary: "list, show and replay dead letters", run: runDLQ}
+	commands["dlq"] = command{summary: "list, show, replay and purge dead letters", run: runDLQ}
 }
 
 const dlqUsage = `usage:
@@ -43,9 +43,12 @@ const dlqUsage = `usage:
   fluxhook dlq show ID [--json]
   fluxhook dlq replay [--force] [--dry-run] ID...
   fluxhook dlq replay --all-matching [--event-type T] [--reason-contains S] [--since DURATION] [--force] [--dry-run]
+  fluxhook dlq purge [--dry-run] ID...
+  fluxhook dlq purge --all-matching [--event-type T] [--reason-contains S] [--since DURATION] [--replayed-only] [--dry-run]
 
 Replay re-enqueues a dead letter as a new first attempt with the same delivery id, and marks it
-replayed. Rows already replayed are skipped unless --force. Bulk replay needs at least one filter.
+replayed. Rows already replayed are skipped unless --force. Bulk replay and purge need at least
+one filter. Dead letters stay until purged; the janitor never deletes them.
 DURATION is a Go duration (90m, 36h) or a number of days (7d).
 `
 
@@ -54,7 +57,7 @@ DURATION is a Go duration (90m, 36h) or a number of days (7d).
 func runDLQ(ctx context.Context, env *environment, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(env.stderr, dlqUsage)
-		return usageError("dlq needs a subcommand: list, show or replay")
+		return usageError("dlq needs a subcommand: list, show, replay or purge")
 	}
 	var err error
 	switch args[0] {
@@ -64,6 +67,8 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 		err = runDLQShow(ctx, env, args[1:])
 	case "replay":
 		err = runDLQReplay(ctx, env, args[1:])
+	case "purge":
+		err = runDLQPurge(ctx, env, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(env.stdout, dlqUsage)
 		return nil

@@ -395,8 +395,8 @@ func TestDLQUsage(t *testing.T) {
 	if r := runCLI(t, "", "dlq"); r.code != 2 || !strings.Contains(r.stderr, "fluxhook dlq replay --all-matching") {
 		t.Errorf("dlq without a subcommand: exit %d, %q", r.code, r.stderr)
 	}
-	if r := runCLI(t, "", "dlq", "purge"); r.code != 2 || !strings.Contains(r.stderr, `unknown dlq subcommand "purge"`) {
-		t.Errorf("dlq purge: exit %d, %q", r.code, r.stderr)
+	if r := runCLI(t, "", "dlq", "bogus"); r.code != 2 || !strings.Contains(r.stderr, `unknown dlq subcommand "bogus"`) {
+		t.Errorf("dlq bogus: exit %d, %q", r.code, r.stderr)
 	}
 	if r := runCLI(t, "", "dlq", "help"); r.code != 0 || !strings.Contains(r.stdout, "fluxhook dlq show ID") {
 		t.Errorf("dlq help: exit %d, %q", r.code, r.stdout)
