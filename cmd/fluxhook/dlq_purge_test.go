@@ -17,7 +17,7 @@ func TestDLQPurge(t *testing.T) {
 	total := count(t, db, `SELECT count(*) FROM webhook_dead_letter`)
 
 	// Bulk purge without a filter is refused and changes nothing.
-	if r := runCLI(t, db.URL, "dlq", "purge", "--all-matching"); r.code != 2 || !strings.Contains(r.stderr, "filter") {
+	if r := runCLI(t, db.URL, "dlq", "purge", "--all-matching"); r.code != 2 || !strings.Contains(r.stderr, "at least one of") {
 		t.Fatalf("unfiltered purge: code %d, stderr %q", r.code, r.stderr)
 	}
 	if r := runCLI(t, db.URL, "dlq", "purge"); r.code != 2 {
