@@ -70,8 +70,9 @@ func (c *Claimer) Heartbeat(ctx context.Context, stale time.Duration) error {
 	return nil
 }
 
-// Claim leases up to limit due rows whose endpoint key is not in skip. An empty result
-// also arms this dispatcher: from then on producers' inserts NOTIFY until a claim finds work.
+// Claim leases up to limit due rows whose endpoint key is not in skip. A result short of limit
+// (empty included) also arms this dispatcher: from then on producers' inserts NOTIFY, until a
+// claim comes back full.
 func (c *Claimer) Claim(ctx context.Context, limit int, skip []string) ([]*delivery.Delivery, error) {
 	if skip == nil {
 		skip = []string{}

@@ -1,5 +1,6 @@
 -- Lease up to $1 due rows in claim order, skipping rows another dispatcher holds, and record
--- in the same statement whether this dispatcher is now idle (armed for a NOTIFY) or busy.
+-- in the same statement whether this dispatcher is now armed for a NOTIFY (the claim came back
+-- short) or busy (a full batch).
 --   $1 limit, $2 lease in milliseconds, $3 endpoint keys to skip (saturated endpoints; '' is
 --   the configured default), $4 this dispatcher's instance id.
 -- The lease commits with the statement: no transaction stays open across HTTP.
@@ -22,10 +23,13 @@ WITH due AS MATERIALIZED (
     RETURNING o.id, o.delivery_id::text, coalesce(o.stream_id, ''), o.event_type, o.payload::text,
               o.attempt, o.enqueued_at, o.created_at, coalesce(o.endpoint_url, '')
 ), arm AS (
-    -- Written only when the flag changes, so a busy dispatcher does not touch this row.
+    -- Armed when the claim came back short of its limit: the backlog is drained as of this
+    -- snapshot, so the next insert should NOTIFY. Disarmed by a full batch: more work is
+    -- waiting and the dispatcher will claim again without being told. Written only when the
+    -- flag changes, so a busy dispatcher does not touch this row.
     UPDATE webhook_dispatcher
-    SET armed = NOT EXISTS (SELECT 1 FROM claimed), seen_at = now()
+    SET armed = ((SELECT count(*) FROM claimed) < $1), seen_at = now()
     WHERE instance_id = $4
-      AND armed = EXISTS (SELECT 1 FROM claimed)
+      AND armed <> ((SELECT count(*) FROM claimed) < $1)
 )
 SELECT * FROM claimed ORDER BY created_at, id

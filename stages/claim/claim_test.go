@@ -45,16 +45,24 @@ func TestClaimLeasesArmsAndSkips(t *testing.T) {
 		('e', '{"a": 1}', NULL), ('e', '{}', 'https://slow.example/x'), ('e', '{}', NULL)`)
 	exec(`INSERT INTO webhook_outbox (event_type, payload, created_at) VALUES ('future', '{}', now() + interval '1 hour')`)
 
-	// Saturated endpoints are claimed around.
-	rows, err := a.Claim(ctx, 10, []string{"https://slow.example/x"})
+	// A full batch disarms (more may be waiting); saturated endpoints are claimed around.
+	rows, err := a.Claim(ctx, 1, []string{"https://slow.example/x"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 2 || rows[0].EndpointURL != "" || string(rows[0].Payload) != `{"a":1}` || rows[0].Attempt != 1 {
+	if len(rows) != 1 || rows[0].EndpointURL != "" || string(rows[0].Payload) != `{"a":1}` || rows[0].Attempt != 1 {
 		t.Fatalf("claimed %+v", rows)
 	}
 	if armed("a") {
-		t.Fatal("a claim that found work did not disarm")
+		t.Fatal("a full batch did not disarm")
+	}
+	// A short batch arms: the backlog is drained as of its snapshot.
+	more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"})
+	if err != nil || len(more) != 1 || more[0].EndpointURL != "" {
+		t.Fatalf("second claim: %d rows, %v", len(more), err)
+	}
+	if !armed("a") {
+		t.Fatal("a short batch did not arm")
 	}
 	// Leased rows are not claimed again; the slow endpoint's row is now claimable by b.
 	rows, err = b.Claim(ctx, 10, nil)

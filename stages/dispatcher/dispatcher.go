@@ -277,7 +277,7 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 }
 
 // claimLoop owns claiming: it claims while there is capacity and work, arms itself when a
-// claim comes back empty, claims once more to close the race with a concurrent insert, and
+// claim comes back short, claims once more to close the race with a concurrent insert, and
 // then sleeps until a wake-up (NOTIFY, due timer, poll) or freed capacity.
 func (d *Dispatcher) claimLoop(ctx context.Context) {
 	defer close(d.claimDone)
@@ -314,14 +314,19 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		d.stats.Claims.Add(1)
 		d.metrics.claimRows.Observe(float64(len(rows)))
 		if len(rows) > 0 {
-			armed = false // the claim statement disarmed us
+			// A full batch disarmed us; a short one armed us (the backlog was drained as of
+			// its snapshot). Either way claim again: after a full batch more may be waiting,
+			// after a short one the next claim is the "once more after arming" below.
+			armed = len(rows) < limit
 			d.slots.Take(len(rows))
 			d.stats.Claimed.Add(int64(len(rows)))
 			d.claimed <- rows
-			continue // more may be due: claim again (the next empty claim arms us)
+			continue
 		}
 		if !armed {
-			armed = true // the claim statement armed us; claim once more (see above)
+			// This empty claim armed us. Claim once more: an insert that committed after the
+			// previous claim's snapshot but read the flag before we set it sent no NOTIFY.
+			armed = true
 			continue
 		}
 		if wait, ok, err := d.claimer.NextDue(ctx); err == nil && ok {
