@@ -44,6 +44,6 @@ func ExampleReceiver() {
 	// Output:
 	// delivery evt_1: stream.updated {"event":"stream.updated"}
 	// 204
-	// rejected evt_1: 409 delivery evt_1 already received
+	// rejected evt_1: 409 verify: delivery id already received: "evt_1"
 	// 409
 }

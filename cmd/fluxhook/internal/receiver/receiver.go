@@ -1,16 +1,14 @@
 package receiver
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
-	"io"
+	"context"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/fluxora/fluxhook/stages/sign"
+	"github.com/fluxora/fluxhook/stages/sign/verify"
 )
 
 // The headers fluxhook sends (REFERENCE.md, wire format).
@@ -25,9 +23,9 @@ const (
 
 // Defaults for the zero values of Receiver's fields.
 const (
-	DefaultTolerance = 300 * time.Second
-	DefaultMaxBody   = 256 << 10
-	DefaultDedupSize = 100_000
+	DefaultTolerance = verify.DefaultTolerance
+	DefaultMaxBody   = verify.DefaultMaxBody
+	DefaultDedupSize = verify.DefaultStoreSize
 	DefaultStatus    = http.StatusNoContent
 )
 
@@ -62,7 +60,7 @@ type Delivery struct {
 type Rejection struct {
 	// Status is the answer: 400, 401, 409, 413 or 500.
 	Status int
-	// Reason says which check failed, e.g. "missing header x-fluxora-timestamp".
+	// Reason says which check failed, e.g. "sign: missing header x-fluxora-timestamp".
 	Reason string
 	// DeliveryID is the x-fluxora-delivery-id header, possibly empty.
 	DeliveryID string
@@ -76,7 +74,7 @@ type Rejection struct {
 // rejects everything with 500 because it has no secret.
 type Receiver struct {
 	// Secrets are the accepted signing secrets: the current one first, then previous ones
-	// (rotation). Empty strings are ignored.
+	// (rotation), accepted for as long as the receiver runs. Empty strings are ignored.
 	Secrets []string
 	// Tolerance is how far the timestamp may be from now, either way; 0 means 300 s.
 	Tolerance time.Duration
@@ -100,96 +98,52 @@ type Receiver struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 
-	mu   sync.Mutex
-	seen map[string]struct{}
-	ring []string // acknowledged ids in arrival order, for eviction
-	next int      // ring index of the oldest id once the ring is full
+	once    sync.Once
+	handler http.Handler // verify's middleware around answer
 }
+
+// previousUntil keeps a previous secret valid for the receiver's whole life: a development
+// receiver is restarted to end a rotation, unlike a consumer with a grace window.
+var previousUntil = time.Date(9999, time.December, 31, 0, 0, 0, 0, time.UTC)
 
 // ServeHTTP verifies the request and answers it.
 func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	now := r.now()
-	h := req.Header
-	reject := func(status int, format string, args ...any) {
-		reason := fmt.Sprintf(format, args...)
-		if r.OnReject != nil {
-			r.OnReject(Rejection{
-				Status:     status,
-				Reason:     reason,
-				DeliveryID: h.Get(HeaderDeliveryID),
-				Event:      h.Get(HeaderEvent),
-				ReceivedAt: now,
-			})
-		}
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.WriteHeader(status)
-		_, _ = io.WriteString(w, reason+"\n")
-	}
+	r.once.Do(r.init)
+	ctx := context.WithValue(req.Context(), receivedKey{}, r.now())
+	r.handler.ServeHTTP(w, req.WithContext(ctx))
+}
 
-	// 1. A secret is configured.
-	keys := r.keys()
-	if len(keys) == 0 {
-		reject(http.StatusInternalServerError, "no webhook secret configured")
-		return
+// Signature is the x-fluxora-signature of body signed at timestamp with secret: lower-case
+// hex HMAC-SHA256 over timestamp + "." + body.
+func Signature(secret string, timestamp int64, body []byte) string {
+	return sign.FluxoraSignature([]byte(secret), strconv.FormatInt(timestamp, 10), body)
+}
+
+type receivedKey struct{}
+
+// init builds the verifier from the fields, once they are final.
+func (r *Receiver) init() {
+	v := &verify.Verifier{
+		Tolerance:    r.Tolerance,
+		MaxBody:      r.MaxBody,
+		Store:        verify.NewMemoryStore(r.DedupSize),
+		Now:          r.now,
+		ErrorHandler: r.reject,
 	}
-	// 2. Required headers, in order.
-	id, ts, sig := h.Get(HeaderDeliveryID), h.Get(HeaderTimestamp), h.Get(HeaderSignature)
-	for _, hdr := range [...]struct{ name, value string }{
-		{HeaderDeliveryID, id}, {HeaderTimestamp, ts}, {HeaderSignature, sig},
-	} {
-		if hdr.value == "" {
-			reject(http.StatusUnauthorized, "missing header %s", hdr.name)
-			return
+	for i, s := range r.Secrets {
+		if i == 0 {
+			v.Secret = s
+			continue
 		}
+		v.Previous = append(v.Previous, verify.Previous{Secret: s, Until: previousUntil})
 	}
-	// 3. Body size.
-	maxBody := r.MaxBody
-	if maxBody <= 0 {
-		maxBody = DefaultMaxBody
-	}
-	if req.ContentLength > maxBody {
-		reject(http.StatusRequestEntityTooLarge, "body larger than %d bytes", maxBody)
-		return
-	}
-	body, err := io.ReadAll(io.LimitReader(req.Body, maxBody+1))
-	if err != nil {
-		reject(http.StatusBadRequest, "reading body: %v", err)
-		return
-	}
-	if int64(len(body)) > maxBody {
-		reject(http.StatusRequestEntityTooLarge, "body larger than %d bytes", maxBody)
-		return
-	}
-	// 4. Timestamp syntax.
-	unix, ok := parseTimestamp(ts)
-	if !ok {
-		reject(http.StatusBadRequest, "%s is not a positive integer: %q", HeaderTimestamp, ts)
-		return
-	}
-	// 5. Timestamp freshness, inclusive.
-	tolerance := r.Tolerance
-	if tolerance <= 0 {
-		tolerance = DefaultTolerance
-	}
-	if skew := now.Unix() - unix; skew > int64(tolerance/time.Second) || skew < -int64(tolerance/time.Second) {
-		reject(http.StatusUnauthorized, "%s %d is %d s from now, outside the tolerance of %d s",
-			HeaderTimestamp, unix, skew, int64(tolerance/time.Second))
-		return
-	}
-	// 6. Signature, against each secret.
-	got := []byte(strings.ToLower(strings.TrimSpace(sig)))
-	matched := -1
-	for _, k := range keys { // every key, so the time taken does not depend on which matched
-		if hmac.Equal([]byte(sign(k.secret, ts, body)), got) && matched < 0 {
-			matched = k.index
-		}
-	}
-	if matched < 0 {
-		reject(http.StatusUnauthorized, "signature does not match")
-		return
-	}
-	// Answer after the delay, then 7: the duplicate check comes last so that a delivery
-	// answered with a failure or abandoned by the client is not remembered.
+	r.handler = v.Middleware(http.HandlerFunc(r.answer))
+}
+
+// answer is the "application" behind the verifier: wait, report, answer with Status. The
+// middleware remembers the id only if that is a 2xx and the client is still there.
+func (r *Receiver) answer(w http.ResponseWriter, req *http.Request) {
+	d, _ := verify.FromContext(req.Context())
 	if r.Delay > 0 {
 		t := time.NewTimer(r.Delay)
 		select {
@@ -202,58 +156,39 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if status == 0 {
 		status = DefaultStatus
 	}
-	abandoned := req.Context().Err() != nil
-	ack := status >= 200 && status < 300 && !abandoned
-	if !r.admit(id, ack) {
-		reject(http.StatusConflict, "delivery %s already received", id)
-		return
-	}
 	if r.OnDelivery != nil {
-		attempt, _ := strconv.Atoi(h.Get(HeaderAttempt))
 		r.OnDelivery(Delivery{
-			ID:         id,
-			Event:      h.Get(HeaderEvent),
-			Timestamp:  unix,
-			Attempt:    attempt,
-			Secret:     matched,
-			Header:     h,
-			Body:       body,
-			ReceivedAt: now,
+			ID:         d.ID,
+			Event:      d.Event,
+			Timestamp:  d.Timestamp.Unix(),
+			Attempt:    d.Attempt,
+			Secret:     d.Secret,
+			Header:     req.Header,
+			Body:       d.Body,
+			ReceivedAt: received(req),
 			Status:     status,
-			Abandoned:  abandoned,
+			Abandoned:  req.Context().Err() != nil,
 		})
 	}
 	w.WriteHeader(status)
 }
 
-// Signature is the x-fluxora-signature of body signed at timestamp with secret: lower-case
-// hex HMAC-SHA256 over timestamp + "." + body.
-func Signature(secret string, timestamp int64, body []byte) string {
-	return sign(secret, strconv.FormatInt(timestamp, 10), body)
-}
-
-func sign(secret, timestamp string, body []byte) string {
-	m := hmac.New(sha256.New, []byte(secret))
-	m.Write([]byte(timestamp))
-	m.Write([]byte{'.'})
-	m.Write(body)
-	return hex.EncodeToString(m.Sum(nil))
-}
-
-type key struct {
-	secret string
-	index  int // position in Secrets
-}
-
-// keys are the configured non-empty secrets with their positions.
-func (r *Receiver) keys() []key {
-	keys := make([]key, 0, len(r.Secrets))
-	for i, s := range r.Secrets {
-		if s != "" {
-			keys = append(keys, key{s, i})
-		}
+func (r *Receiver) reject(w http.ResponseWriter, req *http.Request, err error) {
+	if r.OnReject != nil {
+		r.OnReject(Rejection{
+			Status:     verify.StatusOf(err),
+			Reason:     err.Error(),
+			DeliveryID: req.Header.Get(HeaderDeliveryID),
+			Event:      req.Header.Get(HeaderEvent),
+			ReceivedAt: received(req),
+		})
 	}
-	return keys
+	verify.WriteError(w, err)
+}
+
+func received(req *http.Request) time.Time {
+	t, _ := req.Context().Value(receivedKey{}).(time.Time)
+	return t
 }
 
 func (r *Receiver) now() time.Time {
@@ -261,46 +196,4 @@ func (r *Receiver) now() time.Time {
 		return r.Now()
 	}
 	return time.Now()
-}
-
-// admit reports whether id has not been acknowledged yet and, when ack is set, records it.
-func (r *Receiver) admit(id string, ack bool) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.seen[id]; dup {
-		return false
-	}
-	if !ack {
-		return true
-	}
-	size := r.DedupSize
-	if size <= 0 {
-		size = DefaultDedupSize
-	}
-	if r.seen == nil {
-		r.seen = make(map[string]struct{})
-	}
-	if len(r.ring) < size {
-		r.ring = append(r.ring, id)
-	} else {
-		delete(r.seen, r.ring[r.next])
-		r.ring[r.next] = id
-		r.next = (r.next + 1) % len(r.ring)
-	}
-	r.seen[id] = struct{}{}
-	return true
-}
-
-// parseTimestamp accepts only a positive decimal integer: digits, no sign, no spaces.
-func parseTimestamp(s string) (int64, bool) {
-	if s == "" {
-		return 0, false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n, err == nil && n > 0
 }
