@@ -18,6 +18,23 @@
 // response headers are bounded, so a hostile or broken consumer can cost us at most one
 // request timeout and a few tens of kilobytes.
 //
+// The Transport dials through an SSRF guard (guard.go). A URL whose host is localhost or a
+// loopback IP reaches loopback without any lookup. Any other host is resolved with
+// Config.Resolver when a connection is dialled, every address is classified, and only
+// permitted ones are dialled, by IP, so that a second DNS answer cannot swap the address
+// (TLS still verifies the URL's host name). Refused are: private (10/8, 172.16/12,
+// 192.168/16, fc00::/7), loopback, link-local (169.254/16, fe80::/10) and the cloud metadata
+// addresses, shared CGNAT space (100.64/10), IETF protocol assignments, documentation and
+// benchmarking ranges, reserved (240/4) and deprecated or tunnelling IPv6 forms (IPv4-
+// compatible, Teredo, site-local), and, with no way to allow them, unspecified, multicast and
+// broadcast addresses; IPv4-mapped, NAT64 and 6to4 addresses are judged by the IPv4 address
+// they carry. Config.AllowedNetworks (WEBHOOK_ALLOWED_NETWORKS) allows the others. A refusal
+// makes no connection and is a Permanent outcome whose reason names the address and the
+// setting: it is a policy decision only the operator can change, and after they do, the dead
+// letter can be replayed. A failed lookup is a Retry, since names do come back. The base
+// net.Dialer's Control hook checks the same policy on each socket before connect(2), as
+// defence in depth.
+//
 // Send spawns no goroutines of its own: callers run a fixed number of workers that call it,
 // and the transport's per-connection goroutines are the only others involved.
 package send

@@ -4,8 +4,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"net"
 	"net/netip"
 	"net/url"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -220,8 +222,9 @@ func TestConfigWithDefaults(t *testing.T) {
 		EndpointConcurrency: send.DefaultEndpointConcurrency,
 		MaxResponseBytes:    send.DefaultMaxResponseBytes,
 		MaxConnsPerHost:     send.DefaultEndpointConcurrency,
+		Resolver:            net.DefaultResolver,
 	}
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Config{}.WithDefaults() = %+v, want %+v", got, want)
 	}
 	got = send.Config{EndpointConcurrency: 8}.WithDefaults()

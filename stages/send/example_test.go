@@ -45,3 +45,13 @@ func ExampleParseRetryAfter() {
 	// 5m0s true
 	// 0s false
 }
+
+func ExampleParseAllowedNetworks() {
+	nets, err := send.ParseAllowedNetworks("10.1.0.0/16, fd00::/8 192.168.1.20")
+	fmt.Println(nets, err)
+	_, err = send.ParseAllowedNetworks("10.1.0.0/16, intranet")
+	fmt.Println(err)
+	// Output:
+	// [10.1.0.0/16 fd00::/8 192.168.1.20/32] <nil>
+	// WEBHOOK_ALLOWED_NETWORKS: "intranet" is neither a network in CIDR form nor an IP address; use e.g. 10.1.0.0/16, fd00::/8 or 192.168.1.20
+}

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"sync"
@@ -61,6 +63,19 @@ type Config struct {
 	// Endpoints that share a host share this cap, so a saturated one can make the others
 	// on that host wait (up to Timeout) for a connection; raise it when that matters.
 	MaxConnsPerHost int
+	// AllowedNetworks are networks that endpoints may reach although the SSRF guard would
+	// refuse them: private, link-local, CGNAT, documentation and similar ranges, and loopback
+	// for endpoints whose host is a name rather than localhost or a loopback IP. Set from
+	// WEBHOOK_ALLOWED_NETWORKS (see ParseAllowedNetworks). An IPv4 network also allows the
+	// IPv4-mapped IPv6 form of its addresses. Unspecified, multicast and broadcast addresses
+	// stay refused whatever it says. Nil allows none.
+	AllowedNetworks []netip.Prefix
+	// Resolver looks up endpoint host names at dial time, so that the guard checks the
+	// addresses actually dialled. Nil means net.DefaultResolver.
+	Resolver Resolver
+	// RootCAs verifies consumers' certificates. Nil means the system's roots (which honour
+	// SSL_CERT_FILE and SSL_CERT_DIR); tests and private CAs set it.
+	RootCAs *x509.CertPool
 }
 
 // WithDefaults returns a copy of c with every zero field set to its default, so that code
@@ -78,15 +93,33 @@ func (c Config) WithDefaults() Config {
 	if c.MaxConnsPerHost == 0 {
 		c.MaxConnsPerHost = c.EndpointConcurrency
 	}
+	if c.Resolver == nil {
+		c.Resolver = net.DefaultResolver
+	}
 	return c
 }
 
 // Validate reports the first invalid setting, naming the field and, where there is one, the
 // environment variable, so that a bad configuration stops fluxhook before anything is claimed.
 func (c Config) Validate() error {
+	for i, p := range c.AllowedNetworks {
+		if !p.IsValid() {
+			return fmt.Errorf("WEBHOOK_ALLOWED_NETWORKS: entry %d is not a valid network; use CIDR form such as 10.1.0.0/16", i+1)
+		}
+	}
 	if c.DefaultURL != "" {
 		if err := ValidateURL(c.DefaultURL); err != nil {
 			return fmt.Errorf("WEBHOOK_URL: %w", err)
+		}
+		// A URL naming an IP address can be checked now rather than dead-lettering every row;
+		// host names are checked when dialled, since what they resolve to may change.
+		if u, err := url.Parse(c.DefaultURL); err == nil && !isLoopback(u.Hostname()) {
+			if addr, err := netip.ParseAddr(u.Hostname()); err == nil {
+				g := guard{allowed: c.AllowedNetworks}
+				if err := g.check(addr, false, true); err != nil {
+					return fmt.Errorf("WEBHOOK_URL: %w", err)
+				}
+			}
 		}
 	}
 	if c.Timeout < 0 {
@@ -117,6 +150,7 @@ type Sender struct {
 	// it copies every request's headers; RoundTrip never follows a redirect and sends
 	// d.Header as it is.
 	transport *http.Transport
+	guard     *guard // the transport's DialContext
 
 	defaultEndpoint *delivery.Endpoint // nil without DefaultURL
 
@@ -142,7 +176,7 @@ func New(cfg Config) (*Sender, error) {
 		// No proxy from the environment: the dial-time private-network check must see the
 		// consumer's own address, and a proxy would also see every signed request.
 		Proxy:                  nil,
-		TLSClientConfig:        &tls.Config{MinVersion: tls.VersionTLS12},
+		TLSClientConfig:        &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: cfg.RootCAs},
 		TLSHandshakeTimeout:    10 * time.Second,
 		MaxIdleConns:           0, // no global cap: per host and IdleConnTimeout bound it
 		MaxIdleConnsPerHost:    cfg.EndpointConcurrency,
@@ -156,11 +190,14 @@ func New(cfg Config) (*Sender, error) {
 	}
 	// Dialing goes through this one field so that the private-network guard can wrap it:
 	// checking the address actually dialled, after DNS resolution, is the only check that a
-	// DNS answer cannot sidestep.
-	transport.DialContext = dialer.DialContext
+	// DNS answer cannot sidestep. The guard dials the checked IP itself; the transport still
+	// does TLS against the URL's host name, so certificates are verified as usual.
+	guard := newGuard(cfg.Resolver, cfg.AllowedNetworks, dialer)
+	transport.DialContext = guard.DialContext
 
 	s := &Sender{
 		cfg:       cfg,
+		guard:     guard,
 		transport: transport,
 		endpoints: make(map[string]*delivery.Endpoint),
 		inflight:  make(map[string]int),
@@ -227,6 +264,14 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 		elapsed := time.Since(start)
 		if ctx.Err() != nil {
 			return delivery.Outcome{Kind: delivery.Release, Error: shutdownError, Duration: elapsed}
+		}
+		if refused, ok := errRefused(err); ok {
+			// A policy refusal, made before any connection: Permanent, because nothing but
+			// the operator (WEBHOOK_ALLOWED_NETWORKS, then a replay) or the consumer's own
+			// DNS can change it, and retrying for the schedule's days would only delay the
+			// dead letter that tells someone to act. A failed lookup stays a Retry.
+			reason := refused.Error()
+			return delivery.Outcome{Kind: delivery.Permanent, Error: reason, Reason: reason, Duration: elapsed}
 		}
 		timedOut := errors.Is(reqCtx.Err(), context.DeadlineExceeded)
 		return delivery.Outcome{Kind: delivery.Retry, Error: describeError(err, s.cfg.Timeout, timedOut), Duration: elapsed}

@@ -279,6 +279,29 @@ func TestSendBoundsResponses(t *testing.T) {
 			status:  http.StatusOK,
 		},
 		{
+			name: "endless header line",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				conn, buf, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					return
+				}
+				defer conn.Close()
+				_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nX-Endless: ")
+				chunk := bytes.Repeat([]byte("h"), 32<<10)
+				for {
+					if _, err := buf.Write(chunk); err != nil {
+						return
+					}
+					if err := buf.Flush(); err != nil {
+						return
+					}
+				}
+			},
+			timeout: 30 * time.Second, // the header limit, not the timeout, must end it
+			want:    delivery.Retry,
+			errHas:  "header",
+		},
+		{
 			name: "huge headers",
 			handler: func(w http.ResponseWriter, r *http.Request) {
 				v := strings.Repeat("h", 1<<10)
@@ -330,11 +353,20 @@ func TestSendHonoursRetryAfter(t *testing.T) {
 		{429, "soon", 0, 0},
 		{503, "-1", 0, 0},
 		{429, "", 0, 0},
+		// Malformed values are ignored: the retry schedule alone decides.
+		{429, "1.5", 0, 0},
+		{503, "120 seconds", 0, 0},
+		{429, "0x10", 0, 0},
+		{503, "+5", 0, 0},
+		{429, "Sun, 99 Mar 2024 12:05:00 GMT", 0, 0},
+		{503, strings.Repeat("garbage ", 512), 0, 0},
+		// Absurd but well-formed values are capped, not overflowed.
+		{429, strings.Repeat("9", 40), send.MaxRetryAfter, send.MaxRetryAfter},
 		{500, "120", 0, 0}, // only 429 and 503 carry a meaningful Retry-After
 		{502, "120", 0, 0},
 	}
 	for _, tt := range tests {
-		t.Run(strconv.Itoa(tt.status)+"/"+tt.retryAfter, func(t *testing.T) {
+		t.Run(strconv.Itoa(tt.status)+"/"+truncateName(tt.retryAfter), func(t *testing.T) {
 			t.Parallel()
 			srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 				if tt.retryAfter != "" {
@@ -351,6 +383,13 @@ func TestSendHonoursRetryAfter(t *testing.T) {
 			}
 		})
 	}
+}
+
+func truncateName(s string) string {
+	if len(s) > 32 {
+		return s[:32] + "..."
+	}
+	return s
 }
 
 func TestSendLimitsConcurrencyPerEndpoint(t *testing.T) {
