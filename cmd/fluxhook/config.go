@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/fluxora/fluxhook/stages/dispatcher"
+	"github.com/fluxora/fluxhook/stages/send"
 	"github.com/fluxora/fluxhook/stages/sign"
 )
 
@@ -52,7 +52,7 @@ var settings = []setting{
 	{env: "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", def: "0", help: "consecutive retryable failures that open the circuit; 0 = off (reserved for the breaker gate)"},
 	{env: "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", def: "300000", help: "how long an open circuit stays open (reserved for the breaker gate)"},
 	{env: "WEBHOOK_RETENTION", def: "168h", help: "how long processed rows (the delivery log) are kept; dead letters are kept until purged"},
-	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "comma-separated private CIDRs an operator allows as endpoints (reserved for the SSRF guard)"},
+	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "private networks (CIDRs) endpoints may resolve to; by default private, link-local and metadata addresses are refused"},
 	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
 	{env: "LOG_FORMAT", def: "json", help: "json | console"},
 	{env: "METRICS_ADDR", help: "address for /metrics, /livez and /readyz, e.g. 127.0.0.1:9090 (off when empty)"},
@@ -183,11 +183,11 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 		d.Retention = dur
 	}
 	if nets := v["WEBHOOK_ALLOWED_NETWORKS"]; nets != "" {
-		for _, n := range strings.Split(nets, ",") {
-			if _, err := netip.ParsePrefix(strings.TrimSpace(n)); err != nil {
-				bad("WEBHOOK_ALLOWED_NETWORKS", "%q is not a CIDR such as 10.0.0.0/8", strings.TrimSpace(n))
-			}
+		allowed, err := send.ParseAllowedNetworks(nets)
+		if err != nil {
+			errs = append(errs, err) // its message starts with the variable's name
 		}
+		d.AllowedNetworks = allowed
 	}
 	level, err := zapcore.ParseLevel(v["LOG_LEVEL"])
 	if err != nil {

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"time"
 
@@ -56,6 +57,10 @@ type Config struct {
 	// default 1 MiB): consumers commonly refuse large bodies, and retrying them for two
 	// days only to fail helps no one.
 	MaxPayloadBytes int
+	// AllowedNetworks are private networks the operator allows as endpoint destinations
+	// (WEBHOOK_ALLOWED_NETWORKS); by default the send stage refuses private, link-local and
+	// metadata addresses at dial time (SSRF guard).
+	AllowedNetworks []netip.Prefix
 	// Retention is how long processed rows (the delivery log) are kept before the janitor
 	// deletes them (WEBHOOK_RETENTION, default 7 days). Dead letters are kept until purged.
 	Retention time.Duration

@@ -81,6 +81,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		DefaultURL:          cfg.DefaultURL,
 		Timeout:             cfg.Timeout,
 		EndpointConcurrency: cfg.EndpointConcurrency,
+		AllowedNetworks:     cfg.AllowedNetworks,
 	})
 	if err != nil {
 		errs = append(errs, err)
