@@ -1,9 +1,3 @@
-// Package gate decides, per claimed batch, which rows may be attempted now and which are held
-// back until later (open circuit, retry rate limit), and learns from settled outcomes.
-//
-// The interface is batch-shaped on purpose: a store shared across instances (Redis) answers a
-// whole batch in one round trip. This package holds the interface and the always-allow gate;
-// the breaker and limiter stores implement the same interface.
 package gate
 
 import (

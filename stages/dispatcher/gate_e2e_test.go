@@ -1,0 +1,312 @@
+package dispatcher_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/outbox"
+	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/gate"
+	"github.com/fluxora/fluxhook/stages/gate/memstore"
+	"github.com/fluxora/fluxhook/stages/gate/redisstore"
+	"github.com/fluxora/fluxhook/stages/gate/redisstore/redistest"
+)
+
+// transitions records breaker transitions with the time they were reported.
+type transitions struct {
+	mu  sync.Mutex
+	got []transition
+}
+
+type transition struct {
+	name string // "from>to"
+	at   time.Time
+}
+
+func (r *transitions) add(from, to string) {
+	r.mu.Lock()
+	r.got = append(r.got, transition{from + ">" + to, time.Now()})
+	r.mu.Unlock()
+}
+
+// first returns when name was first reported.
+func (r *transitions) first(name string) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, t := range r.got {
+		if t.name == name {
+			return t.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+func (r *transitions) names() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, t := range r.got {
+		out = append(out, t.name)
+	}
+	return out
+}
+
+// observedGate records what the real gate deferred, for assertions on delays and reasons.
+type observedGate struct {
+	gate.Gate
+	mu       sync.Mutex
+	deferred []deferral
+}
+
+type deferral struct {
+	deliveryID string
+	at         time.Time
+	delay      time.Duration
+	reason     string
+}
+
+func (o *observedGate) Check(ctx context.Context, batch []*delivery.Delivery) {
+	o.Gate.Check(ctx, batch)
+	now := time.Now()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, d := range batch {
+		if d.Outcome.Kind == delivery.Defer {
+			o.deferred = append(o.deferred, deferral{d.DeliveryID, now, d.Outcome.Delay, d.Outcome.Reason})
+		}
+	}
+}
+
+func (o *observedGate) deferrals() []deferral {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]deferral(nil), o.deferred...)
+}
+
+// TestBreakerEndToEnd: two dispatcher instances, each with its own gate and store handle on
+// one shared state. A consumer failing with 503 opens the circuit; while it is open no
+// request reaches the consumer, on either instance, and rows are deferred to the reset time;
+// the rows whose failures tripped the breaker are delivered later, not dropped; after the
+// reset one probe closes the circuit and the backlog drains.
+func TestBreakerEndToEnd(t *testing.T) {
+	t.Parallel()
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		prefix := redistest.Prefix(t)
+		testBreakerEndToEnd(t, func() gate.Store { return redistest.Open(t, prefix) })
+	})
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		shared := memstore.New(memstore.Options{})
+		testBreakerEndToEnd(t, func() gate.Store { return shared })
+	})
+}
+
+func testBreakerEndToEnd(t *testing.T, newStore func() gate.Store) {
+	b := setup(t)
+	var healthy atomic.Bool
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) {
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	const reset = 1500 * time.Millisecond
+	trans := &transitions{}
+	var gates []*observedGate
+	for range 2 {
+		cfg := b.config(c.URL())
+		cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond}
+		g, err := gate.NewBreakerGate(newStore(), gate.Params{
+			Threshold: 3, Reset: reset, RetryRPS: 100, ProbeTimeout: cfg.Timeout + 5*time.Second,
+		}, gate.Hooks{OnTransition: trans.add, OnFailOpen: func() { t.Error("gate failed open") }, Logger: cfg.Logger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		og := &observedGate{Gate: g}
+		gates = append(gates, og)
+		cfg.Gate = og
+		b.start(cfg)
+	}
+
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, b.enqueue(outbox.Event{Payload: map[string]int{"trip": i}}))
+	}
+	eventually(t, 10*time.Second, "the circuit to open", func() bool { _, ok := trans.first("closed>open"); return ok })
+	opened, _ := trans.first("closed>open")
+	healthy.Store(true) // the consumer recovers; only the probe may find out
+
+	// Rows enqueued while the circuit is open are deferred without a request.
+	var backlog []string
+	for i := range 5 {
+		backlog = append(backlog, b.enqueue(outbox.Event{Payload: map[string]int{"backlog": i}}))
+	}
+	ids = append(ids, backlog...)
+	eventually(t, 10*time.Second, "the backlog deferred by the open circuit", func() bool {
+		n := 0
+		for _, g := range gates {
+			for _, d := range g.deferrals() {
+				if d.reason == gate.DeferOpen.String() && contains(backlog, d.deliveryID) {
+					n++
+				}
+			}
+		}
+		return n >= len(backlog)
+	})
+	eventually(t, 15*time.Second, "every event delivered after recovery", func() bool {
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`) == len(ids)
+	})
+	b.waitSettled(10 * time.Second)
+
+	if got := trans.names(); fmt.Sprint(got) != "[closed>open open>half_open half_open>closed]" {
+		t.Fatalf("transitions %v, want each one exactly once, in order, across both instances", got)
+	}
+	closed, _ := trans.first("half_open>closed")
+	// Deferred to the reset time: every deferral for the open circuit ends when it resets.
+	for _, g := range gates {
+		for _, d := range g.deferrals() {
+			if d.reason != gate.DeferOpen.String() {
+				continue
+			}
+			due := d.at.Add(d.delay)
+			if off := due.Sub(opened.Add(reset)); off < -150*time.Millisecond || off > 150*time.Millisecond {
+				t.Errorf("row %s deferred until %s after the opening, want the reset time (%s)", d.deliveryID, due.Sub(opened), reset)
+			}
+		}
+	}
+	// While open the consumer got nothing; from the reset to the closing, only the probe.
+	probes := 0
+	for _, a := range c.arrivals() {
+		switch {
+		case a.At.After(opened) && a.At.Before(opened.Add(reset-100*time.Millisecond)):
+			t.Errorf("request at %s after the circuit opened, before its reset (%s)", a.At.Sub(opened), reset)
+		case a.At.After(opened) && a.At.Before(closed):
+			probes++
+		}
+	}
+	if probes != 1 {
+		t.Errorf("%d requests between the reset and the closing, want exactly one probe", probes)
+	}
+	// Nothing was dropped: the tripping events were retried and delivered.
+	for _, id := range ids[:3] {
+		if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND status_code = 200`, id); n != 1 {
+			t.Errorf("tripping event %s delivered %d times", id, n)
+		}
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// TestGateSurvivesRedisOutage stops a real Redis mid-run: deliveries continue (fail open, and
+// the counter rises), nothing is lost; after Redis is back on the same port (empty, as after
+// a crash without persistence), the breaker works again without a restart.
+func TestGateSurvivesRedisOutage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	srv := redistest.StartServer(t)
+	store, err := redisstore.Open(srv.URL(), redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+
+	var failing atomic.Bool
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) {
+		if failing.Load() {
+			w.WriteHeader(http.StatusBadGateway)
+		}
+	})
+	var failOpen atomic.Int64
+	trans := &transitions{}
+	cfg := b.config(c.URL())
+	cfg.RetrySchedule = slices.Repeat([]time.Duration{100 * time.Millisecond}, 10)
+	const reset = time.Second
+	g, err := gate.NewBreakerGate(store, gate.Params{
+		Threshold: 2, Reset: reset, RetryRPS: 100, ProbeTimeout: cfg.Timeout,
+		StoreRetry: 100 * time.Millisecond, StoreTimeout: time.Second,
+	}, gate.Hooks{OnTransition: trans.add, OnFailOpen: func() { failOpen.Add(1) }, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	og := &observedGate{Gate: g}
+	cfg.Gate = og
+	b.start(cfg)
+
+	enqueued := 0
+	enqueue := func(n int) []string {
+		var ids []string
+		for range n {
+			ids = append(ids, b.enqueue(outbox.Event{}))
+		}
+		enqueued += n
+		return ids
+	}
+	delivered := func() int {
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`)
+	}
+
+	enqueue(5)
+	eventually(t, 10*time.Second, "deliveries with Redis up", func() bool { return delivered() == enqueued })
+	if n := failOpen.Load(); n != 0 {
+		t.Fatalf("failed open %d times with Redis up", n)
+	}
+
+	srv.Stop()
+	enqueue(20)
+	eventually(t, 10*time.Second, "deliveries with Redis down", func() bool { return delivered() == enqueued })
+	if failOpen.Load() == 0 {
+		t.Fatal("deliveries went through with Redis down but the fail-open counter did not rise")
+	}
+
+	srv.Start()
+	failing.Store(true)
+	// Failures recorded while the gate still fails open (until its next try) are lost, so
+	// keep failing until the breaker, on the new Redis, opens.
+	eventually(t, 10*time.Second, "the breaker to open on the restarted Redis", func() bool {
+		if _, ok := trans.first("closed>open"); ok {
+			return true
+		}
+		enqueue(1)
+		return false
+	})
+	held := enqueue(3)
+	eventually(t, 10*time.Second, "new rows deferred by the open circuit", func() bool {
+		n := 0
+		for _, d := range og.deferrals() {
+			if d.reason == gate.DeferOpen.String() && contains(held, d.deliveryID) {
+				n++
+			}
+		}
+		return n == len(held)
+	})
+	for _, a := range c.arrivals() {
+		if contains(held, a.DeliveryID) {
+			t.Fatalf("a row enqueued while the circuit was open reached the consumer")
+		}
+	}
+	failing.Store(false)
+	eventually(t, 15*time.Second, "every event delivered, none lost", func() bool { return delivered() == enqueued })
+	b.waitSettled(10 * time.Second)
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Fatalf("%d dead letters", n)
+	}
+	if _, ok := trans.first("half_open>closed"); !ok {
+		t.Fatalf("the circuit did not close after the consumer recovered: %v", trans.names())
+	}
+}

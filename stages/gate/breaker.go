@@ -1,0 +1,366 @@
+package gate
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/fluxora/fluxhook/stages/delivery"
+)
+
+// Params configures a BreakerGate. The zero value of each field means its default (see
+// WithDefaults), except Threshold, whose zero disables the breaker as
+// WEBHOOK_CIRCUIT_BREAKER_THRESHOLD=0 does.
+type Params struct {
+	// Threshold is the number of consecutive retryable failures that opens an endpoint's
+	// circuit (WEBHOOK_CIRCUIT_BREAKER_THRESHOLD); 0 disables the breaker.
+	Threshold int
+	// Reset is how long an open circuit stays open before one probe may try the endpoint
+	// (WEBHOOK_CIRCUIT_BREAKER_RESET_MS, default 5 minutes).
+	Reset time.Duration
+	// RetryRPS is how many attempts per Window an endpoint may receive before retries are
+	// deferred (WEBHOOK_RETRY_RPS, default 10); negative disables the rate limiter.
+	RetryRPS int
+	// Window is the rate limiter's sliding window (default 1 s, as REFERENCE.md specifies;
+	// settable for tests).
+	Window time.Duration
+	// ProbeTimeout is how long a half-open probe may stay unanswered before another attempt
+	// may probe (default 30 s): the request timeout plus the time to settle, so that a
+	// prober that crashed cannot wedge the breaker.
+	ProbeTimeout time.Duration
+	// StoreTimeout bounds each store call (default 500 ms): the gate sits in the pipeline's
+	// path, and a slow store must cost a batch a bounded wait before it fails open.
+	StoreTimeout time.Duration
+	// StoreRetry is how long the gate fails open without calling the store after a store
+	// error (default 1 s), so that an outage costs one timeout per StoreRetry rather than one
+	// per batch; after it, the next batch tries the store again.
+	StoreRetry time.Duration
+}
+
+// WithDefaults returns a copy of p with every zero field set to its default.
+func (p Params) WithDefaults() Params {
+	if p.Reset == 0 {
+		p.Reset = 5 * time.Minute
+	}
+	if p.RetryRPS == 0 {
+		p.RetryRPS = 10
+	}
+	if p.Window == 0 {
+		p.Window = time.Second
+	}
+	if p.ProbeTimeout == 0 {
+		p.ProbeTimeout = 30 * time.Second
+	}
+	if p.StoreTimeout == 0 {
+		p.StoreTimeout = 500 * time.Millisecond
+	}
+	if p.StoreRetry == 0 {
+		p.StoreRetry = time.Second
+	}
+	return p
+}
+
+// Validate reports the invalid fields, naming their environment variables.
+func (p Params) Validate() error {
+	var errs []error
+	if p.Threshold < 0 {
+		errs = append(errs, fmt.Errorf("WEBHOOK_CIRCUIT_BREAKER_THRESHOLD: must be 0 (off) or more, got %d", p.Threshold))
+	}
+	if p.Reset < time.Millisecond {
+		errs = append(errs, fmt.Errorf("WEBHOOK_CIRCUIT_BREAKER_RESET_MS: must be at least 1 ms, got %s", p.Reset))
+	}
+	if p.Window < time.Millisecond {
+		errs = append(errs, fmt.Errorf("gate: rate-limit window must be at least 1 ms, got %s", p.Window))
+	}
+	if p.ProbeTimeout < time.Millisecond {
+		errs = append(errs, fmt.Errorf("gate: probe timeout must be at least 1 ms, got %s", p.ProbeTimeout))
+	}
+	if p.StoreTimeout <= 0 || p.StoreRetry < 0 {
+		errs = append(errs, fmt.Errorf("gate: store timeout must be positive and store retry not negative, got %s and %s", p.StoreTimeout, p.StoreRetry))
+	}
+	return errors.Join(errs...)
+}
+
+// Breaker reports whether the circuit breaker is on.
+func (p Params) Breaker() bool { return p.Threshold > 0 }
+
+// Limiter reports whether the retry rate limiter is on.
+func (p Params) Limiter() bool { return p.RetryRPS > 0 }
+
+// Hooks let the caller observe the gate without the gate knowing about metrics. Nil fields
+// are ignored.
+type Hooks struct {
+	// OnTransition is called once per real change of an endpoint's breaker state, by the
+	// instance that made it (feed fluxora_webhook_circuit_breaker_transitions_total with
+	// from and to; they are State values).
+	OnTransition func(from, to string)
+	// OnFailOpen is called once per row allowed without a decision because the store could
+	// not be reached (feed fluxora_webhook_gate_fail_open_total).
+	OnFailOpen func()
+	// Logger receives one line per breaker transition and one per store outage and recovery
+	// (never one per row). Endpoints are named by their hash, never their URL.
+	Logger *zap.Logger
+}
+
+// BreakerGate is the Gate with a circuit breaker on every attempt and a rate limiter on
+// retries, both per endpoint, with their state in a Store. See the package documentation for
+// the semantics.
+type BreakerGate struct {
+	store  Store
+	p      Params
+	hooks  Hooks
+	log    *zap.Logger
+	prefix string
+	seq    atomic.Uint64
+
+	mu        sync.Mutex
+	down      bool      // the last store call failed
+	downUntil time.Time // fail open without calling the store until then
+}
+
+var _ Gate = (*BreakerGate)(nil)
+
+// NewBreakerGate returns a gate deciding with store under p (defaults applied). It returns an
+// error naming the setting when p is invalid.
+func NewBreakerGate(store Store, p Params, hooks Hooks) (*BreakerGate, error) {
+	if store == nil {
+		return nil, errors.New("gate: nil store")
+	}
+	p = p.WithDefaults()
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	g := &BreakerGate{store: store, p: p, hooks: hooks, log: hooks.Logger, prefix: hex.EncodeToString(b[:]) + "-"}
+	if g.log == nil {
+		g.log = zap.NewNop()
+	}
+	return g, nil
+}
+
+// Params returns the effective parameters (defaults applied).
+func (g *BreakerGate) Params() Params { return g.p }
+
+// Check decides for every row of batch with one store call: rows held back get a Defer
+// outcome with the wait and the reason, the row that becomes the half-open probe gets its
+// owner token in GateToken, and the rest are left undecided (attempt now). When the store
+// cannot be reached, every row is allowed (fail open) and OnFailOpen is called per row.
+func (g *BreakerGate) Check(ctx context.Context, batch []*delivery.Delivery) {
+	if !g.p.Breaker() && !g.p.Limiter() {
+		return
+	}
+	checks, rows := g.group(batch)
+	if len(checks) == 0 {
+		return
+	}
+	total := 0
+	for _, r := range rows {
+		total += len(r)
+	}
+	if !g.storeUsable() {
+		g.failOpen(total)
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.p.StoreTimeout)
+	decisions, err := g.store.Decide(cctx, g.p, checks)
+	cancel()
+	if err == nil && len(decisions) != len(checks) {
+		err = fmt.Errorf("gate: store returned %d decisions for %d endpoints", len(decisions), len(checks))
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			// The dispatcher is shutting down and cancelled the batch: its rows are
+			// released without a request; the store is not at fault.
+			return
+		}
+		g.storeFailed(err)
+		g.failOpen(total)
+		return
+	}
+	failed := 0
+	var firstErr error
+	for i, dec := range decisions {
+		if dec.Err == nil && len(dec.Rows) != len(rows[i]) {
+			dec.Err = fmt.Errorf("gate: store returned %d decisions for %d rows", len(dec.Rows), len(rows[i]))
+		}
+		if dec.Err != nil {
+			failed += len(rows[i])
+			if firstErr == nil {
+				firstErr = dec.Err
+			}
+			continue
+		}
+		for j, del := range rows[i] {
+			switch rd := dec.Rows[j]; {
+			case rd.Verdict == Probe:
+				del.GateToken = checks[i].Token
+			case rd.Verdict.Deferred():
+				del.Outcome = delivery.Outcome{Kind: delivery.Defer, Delay: max(rd.Delay, time.Millisecond), Reason: rd.Verdict.String()}
+			}
+		}
+		g.transitions(dec.Transitions)
+	}
+	if firstErr != nil {
+		g.storeFailed(firstErr)
+		g.failOpen(failed)
+		return
+	}
+	g.storeOK()
+}
+
+// Record tells the breaker the outcome of every attempted row of a settled batch (one store
+// call) and gives back the probes the batch held. Deferred rows were never attempted and are
+// skipped. It is best effort: a store error is logged once per outage; a probe whose result is
+// lost expires after ProbeTimeout.
+func (g *BreakerGate) Record(ctx context.Context, batch []*delivery.Delivery) {
+	if !g.p.Breaker() {
+		return
+	}
+	var results []EndpointResult
+	index := map[string]int{}
+	for _, del := range batch {
+		if del.Endpoint == nil {
+			continue
+		}
+		r := resultOf(del.Outcome)
+		token := del.GateToken
+		if token == "" && (r == Neutral || r == NotAttempted) {
+			continue // changes nothing
+		}
+		i, ok := index[del.Endpoint.Hash]
+		if !ok {
+			i = len(results)
+			index[del.Endpoint.Hash] = i
+			results = append(results, EndpointResult{Hash: del.Endpoint.Hash})
+		}
+		results[i].Rows = append(results[i].Rows, RowResult{Result: r, Token: token})
+	}
+	if len(results) == 0 || !g.storeUsable() {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.p.StoreTimeout)
+	trans, err := g.store.Record(cctx, g.p, results)
+	cancel()
+	g.transitions(trans)
+	if err != nil {
+		if ctx.Err() == nil {
+			g.storeFailed(err)
+		}
+		return
+	}
+	g.storeOK()
+}
+
+// resultOf maps a settled outcome to what it tells the breaker. Settle has already turned an
+// exhausted Retry into Permanent, so a Permanent outcome is a failure when its status (or the
+// absence of a response) is retryable, and neutral otherwise.
+func resultOf(o delivery.Outcome) Result {
+	switch o.Kind {
+	case delivery.Delivered:
+		return Success
+	case delivery.Retry:
+		return Failure
+	case delivery.Permanent:
+		if retryableStatus(o.Status) || o.Status == 0 && o.Error != "" {
+			return Failure
+		}
+		return Neutral
+	default: // Defer, Release, Undecided: no request was completed
+		return NotAttempted
+	}
+}
+
+// retryableStatus lists the statuses REFERENCE.md calls retryable (send.Classify's Retry).
+func retryableStatus(status int) bool {
+	switch status {
+	case 408, 425, 429, 500, 502, 503, 504:
+		return true
+	}
+	return false
+}
+
+// group splits the batch by endpoint, keeping batch order within each endpoint.
+func (g *BreakerGate) group(batch []*delivery.Delivery) ([]EndpointCheck, [][]*delivery.Delivery) {
+	var checks []EndpointCheck
+	var rows [][]*delivery.Delivery
+	index := make(map[string]int, 1)
+	for _, del := range batch {
+		if del.Endpoint == nil || del.Outcome.Kind != delivery.Undecided {
+			continue
+		}
+		i, ok := index[del.Endpoint.Hash]
+		if !ok {
+			i = len(checks)
+			index[del.Endpoint.Hash] = i
+			checks = append(checks, EndpointCheck{Hash: del.Endpoint.Hash, Token: g.prefix + strconv.FormatUint(g.seq.Add(1), 36)})
+			rows = append(rows, nil)
+		}
+		checks[i].Retry = append(checks[i].Retry, del.Attempt > 1)
+		rows[i] = append(rows[i], del)
+	}
+	return checks, rows
+}
+
+func (g *BreakerGate) failOpen(n int) {
+	if g.hooks.OnFailOpen == nil {
+		return
+	}
+	for range n {
+		g.hooks.OnFailOpen()
+	}
+}
+
+func (g *BreakerGate) transitions(ts []Transition) {
+	for _, t := range ts {
+		if g.hooks.OnTransition != nil {
+			g.hooks.OnTransition(string(t.From), string(t.To))
+		}
+		fields := []zap.Field{zap.String("endpoint", t.Hash), zap.String("from_state", string(t.From)), zap.String("to_state", string(t.To))}
+		switch t.To {
+		case Open:
+			g.log.Warn("circuit breaker opened", append(fields, zap.Duration("reset", g.p.Reset))...)
+		case HalfOpen:
+			g.log.Info("circuit breaker half-open: probing the endpoint", fields...)
+		case Closed:
+			g.log.Info("circuit breaker closed", fields...)
+		}
+	}
+}
+
+// storeUsable reports whether the store may be called now (not within StoreRetry of a failure).
+func (g *BreakerGate) storeUsable() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !g.down || !time.Now().Before(g.downUntil)
+}
+
+func (g *BreakerGate) storeFailed(err error) {
+	g.mu.Lock()
+	was := g.down
+	g.down = true
+	g.downUntil = time.Now().Add(g.p.StoreRetry)
+	g.mu.Unlock()
+	if !was {
+		g.log.Warn("gate store unavailable: failing open (delivering without breaker or rate limit) until it answers again",
+			zap.Error(err), zap.Duration("retry_every", g.p.StoreRetry))
+	}
+}
+
+func (g *BreakerGate) storeOK() {
+	g.mu.Lock()
+	was := g.down
+	g.down = false
+	g.mu.Unlock()
+	if was {
+		g.log.Info("gate store available again")
+	}
+}

@@ -1,0 +1,79 @@
+// Package gate decides, per claimed batch, which rows may be attempted now and which are held
+// back until later (open circuit, retry rate limit), and learns from settled outcomes.
+//
+// The Gate interface is batch-shaped on purpose: a store shared across instances (Redis)
+// answers a whole batch in one round trip. AllowAll is the gate with neither breaker nor
+// limit; BreakerGate is the real one, deciding with a Store: redisstore (shared by every
+// instance, survives restarts) or memstore (one process, used when REDIS_URL is unset). Both
+// stores pass the same contract suite, gatetest.
+//
+// # Semantics
+//
+// Everything is per endpoint, named by delivery.Endpoint.Hash (the SHA-256 hex of its URL);
+// no URL reaches a store or a log line.
+//
+// Circuit breaker (on when Params.Threshold > 0), on every attempt:
+//
+//   - closed: attempts flow. A retryable failure (network error, timeout, 408, 425, 429, 500,
+//     502, 503, 504, including one that exhausted the retry schedule) adds one to a count of
+//     consecutive failures; a 2xx resets it; a permanent answer (other 4xx, 3xx) and a row
+//     that was not attempted leave it alone. At Threshold the circuit opens.
+//   - open: every row is deferred to the reset time (Params.Reset after opening), with no
+//     HTTP request and no attempt used. The row whose failure tripped the breaker was already
+//     attempted: settle schedules its retry like any other failure, and that retry is deferred
+//     like the others while the circuit is open; it is never dropped.
+//   - half-open (the reset time has passed): the first row checked, by any instance, becomes
+//     the probe. Its owner token, unique per check, is stored with a TTL of
+//     Params.ProbeTimeout and carried in delivery.Delivery.GateToken. Other rows are deferred
+//     until the probe's expiry, at most MaxProbeWait. Only the owner's result moves the
+//     breaker and only the owner releases the probe: success closes the circuit; a
+//     retryable failure opens it for another Reset; a permanent answer or no attempt
+//     (saturated endpoint, shutdown) gives the probe back unchanged, so the next row probes.
+//     A prober that crashes never reports; its probe expires after ProbeTimeout and another
+//     row probes. A probe that the rate limiter refuses is never taken (released at once, in
+//     the same atomic step), so it cannot wedge the breaker.
+//
+// Stragglers: a result that arrives while the circuit is open or half-open from an attempt
+// that does not hold the probe (it was admitted before the circuit opened, was admitted while
+// the store was unreachable, or held a probe that has since expired) changes nothing: a
+// failure does not extend the open period and a success does not close the circuit. The
+// breaker opened on Threshold consecutive failures; letting late results reopen or close it
+// would make its state depend on the timing of requests that were in flight across instances,
+// and a burst of stragglers could keep pushing the reset time out. Exactly one attempt, the
+// probe, decides when a circuit closes.
+//
+// Rate limiter (on when Params.RetryRPS > 0): a sliding window of Params.Window (1 s) per
+// endpoint that counts every attempt it admits (first attempts, retries, probes) and refuses
+// retries (attempt > 1) once it holds RetryRPS attempts. A refused retry is deferred until the
+// window actually frees a place (the oldest attempt that must leave it leaves), not a whole
+// window; when one check refuses several retries to one endpoint, the k-th waits k×Window/RetryRPS
+// longer, so they return spread out rather than all at once. First attempts are counted but
+// never refused: new events are not throttled, retries yield to them. Deferred rows are not
+// counted (they were not attempted).
+//
+// Deferral: a held row gets Outcome{Kind: delivery.Defer, Delay, Reason}; settle re-enqueues it
+// due after Delay with the same delivery id and attempt number, and it is claimed again then.
+//
+// Time: stores compare times by their own clock (Redis's TIME inside its scripts), never the
+// calling instance's, and return relative delays.
+//
+// # Failure modes
+//
+// Store unreachable or slow (Redis down, network partition): each store call is bounded by
+// Params.StoreTimeout; on an error the gate allows every row of the batch (fail open: no event
+// is held back, none is lost), calls Hooks.OnFailOpen once per row, and logs one warning per
+// outage. For Params.StoreRetry after an error it fails open without calling the store, so an
+// outage costs at most one timeout per StoreRetry; then the next batch tries again, and once
+// the store answers the gate uses it again (one log line), with no restart. Outcomes are
+// recorded best effort: those settled during an outage are lost, which can only delay an
+// opening (failures not counted) or leave a probe to expire after ProbeTimeout.
+//
+// Redis restarted without persistence: every circuit is closed and every window empty again;
+// scripts are reloaded automatically (NOSCRIPT → EVAL, once).
+//
+// In-process store: state is per process and lost on restart; with several instances, each
+// has its own breaker and limit (set REDIS_URL to share them).
+//
+// Logs: one line per breaker transition (an opening is a warning, logged by the instance that
+// made it), never one per row; one per store outage and one per recovery.
+package gate

@@ -1,0 +1,593 @@
+// Package gatetest is the contract suite every gate.Store passes: the same tests, through a
+// gate.BreakerGate, against the in-process store (with a fake clock) and against real Redis
+// (with Redis's clock). A store is correct when it passes Run; the semantics it checks are the
+// ones documented in package gate.
+//
+// The suite is concurrent on purpose: the original dispatcher's read-modify-write admitted 20
+// of 20 concurrent checks against a limit of 5 and counted 3 concurrent failures as 1, so each
+// atomicity claim is tested with goroutines racing on one endpoint.
+package gatetest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/gate"
+)
+
+// Backend is one shared store state, as several fluxhook instances see it.
+type Backend interface {
+	// NewStore returns a new handle on the backend's state: what another instance, or the
+	// same instance after a restart, would use (for Redis a new client; in process the same
+	// store, which is all a single instance has).
+	NewStore(t testing.TB) gate.Store
+	// Advance lets d pass on the store's clock (a fake clock jumps; Redis is waited for).
+	Advance(t testing.TB, d time.Duration)
+	// Slack is how far a delay the store computes may fall short of the ideal because real
+	// time passed between the test's calls (0 for a fake clock).
+	Slack() time.Duration
+}
+
+// Clock is a fake clock for stores that take one (memstore.Options.Now).
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// NewClock returns a clock stopped at an arbitrary fixed instant.
+func NewClock() *Clock { return &Clock{t: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// Run runs the contract suite; newBackend is called once per test, which runs in parallel
+// with the others, so each backend must be isolated (its own key prefix, its own store).
+func Run(t *testing.T, newBackend func(t testing.TB) Backend) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, b Backend)
+	}{
+		{"RateLimitConcurrentChecksAdmitExactlyTheLimit", testRateLimitConcurrent},
+		{"RateLimitSpacesRefusedRetriesOfOneBatch", testRateLimitSpacing},
+		{"RateLimitCountsButNeverRefusesFirstAttempts", testRateLimitFirstAttempts},
+		{"BreakerConcurrentFailuresAllCount", testBreakerConcurrentFailures},
+		{"BreakerOpensExactlyAtThreshold", testBreakerOpensAtThreshold},
+		{"BreakerCountsConsecutiveFailuresOnly", testBreakerConsecutive},
+		{"BreakerOpenDefersToResetWithoutAttempt", testBreakerOpenDefers},
+		{"HalfOpenConcurrentClaimsOneWins", testHalfOpenOneWinner},
+		{"ProbeTimeoutAllowsANewProbe", testProbeTimeout},
+		{"ProbeFailureReopensAndReleaseGivesItBack", testProbeFailureAndRelease},
+		{"RateLimitRefusedProbeDoesNotWedge", testRefusedProbe},
+		{"StragglersDoNotMoveAnOpenCircuit", testStragglers},
+		{"InstancesShareOneBreaker", testSharedAcrossInstances},
+		{"ThresholdZeroNeverOpens", testThresholdZero},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.fn(t, newBackend(t))
+		})
+	}
+}
+
+// --- helpers ---
+
+// endpoint returns a new endpoint with a random URL and its hash, as the send stage makes them.
+func endpoint() *delivery.Endpoint {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	url := "https://consumer-" + hex.EncodeToString(b[:]) + ".example/hook?secret=do-not-store"
+	sum := sha256.Sum256([]byte(url))
+	return &delivery.Endpoint{URL: url, Hash: hex.EncodeToString(sum[:])}
+}
+
+// rows returns one delivery per attempt number, all to ep.
+func rows(ep *delivery.Endpoint, attempts ...int) []*delivery.Delivery {
+	out := make([]*delivery.Delivery, len(attempts))
+	for i, a := range attempts {
+		out[i] = &delivery.Delivery{ID: int64(i + 1), DeliveryID: fmt.Sprintf("d-%d", i), Attempt: a, Endpoint: ep}
+	}
+	return out
+}
+
+// recorder collects a gate's transitions.
+type recorder struct {
+	mu    sync.Mutex
+	trans []string
+}
+
+func (r *recorder) add(from, to string) {
+	r.mu.Lock()
+	r.trans = append(r.trans, from+">"+to)
+	r.mu.Unlock()
+}
+
+func (r *recorder) count(tr string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, x := range r.trans {
+		if x == tr {
+			n++
+		}
+	}
+	return n
+}
+
+// newGate returns a gate on store that fails the test if it ever fails open: in the suite the
+// store is always reachable, so a fail-open would hide a broken store.
+func newGate(t testing.TB, store gate.Store, p gate.Params, rec *recorder) *gate.BreakerGate {
+	t.Helper()
+	p.StoreTimeout = 10 * time.Second
+	hooks := gate.Hooks{OnFailOpen: func() { t.Errorf("gate failed open: the store returned an error") }}
+	if rec != nil {
+		hooks.OnTransition = rec.add
+	}
+	g, err := gate.NewBreakerGate(store, p, hooks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func ctx() context.Context { return context.Background() }
+
+func allowed(d *delivery.Delivery) bool { return d.Outcome.Kind == delivery.Undecided }
+
+func deferredFor(t testing.TB, d *delivery.Delivery, reason gate.Verdict) time.Duration {
+	t.Helper()
+	if d.Outcome.Kind != delivery.Defer || d.Outcome.Reason != reason.String() {
+		t.Fatalf("row %d: outcome %s %q, want defer %q", d.ID, d.Outcome.Kind, d.Outcome.Reason, reason)
+	}
+	if d.GateToken != "" {
+		t.Fatalf("deferred row %d holds a probe token", d.ID)
+	}
+	return d.Outcome.Delay
+}
+
+// settle gives each row an outcome and records the batch, as the dispatcher does after settle.
+func settle(g *gate.BreakerGate, batch []*delivery.Delivery, o delivery.Outcome) {
+	for _, d := range batch {
+		d.Outcome = o
+	}
+	g.Record(ctx(), batch)
+}
+
+var (
+	fail503   = delivery.Outcome{Kind: delivery.Retry, Status: 503}
+	delivered = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+)
+
+func inspect(t testing.TB, s gate.Store, ep *delivery.Endpoint) gate.Snapshot {
+	t.Helper()
+	snaps, err := s.Inspect(ctx(), []string{ep.Hash})
+	if err != nil || len(snaps) != 1 {
+		t.Fatalf("inspect: %v (%d snapshots)", err, len(snaps))
+	}
+	return snaps[0]
+}
+
+// openBreaker records threshold failures for ep.
+func openBreaker(t testing.TB, g *gate.BreakerGate, ep *delivery.Endpoint) {
+	t.Helper()
+	attempts := make([]int, g.Params().Threshold)
+	for i := range attempts {
+		attempts[i] = 1
+	}
+	settle(g, rows(ep, attempts...), fail503)
+}
+
+// probe checks one row for ep and returns it (allowed with a token when it won the probe).
+func probe(g *gate.BreakerGate, ep *delivery.Endpoint, attempt int) *delivery.Delivery {
+	batch := rows(ep, attempt)
+	g.Check(ctx(), batch)
+	return batch[0]
+}
+
+// --- rate limiter ---
+
+func testRateLimitConcurrent(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	g := newGate(t, store, gate.Params{RetryRPS: 5, Window: time.Second}, nil)
+	ep := endpoint()
+	start := time.Now()
+	batches := make([][]*delivery.Delivery, 50)
+	var wg sync.WaitGroup
+	for i := range batches {
+		batches[i] = rows(ep, 2) // a retry
+		wg.Go(func() { g.Check(ctx(), batches[i]) })
+	}
+	wg.Wait()
+	admitted := 0
+	for _, batch := range batches {
+		if allowed(batch[0]) {
+			admitted++
+			continue
+		}
+		if d := deferredFor(t, batch[0], gate.DeferRateLimit); d <= 0 || d > time.Second {
+			t.Fatalf("refused retry deferred by %s, want within the window", d)
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("50 concurrent retries against a limit of 5 admitted %d", admitted)
+	}
+	// The next retry waits until the oldest admitted attempt leaves the window: at most a
+	// window, less the time that has passed since the first admission.
+	sixth := probe(g, ep, 2)
+	elapsed := time.Since(start)
+	wait := deferredFor(t, sixth, gate.DeferRateLimit)
+	if wait > time.Second || wait < time.Second-elapsed-b.Slack() {
+		t.Fatalf("sixth retry deferred by %s, want when the oldest attempt leaves the window (%s after it, %s ago)", wait, time.Second, elapsed)
+	}
+	b.Advance(t, wait)
+	if next := probe(g, ep, 2); !allowed(next) {
+		t.Fatalf("after the deferral (%s) a retry is still refused: %s %q", wait, next.Outcome.Kind, next.Outcome.Reason)
+	}
+}
+
+func testRateLimitSpacing(t *testing.T, b Backend) {
+	g := newGate(t, b.NewStore(t), gate.Params{RetryRPS: 5, Window: time.Second}, nil)
+	ep := endpoint()
+	batch := rows(ep, 2, 2, 2, 2, 2, 2, 2, 2)
+	g.Check(ctx(), batch)
+	for i, d := range batch[:5] {
+		if !allowed(d) {
+			t.Fatalf("row %d of 8 retries refused with an empty window", i)
+		}
+	}
+	// All five were counted at the same instant (one atomic call): the first refused retry
+	// waits exactly a window, the next ones one window/limit more each.
+	for k, d := range batch[5:] {
+		want := time.Second + time.Duration(k)*200*time.Millisecond
+		if got := deferredFor(t, d, gate.DeferRateLimit); got != want {
+			t.Fatalf("refused retry %d deferred by %s, want %s", k, got, want)
+		}
+	}
+}
+
+func testRateLimitFirstAttempts(t *testing.T, b Backend) {
+	g := newGate(t, b.NewStore(t), gate.Params{RetryRPS: 3, Window: time.Second}, nil)
+	ep := endpoint()
+	first := rows(ep, 1, 1, 1, 1, 1)
+	g.Check(ctx(), first)
+	for i, d := range first {
+		if !allowed(d) {
+			t.Fatalf("first attempt %d refused: %s %q", i, d.Outcome.Kind, d.Outcome.Reason)
+		}
+	}
+	// Five attempts are in the window against a limit of 3: a retry waits until three have
+	// left, i.e. a whole window here (they were all counted at once).
+	retry := probe(g, ep, 2)
+	if d := deferredFor(t, retry, gate.DeferRateLimit); d > time.Second || d < time.Second-b.Slack() {
+		t.Fatalf("retry deferred by %s, want about a window", d)
+	}
+}
+
+// --- breaker ---
+
+func testBreakerConcurrentFailures(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	rec := &recorder{}
+	g := newGate(t, store, gate.Params{Threshold: 4, Reset: time.Minute, RetryRPS: -1}, rec)
+	ep := endpoint()
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { settle(g, rows(ep, 1), fail503) })
+	}
+	wg.Wait()
+	if s := inspect(t, store, ep); s.State != gate.Closed || s.Failures != 3 {
+		t.Fatalf("after 3 concurrent failures: %+v, want closed with 3 failures", s)
+	}
+	if d := probe(g, ep, 1); !allowed(d) {
+		t.Fatalf("below the threshold a row was held: %q", d.Outcome.Reason)
+	}
+	settle(g, rows(ep, 1), fail503)
+	if s := inspect(t, store, ep); s.State != gate.Open {
+		t.Fatalf("4th failure with threshold 4: state %s", s.State)
+	}
+	if n := rec.count("closed>open"); n != 1 {
+		t.Fatalf("closed>open reported %d times", n)
+	}
+}
+
+func testBreakerOpensAtThreshold(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	rec := &recorder{}
+	g := newGate(t, store, gate.Params{Threshold: 3, Reset: time.Minute, RetryRPS: -1}, rec)
+	ep := endpoint()
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { settle(g, rows(ep, 1), fail503) })
+	}
+	wg.Wait()
+	if s := inspect(t, store, ep); s.State != gate.Open {
+		t.Fatalf("3 concurrent failures with threshold 3: %+v, want open", s)
+	}
+	if n := rec.count("closed>open"); n != 1 {
+		t.Fatalf("closed>open reported %d times, want exactly once", n)
+	}
+	if d := probe(g, ep, 1); d.Outcome.Kind != delivery.Defer {
+		t.Fatal("open circuit allowed a row")
+	}
+}
+
+func testBreakerConsecutive(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	g := newGate(t, store, gate.Params{Threshold: 3, Reset: time.Minute, RetryRPS: -1}, nil)
+	ep := endpoint()
+	settle(g, rows(ep, 1, 1), fail503)
+	settle(g, rows(ep, 1), delivered) // a success resets the count
+	settle(g, rows(ep, 1, 1), fail503)
+	// A permanent answer (404), a retryable failure dead-lettered after its last attempt
+	// (Permanent with 503), and rows never attempted: only the 503 counts.
+	batch := rows(ep, 1, 3, 1)
+	batch[0].Outcome = delivery.Outcome{Kind: delivery.Permanent, Status: 404}
+	batch[1].Outcome = delivery.Outcome{Kind: delivery.Permanent, Status: 503, Reason: "attempts exhausted"}
+	batch[2].Outcome = delivery.Outcome{Kind: delivery.Release}
+	g.Record(ctx(), batch[:1])
+	if s := inspect(t, store, ep); s.State != gate.Closed || s.Failures != 2 {
+		t.Fatalf("fail, fail, success, fail, fail, 404: %+v, want closed with 2", s)
+	}
+	g.Record(ctx(), batch[1:])
+	if s := inspect(t, store, ep); s.State != gate.Open {
+		t.Fatalf("exhausted 503 did not count as the third failure: %+v", s)
+	}
+}
+
+func testBreakerOpenDefers(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	reset := time.Second
+	g := newGate(t, store, gate.Params{Threshold: 1, Reset: reset, RetryRPS: 1}, nil)
+	ep := endpoint()
+	openBreaker(t, g, ep)
+	start := time.Now()
+	batch := rows(ep, 1, 2, 3, 1)
+	g.Check(ctx(), batch)
+	for _, d := range batch {
+		wait := deferredFor(t, d, gate.DeferOpen)
+		if wait > reset || wait < reset-time.Since(start)-b.Slack() {
+			t.Fatalf("row deferred by %s, want to the reset time (%s)", wait, reset)
+		}
+	}
+	// Deferred rows were not attempted: they are not counted by the rate limiter, whose
+	// limit of 1 would otherwise refuse the next retry.
+	b.Advance(t, reset)
+	if d := probe(g, ep, 2); !allowed(d) || d.GateToken == "" {
+		t.Fatalf("after the reset, the first retry is not the probe: %s %q", d.Outcome.Kind, d.Outcome.Reason)
+	}
+}
+
+func testHalfOpenOneWinner(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	rec := &recorder{}
+	reset := 100 * time.Millisecond
+	g := newGate(t, store, gate.Params{Threshold: 1, Reset: reset, RetryRPS: -1, ProbeTimeout: time.Minute}, rec)
+	ep := endpoint()
+	openBreaker(t, g, ep)
+	b.Advance(t, reset)
+	// Ten instances race for the probe, each with its own gate on its own store handle.
+	winners := make([]*delivery.Delivery, 10)
+	var wg sync.WaitGroup
+	for i := range winners {
+		gi := newGate(t, b.NewStore(t), g.Params(), rec)
+		wg.Go(func() { winners[i] = probe(gi, ep, 2) })
+	}
+	wg.Wait()
+	won := 0
+	for _, d := range winners {
+		if allowed(d) {
+			if d.GateToken == "" {
+				t.Fatal("a half-open row was allowed without the probe token")
+			}
+			won++
+			continue
+		}
+		if wait := deferredFor(t, d, gate.DeferProbe); wait <= 0 || wait > gate.MaxProbeWait {
+			t.Fatalf("row behind the probe deferred by %s, want (0, %s]", wait, gate.MaxProbeWait)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d of 10 concurrent half-open claims won the probe, want exactly 1", won)
+	}
+	if n := rec.count("open>half_open"); n != 1 {
+		t.Fatalf("open>half_open reported %d times", n)
+	}
+	if s := inspect(t, store, ep); s.State != gate.HalfOpen || !s.ProbeHeld {
+		t.Fatalf("during the probe: %+v", s)
+	}
+}
+
+func testProbeTimeout(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	rec := &recorder{}
+	reset, probeTimeout := 100*time.Millisecond, 2*time.Second
+	g := newGate(t, store, gate.Params{Threshold: 1, Reset: reset, RetryRPS: -1, ProbeTimeout: probeTimeout}, rec)
+	ep := endpoint()
+	openBreaker(t, g, ep)
+	b.Advance(t, reset)
+	crashed := probe(g, ep, 1) // its instance crashes: the outcome never comes back
+	if crashed.GateToken == "" {
+		t.Fatal("no probe granted after the reset")
+	}
+	if d := probe(g, ep, 1); allowed(d) {
+		t.Fatal("a second probe was granted while the first is held")
+	}
+	b.Advance(t, probeTimeout)
+	next := probe(g, ep, 1)
+	if !allowed(next) || next.GateToken == "" || next.GateToken == crashed.GateToken {
+		t.Fatalf("after the probe timeout no new probe: %s %q", next.Outcome.Kind, next.Outcome.Reason)
+	}
+	// The expired prober reports late: it no longer owns the probe, so its success neither
+	// closes the circuit nor releases the new probe.
+	settle(g, []*delivery.Delivery{crashed}, delivered)
+	if s := inspect(t, store, ep); s.State != gate.HalfOpen || !s.ProbeHeld {
+		t.Fatalf("an expired probe's late result changed the breaker: %+v", s)
+	}
+	settle(g, []*delivery.Delivery{next}, delivered)
+	if s := inspect(t, store, ep); s.State != gate.Closed || s.ProbeHeld {
+		t.Fatalf("the probe's success did not close the circuit: %+v", s)
+	}
+	if n := rec.count("half_open>closed"); n != 1 {
+		t.Fatalf("half_open>closed reported %d times", n)
+	}
+	if d := probe(g, ep, 2); !allowed(d) || d.GateToken != "" {
+		t.Fatal("closed circuit held a row or granted a probe")
+	}
+}
+
+func testProbeFailureAndRelease(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	rec := &recorder{}
+	reset := time.Second
+	g := newGate(t, store, gate.Params{Threshold: 1, Reset: reset, RetryRPS: -1, ProbeTimeout: time.Minute}, rec)
+	ep := endpoint()
+	openBreaker(t, g, ep)
+	b.Advance(t, reset)
+
+	// A probe that was not attempted (saturated endpoint, shutdown) gives the probe back at
+	// once without counting; so does a permanent answer.
+	for _, o := range []delivery.Outcome{{Kind: delivery.Release}, {Kind: delivery.Permanent, Status: 404}} {
+		p := probe(g, ep, 1)
+		if p.GateToken == "" {
+			t.Fatalf("no probe granted (before %s)", o.Kind)
+		}
+		settle(g, []*delivery.Delivery{p}, o)
+		if s := inspect(t, store, ep); s.State != gate.HalfOpen || s.ProbeHeld {
+			t.Fatalf("after a probe's %s: %+v, want half-open with the probe free", o.Kind, s)
+		}
+	}
+	// The probe fails: open again for another reset.
+	p := probe(g, ep, 1)
+	settle(g, []*delivery.Delivery{p}, fail503)
+	if s := inspect(t, store, ep); s.State != gate.Open || s.OpenFor < reset-b.Slack() || s.OpenFor > reset {
+		t.Fatalf("after the probe failed: %+v, want open for %s", s, reset)
+	}
+	if n := rec.count("half_open>open"); n != 1 {
+		t.Fatalf("half_open>open reported %d times", n)
+	}
+	d := probe(g, ep, 1)
+	deferredFor(t, d, gate.DeferOpen)
+}
+
+func testRefusedProbe(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	reset, window := 100*time.Millisecond, time.Second
+	// A probe timeout far longer than the test: a wedged probe would never come free.
+	g := newGate(t, store, gate.Params{Threshold: 1, Reset: reset, RetryRPS: 1, Window: window, ProbeTimeout: time.Hour}, nil)
+	ep := endpoint()
+	first := probe(g, ep, 1) // fills the window (limit 1)
+	if !allowed(first) {
+		t.Fatal("first attempt refused")
+	}
+	settle(g, []*delivery.Delivery{first}, fail503) // opens the circuit
+	b.Advance(t, reset)
+	refused := probe(g, ep, 2)
+	if wait := deferredFor(t, refused, gate.DeferRateLimit); wait > window-reset || wait < window-reset-b.Slack() {
+		t.Fatalf("refused probe deferred by %s, want until the first attempt leaves the window (%s)", wait, window-reset)
+	}
+	if s := inspect(t, store, ep); s.ProbeHeld {
+		t.Fatalf("the rate limiter refused the probe but it is still held: %+v", s)
+	}
+	// In the same batch, a first attempt (never refused) behind a refused retry takes the probe.
+	batch := rows(ep, 2, 1)
+	g.Check(ctx(), batch)
+	deferredFor(t, batch[0], gate.DeferRateLimit)
+	if !allowed(batch[1]) || batch[1].GateToken == "" {
+		t.Fatalf("the first attempt behind a refused retry did not take the probe: %q", batch[1].Outcome.Reason)
+	}
+	settle(g, batch[1:], delivery.Outcome{Kind: delivery.Release})
+	// Once the window frees, a retry gets the probe: nothing waited for the probe timeout.
+	b.Advance(t, window)
+	retry := probe(g, ep, 2)
+	if !allowed(retry) || retry.GateToken == "" {
+		t.Fatalf("after the window freed the retry is not the probe: %s %q", retry.Outcome.Kind, retry.Outcome.Reason)
+	}
+}
+
+func testStragglers(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	reset := 10 * time.Second
+	g := newGate(t, store, gate.Params{Threshold: 2, Reset: reset, RetryRPS: -1}, nil)
+	ep := endpoint()
+	openBreaker(t, g, ep)
+	before := inspect(t, store, ep)
+	// Attempts admitted before the circuit opened report after it: neither a success nor a
+	// failure changes it (the open period is not extended, the circuit is not closed).
+	settle(g, rows(ep, 1), delivered)
+	settle(g, rows(ep, 1, 1, 1), fail503)
+	after := inspect(t, store, ep)
+	if after.State != gate.Open || after.OpenFor > before.OpenFor {
+		t.Fatalf("stragglers moved the open circuit: before %+v, after %+v", before, after)
+	}
+}
+
+func testSharedAcrossInstances(t *testing.T, b Backend) {
+	reset := 200 * time.Millisecond
+	p := gate.Params{Threshold: 2, Reset: reset, RetryRPS: -1, ProbeTimeout: time.Minute}
+	a := newGate(t, b.NewStore(t), p, nil)
+	other := newGate(t, b.NewStore(t), p, nil)
+	ep := endpoint()
+	settle(a, rows(ep, 1), fail503)
+	settle(other, rows(ep, 1), fail503) // one failure seen by each instance: the shared count is 2
+	if d := probe(a, ep, 1); d.Outcome.Kind != delivery.Defer {
+		t.Fatal("two instances' failures did not add up to the threshold")
+	}
+	if d := probe(other, ep, 1); d.Outcome.Kind != delivery.Defer {
+		t.Fatal("the other instance does not see the open circuit")
+	}
+	restarted := newGate(t, b.NewStore(t), p, nil)
+	if d := probe(restarted, ep, 2); d.Outcome.Kind != delivery.Defer || d.Outcome.Reason != gate.DeferOpen.String() {
+		t.Fatal("a new instance does not see the open circuit")
+	}
+	b.Advance(t, reset)
+	pa := probe(a, ep, 1)
+	pb := probe(other, ep, 1)
+	if pa.GateToken == "" || allowed(pb) {
+		t.Fatalf("probe across instances: first %q, second allowed=%v", pa.Outcome.Reason, allowed(pb))
+	}
+	settle(a, []*delivery.Delivery{pa}, delivered)
+	if d := probe(restarted, ep, 2); !allowed(d) {
+		t.Fatal("the probe's success on one instance did not close the circuit for another")
+	}
+}
+
+func testThresholdZero(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	rec := &recorder{}
+	g := newGate(t, store, gate.Params{Threshold: 0, RetryRPS: 2}, rec)
+	ep := endpoint()
+	for range 5 {
+		settle(g, rows(ep, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1), fail503)
+	}
+	if s := inspect(t, store, ep); s.State != gate.Closed || s.Failures != 0 {
+		t.Fatalf("threshold 0: %+v, want closed and nothing counted", s)
+	}
+	if n := len(rec.trans); n != 0 {
+		t.Fatalf("threshold 0 reported transitions: %v", rec.trans)
+	}
+	// The rate limiter still works without the breaker.
+	batch := rows(ep, 2, 2, 2)
+	g.Check(ctx(), batch)
+	if !allowed(batch[0]) || !allowed(batch[1]) {
+		t.Fatal("threshold 0 held rows within the rate limit")
+	}
+	deferredFor(t, batch[2], gate.DeferRateLimit)
+}

@@ -1,0 +1,327 @@
+// Package memstore is the in-process gate.Store: the same breaker and rate-limit semantics as
+// the Redis store, for a dispatcher running without REDIS_URL.
+//
+// Its state lives in one process, so it is shared by every gate in that process but not by
+// other instances, and it is lost on restart (a restarted instance starts with every circuit
+// closed and empty rate-limit windows). Run one instance, or set REDIS_URL, when that matters.
+//
+// Each call holds one mutex for the whole batch, which makes every endpoint's decision atomic
+// exactly as a Redis script is. The clock is injectable so that tests can move time without
+// waiting; the expiries that Redis applies to keys (probe timeout, state TTL, window) are
+// applied here when an endpoint is next touched, and by a periodic sweep that keeps memory
+// bounded by the endpoints with recent activity.
+package memstore
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/fluxora/fluxhook/stages/gate"
+)
+
+// Options configures a Store.
+type Options struct {
+	// Now is the store's clock (nil = time.Now). Tests inject a fake clock to move time.
+	Now func() time.Time
+}
+
+// Store is the in-process gate.Store. The zero value is not usable; call New.
+type Store struct {
+	now func() time.Time
+
+	mu    sync.Mutex
+	eps   map[string]*endpoint
+	calls int
+}
+
+var _ gate.Store = (*Store)(nil)
+
+// endpoint is one endpoint's state; the zero value is a closed breaker with an empty window.
+type endpoint struct {
+	state        gate.State // "" = closed
+	failures     int
+	openUntil    time.Time
+	stateExpires time.Time // when state and failures are forgotten (a Redis key's TTL)
+	probe        string    // owner token of the half-open probe, "" = none
+	probeExpires time.Time
+	window       []time.Time // the newest attempts in the rate-limit window (at most the limit), oldest first
+}
+
+// sweepEvery is how many calls pass between sweeps of idle endpoints.
+const sweepEvery = 1024
+
+// New returns an empty store.
+func New(opts Options) *Store {
+	s := &Store{now: opts.Now, eps: map[string]*endpoint{}}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	return s
+}
+
+// Decide implements gate.Store: one lock for the whole batch, so each endpoint's decision is
+// atomic against every other gate in the process.
+func (s *Store) Decide(_ context.Context, p gate.Params, checks []gate.EndpointCheck) ([]gate.EndpointDecision, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.maybeSweep(now, p)
+	out := make([]gate.EndpointDecision, len(checks))
+	for i, c := range checks {
+		out[i] = s.decide(now, p, c)
+	}
+	return out, nil
+}
+
+// Record implements gate.Store under the same lock as Decide.
+func (s *Store) Record(_ context.Context, p gate.Params, results []gate.EndpointResult) ([]gate.Transition, error) {
+	if !p.Breaker() {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.maybeSweep(now, p)
+	var trans []gate.Transition
+	for _, r := range results {
+		trans = s.record(now, p, r, trans)
+	}
+	return trans, nil
+}
+
+// Inspect implements gate.Store, for status output and tests.
+func (s *Store) Inspect(_ context.Context, hashes []string) ([]gate.Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	out := make([]gate.Snapshot, len(hashes))
+	for i, h := range hashes {
+		snap := gate.Snapshot{Hash: h, State: gate.Closed}
+		if e := s.eps[h]; e != nil {
+			e.expire(now)
+			if e.state != "" {
+				snap.State = e.state
+			}
+			snap.Failures = e.failures
+			if e.state == gate.Open && now.Before(e.openUntil) {
+				snap.OpenFor = e.openUntil.Sub(now)
+			}
+			snap.ProbeHeld = e.probe != ""
+		}
+		out[i] = snap
+	}
+	return out, nil
+}
+
+// expire applies the expiries Redis applies to keys.
+func (e *endpoint) expire(now time.Time) {
+	if e.state != "" || e.failures != 0 {
+		if !now.Before(e.stateExpires) {
+			e.state, e.failures, e.openUntil = "", 0, time.Time{}
+		}
+	}
+	if e.probe != "" && !now.Before(e.probeExpires) {
+		e.probe = ""
+	}
+}
+
+// prune drops the attempts that have left the window (at or before now-window).
+func (e *endpoint) prune(now time.Time, window time.Duration) {
+	cut := now.Add(-window)
+	n := 0
+	for n < len(e.window) && !e.window[n].After(cut) {
+		n++
+	}
+	if n > 0 {
+		e.window = append(e.window[:0], e.window[n:]...)
+	}
+}
+
+func (e *endpoint) idle() bool {
+	return e.state == "" && e.failures == 0 && e.probe == "" && len(e.window) == 0
+}
+
+func (s *Store) get(hash string, now time.Time) *endpoint {
+	e := s.eps[hash]
+	if e == nil {
+		e = &endpoint{}
+		s.eps[hash] = e
+	}
+	e.expire(now)
+	return e
+}
+
+// maybeSweep forgets idle endpoints now and then, so that memory follows the endpoints with
+// recent trouble or traffic rather than every endpoint ever seen.
+func (s *Store) maybeSweep(now time.Time, p gate.Params) {
+	s.calls++
+	if s.calls%sweepEvery != 0 {
+		return
+	}
+	for h, e := range s.eps {
+		e.expire(now)
+		e.prune(now, p.Window)
+		if e.idle() {
+			delete(s.eps, h)
+		}
+	}
+}
+
+// limiter is the rate-limit part of one endpoint's decision.
+type limiter struct {
+	e       *endpoint
+	now     time.Time
+	p       gate.Params
+	pruned  bool
+	base    time.Duration // delay of the first refused retry of this check
+	refused int
+}
+
+// admit counts an attempt, or refuses a retry over the limit with the delay until the window
+// frees a place for it; the k-th refused retry of one check is spaced k×window/limit later.
+func (l *limiter) admit(retry bool) (time.Duration, bool) {
+	if !l.p.Limiter() {
+		return 0, false
+	}
+	if !l.pruned {
+		l.e.prune(l.now, l.p.Window)
+		l.pruned = true
+	}
+	limit := l.p.RetryRPS
+	count := len(l.e.window)
+	if retry && count >= limit {
+		if l.refused == 0 {
+			l.base = l.e.window[count-limit].Add(l.p.Window).Sub(l.now)
+		}
+		d := l.base + time.Duration(l.refused)*l.p.Window/time.Duration(limit)
+		l.refused++
+		return d, true
+	}
+	// Keep the window sorted even if the clock stepped back.
+	i := len(l.e.window)
+	for i > 0 && l.e.window[i-1].After(l.now) {
+		i--
+	}
+	l.e.window = append(l.e.window, time.Time{})
+	copy(l.e.window[i+1:], l.e.window[i:])
+	l.e.window[i] = l.now
+	// Only the newest limit entries decide anything (is the window full, when does the
+	// entry that must leave leave): keep just those, as the Redis script does.
+	if n := len(l.e.window); n > limit {
+		l.e.window = append(l.e.window[:0], l.e.window[n-limit:]...)
+	}
+	return 0, false
+}
+
+func (s *Store) decide(now time.Time, p gate.Params, c gate.EndpointCheck) gate.EndpointDecision {
+	e := s.get(c.Hash, now)
+	rows := make([]gate.RowDecision, len(c.Retry))
+	dec := gate.EndpointDecision{Rows: rows}
+	lim := limiter{e: e, now: now, p: p}
+	state := gate.Closed
+	if p.Breaker() && e.state != "" {
+		state = e.state
+	}
+	switch {
+	case state == gate.Open && now.Before(e.openUntil):
+		wait := e.openUntil.Sub(now)
+		for i := range rows {
+			rows[i] = gate.RowDecision{Verdict: gate.DeferOpen, Delay: wait}
+		}
+	case state == gate.Open || state == gate.HalfOpen:
+		for i, retry := range c.Retry {
+			if e.probe != "" {
+				wait := min(e.probeExpires.Sub(now), gate.MaxProbeWait)
+				rows[i] = gate.RowDecision{Verdict: gate.DeferProbe, Delay: max(wait, time.Millisecond)}
+				continue
+			}
+			if d, refused := lim.admit(retry); refused {
+				// The rate limiter refuses the would-be probe: it is never taken, so
+				// nothing is left to wedge the breaker; a later row may probe.
+				rows[i] = gate.RowDecision{Verdict: gate.DeferRateLimit, Delay: d}
+				continue
+			}
+			e.probe, e.probeExpires = c.Token, now.Add(p.ProbeTimeout)
+			if e.state == gate.Open {
+				e.state = gate.HalfOpen
+				e.stateExpires = now.Add(gate.StateTTL)
+				dec.Transitions = append(dec.Transitions, gate.Transition{Hash: c.Hash, From: gate.Open, To: gate.HalfOpen})
+			}
+			rows[i] = gate.RowDecision{Verdict: gate.Probe}
+		}
+	default:
+		for i, retry := range c.Retry {
+			if d, refused := lim.admit(retry); refused {
+				rows[i] = gate.RowDecision{Verdict: gate.DeferRateLimit, Delay: d}
+			}
+		}
+	}
+	return dec
+}
+
+func (s *Store) record(now time.Time, p gate.Params, r gate.EndpointResult, trans []gate.Transition) []gate.Transition {
+	e := s.get(r.Hash, now)
+	state := e.state
+	if state == "" {
+		state = gate.Closed
+	}
+	changed := false
+	move := func(to gate.State) {
+		if state != to {
+			trans = append(trans, gate.Transition{Hash: r.Hash, From: state, To: to})
+			state = to
+		}
+	}
+	for _, row := range r.Rows {
+		owner := row.Token != "" && row.Token == e.probe
+		if owner {
+			e.probe = "" // given back whatever the result
+		}
+		switch {
+		case owner && state != gate.Closed:
+			switch row.Result {
+			case gate.Success:
+				move(gate.Closed)
+				e.failures, changed = 0, true
+			case gate.Failure:
+				move(gate.Open)
+				e.openUntil, e.failures, changed = now.Add(p.Reset), 0, true
+			}
+		case state == gate.Closed:
+			switch row.Result {
+			case gate.Success:
+				if e.failures > 0 {
+					e.failures, changed = 0, true
+				}
+			case gate.Failure:
+				e.failures++
+				changed = true
+				if e.failures >= p.Threshold {
+					move(gate.Open)
+					e.openUntil, e.failures = now.Add(p.Reset), 0
+				}
+			}
+		default:
+			// A straggler: an attempt admitted before the circuit opened (or while the
+			// store was unreachable) whose result arrives while it is open or half-open.
+			// It changes nothing; only the probe decides (see the gate package docs).
+		}
+	}
+	if changed {
+		if state == gate.Closed {
+			e.state = ""
+		} else {
+			e.state = state
+		}
+		switch {
+		case state == gate.Closed && e.failures == 0:
+			e.stateExpires = time.Time{}
+		case state == gate.Open:
+			e.stateExpires = e.openUntil.Add(gate.StateTTL)
+		default:
+			e.stateExpires = now.Add(gate.StateTTL)
+		}
+	}
+	return trans
+}
