@@ -34,7 +34,7 @@ type setting struct {
 // it had them.
 var settings = []setting{
 	{env: "DATABASE_URL", help: "PostgreSQL connection URL (required)", secret: true},
-	{env: "REDIS_URL", help: "Redis for the shared circuit breaker and rate limit (optional; reserved: this build gates in-process)", secret: true},
+	{env: "REDIS_URL", help: "Redis for the circuit breaker and rate limit shared by every instance (redis://, rediss://, unix://; Sentinel with ?master_name=; Cluster with ?cluster=true&addr=...); empty = in-process", secret: true},
 	{env: "WEBHOOK_URL", help: "consumer URL for rows without endpoint_url; https unless loopback"},
 	{env: "WEBHOOK_SECRET", help: "HMAC signing secret (required)", secret: true},
 	{env: "WEBHOOK_SECRET_PREVIOUS", help: "previous secret during a rotation", secret: true},
@@ -48,9 +48,9 @@ var settings = []setting{
 	{env: "WEBHOOK_DRAIN_TIMEOUT_MS", help: "how long SIGTERM waits for in-flight requests (default timeout + 5 s)"},
 	{env: "WEBHOOK_RETRY_SCHEDULE", def: "5s,1m,5m,30m,2h,6h,12h,24h", help: "waits before each retry; its length sets the attempts"},
 	{env: "WEBHOOK_MAX_PAYLOAD_BYTES", def: "1048576", help: "larger payloads are dead-lettered"},
-	{env: "WEBHOOK_RETRY_RPS", def: "10", help: "retries per second per consumer URL (reserved for the rate-limit gate)"},
-	{env: "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", def: "0", help: "consecutive retryable failures that open the circuit; 0 = off (reserved for the breaker gate)"},
-	{env: "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", def: "300000", help: "how long an open circuit stays open (reserved for the breaker gate)"},
+	{env: "WEBHOOK_RETRY_RPS", def: "10", help: "attempts per second per consumer URL before retries are deferred"},
+	{env: "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", def: "0", help: "consecutive retryable failures that open an endpoint's circuit; 0 = off"},
+	{env: "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", def: "300000", help: "how long an open circuit stays open before one probe"},
 	{env: "WEBHOOK_RETENTION", def: "168h", help: "how long processed rows (the delivery log) are kept; dead letters are kept until purged"},
 	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "private networks (CIDRs) endpoints may resolve to; by default private, link-local and metadata addresses are refused"},
 	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
@@ -98,7 +98,6 @@ type serveConfig struct {
 	drainTimeout time.Duration
 	logLevel     zapcore.Level
 	logFormat    string
-	redisURL     string
 	metricsAddr  string
 }
 
@@ -140,10 +139,10 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	d.Lease = msOf("WEBHOOK_LEASE_MS", 1)
 	c.drainTimeout = msOf("WEBHOOK_DRAIN_TIMEOUT_MS", 0)
 	d.MaxPayloadBytes = intOf("WEBHOOK_MAX_PAYLOAD_BYTES", 2)
-	intOf("WEBHOOK_RETRY_RPS", 1)
-	intOf("WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", 0)
-	intOf("WEBHOOK_CIRCUIT_BREAKER_RESET_MS", 1)
-	c.redisURL = v["REDIS_URL"]
+	d.RetryRPS = intOf("WEBHOOK_RETRY_RPS", 1)
+	d.BreakerThreshold = intOf("WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", 0)
+	d.BreakerReset = msOf("WEBHOOK_CIRCUIT_BREAKER_RESET_MS", 1)
+	d.RedisURL = v["REDIS_URL"]
 	c.metricsAddr = v["METRICS_ADDR"]
 	if c.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.metricsAddr); err != nil {

@@ -41,9 +41,6 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return usageError("invalid configuration:\n%v", err)
 	}
 	log.Info("starting fluxhook", effectiveConfig(values)...)
-	if cfg.redisURL != "" {
-		log.Warn("REDIS_URL is set but this build gates in-process; the shared breaker and rate limit are not active yet")
-	}
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = d.Start(startCtx)
 	cancel()

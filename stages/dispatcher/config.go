@@ -67,7 +67,21 @@ type Config struct {
 	// InstanceID names this dispatcher in leases and in webhook_dispatcher (default:
 	// hostname-pid-random).
 	InstanceID string
-	// Gate decides which rows may be attempted now (nil = gate.AllowAll).
+	// RedisURL holds the circuit breaker and rate limiter state shared by every instance
+	// (REDIS_URL; see redisstore.NewClient for the accepted forms). Empty means in-process
+	// state: the same semantics, for one instance.
+	RedisURL string
+	// BreakerThreshold is the number of consecutive retryable failures that opens an
+	// endpoint's circuit (WEBHOOK_CIRCUIT_BREAKER_THRESHOLD); 0, the default, disables it.
+	BreakerThreshold int
+	// BreakerReset is how long a circuit stays open (WEBHOOK_CIRCUIT_BREAKER_RESET_MS,
+	// default 5 minutes).
+	BreakerReset time.Duration
+	// RetryRPS is the most attempts per second per endpoint before retries are deferred
+	// (WEBHOOK_RETRY_RPS, default 10). First attempts are counted but never held back.
+	RetryRPS int
+	// Gate decides which rows may be attempted now. Nil means the breaker and rate-limit gate
+	// built from the fields above; tests set their own.
 	Gate gate.Gate
 	// MetricsEndpointLabel adds an endpoint label (the URL's SHA-256) to the deliveries
 	// counter (METRICS_ENDPOINT_LABEL). Off by default: one series per endpoint can be too
@@ -116,8 +130,11 @@ func (c Config) WithDefaults() Config {
 	if c.InstanceID == "" {
 		c.InstanceID = defaultInstanceID()
 	}
-	if c.Gate == nil {
-		c.Gate = gate.AllowAll{}
+	if c.BreakerReset == 0 {
+		c.BreakerReset = 5 * time.Minute
+	}
+	if c.RetryRPS == 0 {
+		c.RetryRPS = 10
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -160,6 +177,15 @@ func (c Config) Validate() error {
 		if d <= 0 {
 			bad("WEBHOOK_RETRY_SCHEDULE", "step %d is %s; every step must be positive", i+1, d)
 		}
+	}
+	if c.BreakerThreshold < 0 {
+		bad("WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", "must be 0 (off) or more, got %d", c.BreakerThreshold)
+	}
+	if c.BreakerReset < time.Millisecond {
+		bad("WEBHOOK_CIRCUIT_BREAKER_RESET_MS", "must be at least 1 ms, got %s", c.BreakerReset)
+	}
+	if c.RetryRPS < 1 {
+		bad("WEBHOOK_RETRY_RPS", "must be at least 1, got %d", c.RetryRPS)
 	}
 	if c.Retention < time.Minute {
 		bad("WEBHOOK_RETENTION", "must be at least 1m, got %s", c.Retention)

@@ -18,6 +18,9 @@ import (
 	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/stages/claim"
 	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/gate"
+	"github.com/fluxora/fluxhook/stages/gate/memstore"
+	"github.com/fluxora/fluxhook/stages/gate/redisstore"
 	"github.com/fluxora/fluxhook/stages/send"
 	"github.com/fluxora/fluxhook/stages/settle"
 	"github.com/fluxora/fluxhook/stages/sign"
@@ -49,6 +52,8 @@ type Dispatcher struct {
 
 	stats   Stats
 	metrics *metrics
+	// redis is the gate's Redis store when REDIS_URL is set, closed by Stop.
+	redis *redisstore.Store
 	// lastLoop is when the claiming loop last went round (Unix nanoseconds), for /livez.
 	lastLoop atomic.Int64
 	// draining is set as soon as Stop begins, for /readyz.
@@ -86,6 +91,12 @@ func New(cfg Config) (*Dispatcher, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	var store *redisstore.Store
+	if cfg.Gate == nil && cfg.RedisURL != "" {
+		if store, err = redisstore.Open(cfg.RedisURL, redisstore.Options{}); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		if sender != nil {
 			sender.Close()
@@ -101,6 +112,33 @@ func New(cfg Config) (*Dispatcher, error) {
 		stopped: make(chan struct{}),
 	}
 	d.metrics = newMetrics(d)
+	if d.cfg.Gate == nil {
+		var gs gate.Store = memstore.New(memstore.Options{})
+		if store != nil {
+			gs = store
+			d.redis = store
+		}
+		g, err := gate.NewBreakerGate(gs, gate.Params{
+			Threshold: cfg.BreakerThreshold,
+			Reset:     cfg.BreakerReset,
+			RetryRPS:  cfg.RetryRPS,
+			// The probe is held from the gate check through settle: the request timeout
+			// plus room to settle, so it cannot expire while its request is still running.
+			ProbeTimeout: cfg.Timeout + 5*time.Second,
+		}, gate.Hooks{
+			OnTransition: func(from, to string) { d.metrics.transitions.WithLabelValues(from, to).Inc() },
+			OnFailOpen:   d.metrics.failOpen.Inc,
+			Logger:       cfg.Logger,
+		})
+		if err != nil {
+			sender.Close()
+			if store != nil {
+				_ = store.Close()
+			}
+			return nil, err
+		}
+		d.cfg.Gate = g
+	}
 	return d, nil
 }
 
@@ -273,6 +311,9 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	cancel()
 	d.pool.Close()
 	d.sender.Close()
+	if d.redis != nil {
+		_ = d.redis.Close()
+	}
 	d.log.Info("dispatcher stopped", zap.String("instance_id", d.cfg.InstanceID))
 	return drainErr
 }
