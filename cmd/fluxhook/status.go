@@ -51,6 +51,9 @@ type statusReport struct {
 	DeadLettersNotReplayed int64                `json:"dead_letters_not_replayed"`
 	DeadLettersByReason    []deadLetterReason   `json:"dead_letters_by_reason"`
 	Dispatchers            []dispatcherInstance `json:"dispatchers"`
+	// Breakers lists endpoints whose circuit is not plainly closed (read from REDIS_URL).
+	Breakers     []breakerStatus `json:"breakers"`
+	BreakersNote string          `json:"breakers_note"`
 }
 
 type deadLetterReason struct {
@@ -73,6 +76,8 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("status", env, "fluxhook status [--json]")
 	dbURL := databaseURLFlag(fs, env)
 	asJSON := fs.Bool("json", false, "print one JSON object with stable snake_case fields")
+	redisURL := fs.String("redis-url", "", "Redis holding the shared breaker state (default $REDIS_URL)")
+	webhookURL := fs.String("webhook-url", "", "the configured consumer URL, to include its breaker (default $WEBHOOK_URL)")
 	if err := noArguments(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -90,6 +95,10 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	// in every query.
 	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		rep, err = readStatus(ctx, tx)
+		if err != nil {
+			return err
+		}
+		rep.Breakers, rep.BreakersNote, err = readBreakers(ctx, tx, orEnv(*redisURL, env, "REDIS_URL"), orEnv(*webhookURL, env, "WEBHOOK_URL"))
 		return err
 	})
 	if err != nil {
@@ -167,15 +176,26 @@ func printStatus(w io.Writer, rep statusReport) error {
 	}
 	fmt.Fprintln(w, "\ndispatchers:")
 	if len(rep.Dispatchers) == 0 {
-		_, err := fmt.Fprintln(w, "  none registered")
-		return err
+		fmt.Fprintln(w, "  none registered")
+	} else {
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  INSTANCE\tARMED\tSTARTED\tLAST SEEN")
+		for _, d := range rep.Dispatchers {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s ago\n", printable(d.InstanceID), yesNo(d.Armed), formatTime(d.StartedAt), formatSeconds(d.SeenAgeSeconds))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  INSTANCE\tARMED\tSTARTED\tLAST SEEN")
-	for _, d := range rep.Dispatchers {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s ago\n", printable(d.InstanceID), yesNo(d.Armed), formatTime(d.StartedAt), formatSeconds(d.SeenAgeSeconds))
+	return printBreakers(w, rep.Breakers, rep.BreakersNote)
+}
+
+// orEnv is a flag's value, or the environment variable's when the flag is unset.
+func orEnv(flagValue string, env *environment, name string) string {
+	if flagValue != "" {
+		return flagValue
 	}
-	return tw.Flush()
+	return env.getenv(name)
 }
 
 func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") }

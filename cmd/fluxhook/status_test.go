@@ -85,7 +85,7 @@ func TestStatusJSON(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	wantKeys := []string{"backlog", "database_time", "dead_letters", "dead_letters_by_reason", "dead_letters_not_replayed",
+	wantKeys := []string{"backlog", "breakers", "breakers_note", "database_time", "dead_letters", "dead_letters_by_reason", "dead_letters_not_replayed",
 		"dispatchers", "in_flight", "oldest_due_age_seconds", "processed_last_hour", "retries_pending", "scheduled", "schema_version"}
 	if !slices.Equal(keys, wantKeys) {
 		t.Errorf("JSON fields = %v\nwant          %v", keys, wantKeys)

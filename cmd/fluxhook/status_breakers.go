@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5"
+
+	fluxgate "github.com/fluxora/fluxhook/stages/gate"
+	"github.com/fluxora/fluxhook/stages/gate/redisstore"
+)
+
+//go:embed queries/status_endpoints.sql
+var statusEndpointsSQL string
+
+// breakerStatus is one endpoint's circuit as `status` shows it: by hash, never by URL.
+type breakerStatus struct {
+	Endpoint       string  `json:"endpoint"`
+	State          string  `json:"state"`
+	Failures       int     `json:"consecutive_failures"`
+	OpenForSeconds float64 `json:"open_for_seconds"`
+	ProbeHeld      bool    `json:"probe_held"`
+}
+
+// readBreakers reads the breaker state of the endpoints in use from the shared Redis store.
+// Without REDIS_URL the state lives inside each `serve` process and cannot be read from here;
+// the report says so rather than showing every circuit as closed.
+func readBreakers(ctx context.Context, tx pgx.Tx, redisURL, defaultURL string) ([]breakerStatus, string, error) {
+	if redisURL == "" {
+		return nil, "breaker state is in-process (no REDIS_URL): see each instance's fluxora_webhook_circuit_breaker_transitions_total", nil
+	}
+	rows, _ := tx.Query(ctx, statusEndpointsSQL)
+	urls, err := pgx.CollectRows(rows, pgx.RowTo[*string])
+	if err != nil {
+		return nil, "", fmt.Errorf("reading endpoints: %w", err)
+	}
+	seen := map[string]bool{}
+	var hashes []string
+	add := func(u string) {
+		if u == "" {
+			return
+		}
+		sum := sha256.Sum256([]byte(u))
+		h := hex.EncodeToString(sum[:])
+		if !seen[h] {
+			seen[h] = true
+			hashes = append(hashes, h)
+		}
+	}
+	add(defaultURL)
+	for _, u := range urls {
+		if u != nil {
+			add(*u)
+		}
+	}
+	store, err := redisstore.Open(redisURL, redisstore.Options{})
+	if err != nil {
+		return nil, "", err
+	}
+	defer store.Close()
+	snaps, err := store.Inspect(ctx, hashes)
+	if err != nil {
+		return nil, "", fmt.Errorf("reading breaker state from Redis: %w", err)
+	}
+	out := []breakerStatus{}
+	for _, s := range snaps {
+		if s.State == fluxgate.Closed && s.Failures == 0 {
+			continue // only endpoints with trouble
+		}
+		out = append(out, breakerStatus{Endpoint: s.Hash, State: string(s.State), Failures: s.Failures,
+			OpenForSeconds: s.OpenFor.Seconds(), ProbeHeld: s.ProbeHeld})
+	}
+	note := fmt.Sprintf("%d endpoints checked; closed circuits without failures are not listed", len(hashes))
+	return out, note, nil
+}
+
+func printBreakers(w io.Writer, breakers []breakerStatus, note string) error {
+	fmt.Fprintln(w, "\ncircuit breakers:")
+	if len(breakers) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  ENDPOINT (sha256)\tSTATE\tFAILURES\tOPEN FOR\tPROBE")
+		for _, b := range breakers {
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\n", b.Endpoint, b.State, b.Failures, formatSeconds(b.OpenForSeconds), yesNo(b.ProbeHeld))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintf(w, "  %s\n", note)
+	return err
+}
