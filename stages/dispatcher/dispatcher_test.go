@@ -458,3 +458,45 @@ func hang(a arrival, release <-chan struct{}) {
 	case <-a.Ctx.Done():
 	}
 }
+
+// TestHostileRowsAreDeadLetteredWithAReason inserts rows a producer could write with plain
+// SQL that can never be delivered: an empty event type and a payload over the size limit.
+// Each is dead-lettered with a reason naming the problem; the good row is delivered.
+func TestHostileRowsAreDeadLetteredWithAReason(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	cfg := b.config(c.URL())
+	cfg.MaxPayloadBytes = 1024
+	b.start(cfg)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload) VALUES
+		('', '{"x": 1}'),
+		('big', jsonb_build_object('pad', repeat('x', 2000))),
+		('fine', '{"ok": true}')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitSettled(10 * time.Second)
+	if got := c.arrivals(); len(got) != 1 || got[0].Event != "fine" {
+		t.Fatalf("consumer got %d requests; want only the valid row", len(got))
+	}
+	reasons := map[string]string{}
+	rows, err := b.pool.Query(ctx, `SELECT event_type, reason FROM webhook_dead_letter`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var e, r string
+		if err := rows.Scan(&e, &r); err != nil {
+			t.Fatal(err)
+		}
+		reasons[e] = r
+	}
+	if !strings.Contains(reasons[""], "event_type is empty") {
+		t.Errorf("empty event type: reason %q", reasons[""])
+	}
+	if !strings.Contains(reasons["big"], "WEBHOOK_MAX_PAYLOAD_BYTES") {
+		t.Errorf("oversize payload: reason %q", reasons["big"])
+	}
+}
