@@ -134,7 +134,12 @@ type serveProc struct {
 // at cleanup if it is still running, and its stderr is printed if the test failed.
 func startServe(t *testing.T, name string, env map[string]string) *serveProc {
 	t.Helper()
-	bin := fluxhookBinary(t)
+	return startServeBinary(t, fluxhookBinary(t), name, env)
+}
+
+// startServeBinary is startServe with another build of fluxhook (see fluxhookBinaryNoRace).
+func startServeBinary(t *testing.T, bin, name string, env map[string]string) *serveProc {
+	t.Helper()
 	p := &serveProc{t: t, name: name, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, "serve")
 	keys := make([]string, 0, len(env))
@@ -275,6 +280,8 @@ type hookRequest struct {
 	// Status is what the consumer answered; 0 when it gave up because the dispatcher
 	// cancelled the request (or died).
 	Status int
+	// At is when the request arrived (its headers and body read).
+	At time.Time
 }
 
 // hookConsumer is a webhook consumer on 127.0.0.1 that verifies every request's Fluxora
@@ -290,13 +297,18 @@ type hookConsumer struct {
 	mu       sync.Mutex
 	arrivals int
 	active   int
+	okCount  int
 	done     []*hookRequest
+	// activeByID counts the requests being answered per delivery id; overlaps lists the ids
+	// that had two requests in flight at once (a lease overrun or a double claim).
+	activeByID map[string]int
+	overlaps   []string
 }
 
 func newHookConsumer(t *testing.T, respond func(ctx context.Context, req *hookRequest) int) *hookConsumer {
 	t.Helper()
 	closing, closeAll := context.WithCancel(context.Background())
-	c := &hookConsumer{respond: respond, closing: closing}
+	c := &hookConsumer{respond: respond, closing: closing, activeByID: map[string]int{}}
 	if c.respond == nil {
 		c.respond = func(context.Context, *hookRequest) int { return http.StatusOK }
 	}
@@ -322,6 +334,7 @@ func (c *hookConsumer) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		Attempt:    r.Header.Get("x-fluxora-attempt"),
 		Body:       body,
 		VerifyErr:  sign.VerifyFluxora(r.Header, body, time.Now(), 0, []byte(serveSecret)),
+		At:         time.Now(),
 	}
 	if err != nil && req.VerifyErr == nil {
 		req.VerifyErr = fmt.Errorf("reading body: %w", err)
@@ -330,6 +343,10 @@ func (c *hookConsumer) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	c.arrivals++
 	req.N = c.arrivals
 	c.active++
+	c.activeByID[req.DeliveryID]++
+	if c.activeByID[req.DeliveryID] == 2 {
+		c.overlaps = append(c.overlaps, req.DeliveryID)
+	}
 	c.mu.Unlock()
 
 	status := http.StatusUnauthorized
@@ -344,6 +361,14 @@ func (c *hookConsumer) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// row, the test already sees the answer.
 	c.mu.Lock()
 	c.active--
+	if n := c.activeByID[req.DeliveryID] - 1; n > 0 {
+		c.activeByID[req.DeliveryID] = n
+	} else {
+		delete(c.activeByID, req.DeliveryID)
+	}
+	if status >= 200 && status <= 299 {
+		c.okCount++
+	}
 	c.done = append(c.done, req)
 	c.mu.Unlock()
 	if status != 0 {
@@ -356,12 +381,14 @@ func (c *hookConsumer) serveHTTP(w http.ResponseWriter, r *http.Request) {
 func (c *hookConsumer) counts() (arrived, active, ok int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, r := range c.done {
-		if r.Status >= 200 && r.Status <= 299 {
-			ok++
-		}
-	}
-	return c.arrivals, c.active, ok
+	return c.arrivals, c.active, c.okCount
+}
+
+// overlapping returns the delivery ids that had two requests in flight at once.
+func (c *hookConsumer) overlapping() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.overlaps...)
 }
 
 // requests returns the requests answered (or abandoned) so far.

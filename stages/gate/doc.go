@@ -71,6 +71,11 @@
 // Redis restarted without persistence: every circuit is closed and every window empty again;
 // scripts are reloaded automatically (NOSCRIPT → EVAL, once).
 //
+// Corrupt store state (a Redis key of the wrong type, a value or field no script wrote, a key
+// without its expiry) is never an error: it reads as no state (closed, no failures, no probe,
+// an empty window) and is deleted by the next decision or record on that endpoint, so the
+// breaker again opens after Threshold failures counted from there.
+//
 // In-process store: state is per process and lost on restart; with several instances, each
 // has its own breaker and limit (set REDIS_URL to share them).
 //

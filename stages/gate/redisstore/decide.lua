@@ -6,6 +6,9 @@
 --         absent = closed with no failures
 -- KEYS[2] half-open probe: the owner's token, expiring after the probe timeout
 -- KEYS[3] rate-limit window: sorted set of attempts scored by time (µs)
+-- A key holding something no script wrote is read as absent and deleted (see state.lua, which
+-- is prepended to this script); the window drops entries no script wrote (scored later than a
+-- window from now) and, when it is not a sorted set, is deleted and starts empty.
 -- ARGV[1] threshold (0 = no breaker)       ARGV[2] rate limit per window (0 = no limiter)
 -- ARGV[3] window (µs)                      ARGV[4] probe timeout (ms)
 -- ARGV[5] state TTL (ms)                   ARGV[6] longest wait behind a held probe (ms)
@@ -49,7 +52,13 @@ local function admit(i)
     return -1
   end
   if not pruned then
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', us(now - window))
+    if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[3], '-inf', us(now - window))) == 'table' then
+      redis.call('DEL', KEYS[3]) -- an error: not a sorted set, so no script wrote it
+    else
+      -- Entries are scored at the time they were admitted; one later than a window from now
+      -- (the future, +inf) would hold a place, and refuse retries, until that time.
+      redis.call('ZREMRANGEBYSCORE', KEYS[3], '(' .. us(now + window), '+inf')
+    end
     count = redis.call('ZCARD', KEYS[3])
     pruned = true
   end
@@ -97,11 +106,8 @@ end
 
 local state, open_until = 'closed', 0
 if threshold > 0 then
-  local h = redis.call('HMGET', KEYS[1], 'state', 'open_until')
-  if h[1] then
-    state = h[1]
-    open_until = tonumber(h[2]) or 0
-  end
+  local _
+  state, _, open_until = read_breaker(KEYS[1], true)
 end
 
 if state == 'open' and now < open_until then
@@ -110,7 +116,7 @@ if state == 'open' and now < open_until then
     out[#out + 1] = open_until - now
   end
 elseif state == 'open' or state == 'half_open' then
-  local held = redis.call('PTTL', KEYS[2]) -- ms; -2 = no probe in flight
+  local held = read_probe(KEYS[2], math.max(probe_ms, state_ttl_ms), true) -- ms; -2 = no probe in flight
   for i = 1, n do
     if held ~= -2 then
       local wait = held * 1000

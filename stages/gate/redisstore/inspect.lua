@@ -1,15 +1,17 @@
 -- inspect.lua: one endpoint's breaker state by Redis's clock, changing nothing.
--- KEYS[1] breaker state, KEYS[2] half-open probe.
+-- KEYS[1] breaker state, KEYS[2] half-open probe; ARGV[1] the longest a probe is held (ms).
 -- Returns {state, consecutive failures, µs left open, 1 when a probe is held}.
+-- A key holding something no script wrote reads as decide.lua reads it (state.lua, prepended
+-- to this script): absent. It is left as it is; the next decide or record deletes it.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local h = redis.call('HMGET', KEYS[1], 'state', 'failures', 'open_until')
-local state = h[1] or 'closed'
+local state, failures, open_until = read_breaker(KEYS[1], false)
 local open_for = 0
-if state == 'open' then
-  local u = tonumber(h[3]) or 0
-  if u > now then
-    open_for = u - now
-  end
+if state == 'open' and open_until > now then
+  open_for = open_until - now
 end
-return {state, tonumber(h[2]) or 0, open_for, redis.call('EXISTS', KEYS[2])}
+local held = 0
+if read_probe(KEYS[2], tonumber(ARGV[1]), false) ~= -2 then
+  held = 1
+end
+return {state, failures, open_for, held}

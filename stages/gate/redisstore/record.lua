@@ -2,6 +2,8 @@
 -- breaker, atomically and by Redis's own clock (semantics in stages/gate/doc.go).
 --
 -- KEYS[1] breaker state (see decide.lua)   KEYS[2] half-open probe owner
+-- A key holding something no script wrote is read as absent and deleted (see state.lua, which
+-- is prepended to this script).
 -- ARGV[1] threshold (> 0)   ARGV[2] reset (ms)   ARGV[3] state TTL (ms)
 -- ARGV[4] the results, one character per row: 's' success, 'f' retryable failure,
 --         'n' neutral (a permanent answer), 'r' not attempted
@@ -19,11 +21,16 @@ local reset = tonumber(ARGV[2]) * 1000
 local state_ttl_ms = tonumber(ARGV[3])
 local results = ARGV[4]
 
-local h = redis.call('HMGET', KEYS[1], 'state', 'failures', 'open_until')
-local state = h[1] or 'closed'
-local failures = tonumber(h[2]) or 0
-local open_until = tonumber(h[3]) or 0
-local probe = redis.call('GET', KEYS[2])
+local state, failures, open_until = read_breaker(KEYS[1], true)
+-- The probe's owner token, or false. Only its type is checked here: a string no decide.lua
+-- wrote matches no token, and decide.lua deletes it before it could hold back a probe.
+local probe = redis.pcall('GET', KEYS[2])
+if type(probe) ~= 'string' then
+  if probe then
+    redis.call('DEL', KEYS[2]) -- a key of another type
+  end
+  probe = false
+end
 local trans = {}
 local changed = false
 

@@ -17,6 +17,14 @@
 //	webhook_cb_probe:{<hash>}  the half-open probe's owner token; expires after the probe timeout
 //	webhook_rl:{<hash>}        rate-limit window (sorted set); expires a second after the window
 //
+// A key holding something no script wrote (a key of another type, a field the scripts never
+// write, a breaker or probe key without expiry, window entries scored in the future) never makes
+// a script fail: decide.lua and record.lua read it as absent (a closed circuit with no failures,
+// no probe in flight, an empty window) and delete it, so the endpoint behaves as a clean one
+// from that call on (the breaker opens after Threshold failures counted from there); Inspect
+// reads it the same way and leaves it. A probe key is a probe only while it expires within the
+// longer of the probe timeout and gate.StateTTL (Inspect: gate.StateTTL). See state.lua.
+//
 // The hash inside braces is a Redis Cluster hash tag: an endpoint's keys share a slot, so each
 // script runs on one node, and a pipeline spanning several endpoints is split per node by the
 // cluster client (one round trip per node, in parallel).
@@ -36,6 +44,8 @@ import (
 )
 
 var (
+	//go:embed state.lua
+	stateSrc string // how every script reads the breaker and probe keys; prepended to each
 	//go:embed decide.lua
 	decideSrc string
 	//go:embed record.lua
@@ -43,9 +53,9 @@ var (
 	//go:embed inspect.lua
 	inspectSrc string
 
-	decideScript  = redis.NewScript(decideSrc)
-	recordScript  = redis.NewScript(recordSrc)
-	inspectScript = redis.NewScript(inspectSrc)
+	decideScript  = redis.NewScript(stateSrc + decideSrc)
+	recordScript  = redis.NewScript(stateSrc + recordSrc)
+	inspectScript = redis.NewScript(stateSrc + inspectSrc)
 )
 
 // Options configures a Store.
@@ -229,7 +239,7 @@ func (s *Store) Record(ctx context.Context, p gate.Params, results []gate.Endpoi
 func (s *Store) Inspect(ctx context.Context, hashes []string) ([]gate.Snapshot, error) {
 	cmds, err := s.run(ctx, inspectScript, len(hashes), func(i int) ([]string, []any) {
 		cb, probe, _ := s.Keys(hashes[i])
-		return []string{cb, probe}, nil
+		return []string{cb, probe}, []any{ms(gate.StateTTL)}
 	})
 	if err != nil {
 		return nil, err

@@ -1,0 +1,300 @@
+package main
+
+// `fluxhook bench`: the end-to-end benchmark a user runs to see fluxhook's throughput, latency
+// and cost on their own machine, next to the performance budget in DESIGN.md.
+//
+// Everything runs side by side on one machine, each part in its own process: PostgreSQL (a
+// throwaway cluster, or a fresh database on the server in DATABASE_URL), the consumer (this
+// binary as `bench internal-consumer`: the verifying receiver, recording arrivals), the
+// dispatcher (this binary as `serve`, default configuration, restarted for every workload so
+// that its CPU and peak RSS belong to that workload alone), and the producer (this process).
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func init() {
+	commands["bench"] = command{
+		summary: "measure throughput, latency and cost against the performance budget (starts what it needs)",
+		run:     runBench,
+	}
+}
+
+// benchWorkloads are the workloads in the order they run.
+var benchWorkloads = []string{"drain", "idle", "steady", "producers", "backlog"}
+
+// benchOptions are the command line of `fluxhook bench`.
+type benchOptions struct {
+	workloads        []string
+	drainEvents      int
+	backlogEvents    int
+	backlogSlice     int
+	rate             int
+	duration         time.Duration
+	connections      int
+	idleEvents       int
+	idleInterval     time.Duration
+	producerConns    []int
+	producerDuration time.Duration
+	producerReps     int
+	payloadBytes     int
+	json             bool
+	statements       bool
+	quiet            bool
+	databaseURL      string
+	redisURL         string
+}
+
+func (o benchOptions) runs(w string) bool { return slices.Contains(o.workloads, w) }
+
+func parseBenchOptions(env *environment, args []string) (benchOptions, error) {
+	var o benchOptions
+	fs := newFlagSet("bench", env, "fluxhook bench [flags]")
+	dbURL := databaseURLFlag(fs, env)
+	workloads := fs.String("workload", "drain,idle,steady,producers",
+		"comma-separated workloads: "+strings.Join(benchWorkloads, ", ")+" (backlog is opt-in: 1M rows take minutes)")
+	fs.IntVar(&o.drainEvents, "drain-events", 20000, "drain: events prefilled before the dispatcher starts")
+	fs.IntVar(&o.backlogEvents, "backlog-events", 1000000, "backlog: events prefilled before the dispatcher starts")
+	fs.IntVar(&o.backlogSlice, "backlog-slice", 100000, "backlog: throughput is reported per slice of this many events")
+	fs.IntVar(&o.rate, "rate", 1000, "steady: events per second")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "steady: how long to produce")
+	fs.IntVar(&o.connections, "connections", 8, "steady: producer connections")
+	fs.IntVar(&o.idleEvents, "idle-events", 200, "idle: events, one at a time")
+	fs.DurationVar(&o.idleInterval, "idle-interval", 20*time.Millisecond, "idle: time between events")
+	producerConns := fs.String("producer-connections", "8,32", "producers: comma-separated numbers of concurrent producers")
+	fs.DurationVar(&o.producerDuration, "producer-duration", 3*time.Second, "producers: length of each measured run")
+	fs.IntVar(&o.producerReps, "producer-reps", 3, "producers: runs with and without the trigger (alternated; the median counts) per connection count")
+	fs.IntVar(&o.payloadBytes, "payload-bytes", 200, "padding in each event's payload")
+	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
+	fs.BoolVar(&o.statements, "statements", false, "also list the dispatcher's statements per workload (needs pg_stat_statements)")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
+	redisURL := &databaseURLValue{url: env.getenv("REDIS_URL")} // printed with its password redacted
+	fs.Var(redisURL, "redis-url", "Redis for the dispatcher, whose commands are counted (env REDIS_URL; empty: none)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `usage: fluxhook bench [flags]
+
+Runs PostgreSQL (a throwaway cluster unless DATABASE_URL is set, in which case a fresh
+database fluxhook_bench_<random> is created on that server and dropped afterwards), a
+verifying consumer, the dispatcher (`+"`fluxhook serve`"+`, default configuration; WEBHOOK_* variables
+in the environment are passed on) and a producer, and prints the results next to the
+performance budget.
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := noArguments(fs, args); err != nil {
+		return o, err
+	}
+	o.databaseURL, o.redisURL = *dbURL, redisURL.url
+	for _, w := range strings.Split(*workloads, ",") {
+		w = strings.TrimSpace(w)
+		if w == "" {
+			continue
+		}
+		if !slices.Contains(benchWorkloads, w) {
+			return o, usageError("--workload: unknown workload %q (choose from %s)", w, strings.Join(benchWorkloads, ", "))
+		}
+		if !slices.Contains(o.workloads, w) {
+			o.workloads = append(o.workloads, w)
+		}
+	}
+	if len(o.workloads) == 0 {
+		return o, usageError("--workload: name at least one workload")
+	}
+	for _, c := range strings.Split(*producerConns, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 || n > 150 {
+			return o, usageError("--producer-connections: %q is not a number of connections between 1 and 150", c)
+		}
+		o.producerConns = append(o.producerConns, n)
+	}
+	switch {
+	case o.drainEvents < 1, o.backlogEvents < 1, o.idleEvents < 1, o.rate < 1, o.connections < 1:
+		return o, usageError("event counts, --rate and --connections must be positive")
+	case o.connections > 150:
+		return o, usageError("--connections must be at most 150")
+	case o.backlogSlice < 1:
+		return o, usageError("--backlog-slice must be positive")
+	case o.duration <= 0, o.producerDuration <= 0, o.idleInterval <= 0:
+		return o, usageError("durations must be positive")
+	case o.producerReps < 1:
+		return o, usageError("--producer-reps must be at least 1")
+	case o.payloadBytes < 0 || o.payloadBytes > 1<<20:
+		return o, usageError("--payload-bytes must be between 0 and 1048576")
+	}
+	return o, nil
+}
+
+// bench is one run of `fluxhook bench`.
+type bench struct {
+	opts     benchOptions
+	exe      string
+	progress io.Writer
+	db       *benchDB
+	redis    *redisCounter
+	consumer *consumerProc
+	secret   string
+	// dispatcherEnv is the configuration every dispatcher child gets (before overrides).
+	dispatcherEnv map[string]string
+	// passedOn lists the WEBHOOK_* settings taken from the environment, for the report.
+	passedOn []string
+}
+
+func runBench(ctx context.Context, env *environment, args []string) error {
+	if len(args) > 0 && args[0] == benchConsumerMode {
+		return runBenchConsumer(ctx, env, args[1:])
+	}
+	opts, err := parseBenchOptions(env, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding this program to run the consumer and the dispatcher: %w", err)
+	}
+	b := &bench{opts: opts, exe: exe, progress: env.stderr}
+	if opts.quiet {
+		b.progress = io.Discard
+	}
+	// A second Ctrl-C while cleaning up must not leave children behind: the children are in
+	// their own process groups and die with us (Pdeathsig), so exiting at once is safe.
+	if env.signals != nil {
+		go func() {
+			if _, ok := <-env.signals; ok {
+				fmt.Fprintln(env.stderr, "bench: second signal: exiting now (children are killed with this process)")
+				os.Exit(130)
+			}
+		}()
+	}
+	rep, err := b.run(ctx, env)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted; everything the bench started was stopped and removed")
+		}
+		return err
+	}
+	if opts.json {
+		return writeJSON(env.stdout, rep)
+	}
+	rep.writeTable(env.stdout, opts.statements)
+	return nil
+}
+
+// run starts what the workloads need, runs them, and removes everything it started.
+func (b *bench) run(ctx context.Context, env *environment) (_ *benchReport, err error) {
+	b.secret = "bench-" + randomHexString(16)
+	b.dispatcherEnv = map[string]string{}
+	for _, s := range settings {
+		if !strings.HasPrefix(s.env, "WEBHOOK_") || s.env == "WEBHOOK_URL" || s.secret {
+			continue
+		}
+		if v := env.getenv(s.env); v != "" {
+			b.dispatcherEnv[s.env] = v
+			b.passedOn = append(b.passedOn, s.env+"="+v)
+		}
+	}
+	if b.redis, err = newRedisCounter(ctx, b.opts.redisURL); err != nil {
+		return nil, err
+	}
+	defer b.redis.close()
+	if b.opts.redisURL != "" {
+		b.dispatcherEnv["REDIS_URL"] = b.opts.redisURL
+	}
+
+	if b.db, err = openBenchDB(ctx, b.opts.databaseURL, b.progress); err != nil {
+		return nil, err
+	}
+	defer b.db.close(b.progress)
+	b.logf("bench database %s ready (%s; %s)", b.db.name, b.db.info.Version, b.db.info.StatementStats)
+	b.dispatcherEnv["DATABASE_URL"] = b.db.url
+	b.dispatcherEnv["WEBHOOK_SECRET"] = b.secret
+
+	if b.consumer, err = startConsumer(ctx, b.exe, b.secret); err != nil {
+		return nil, err
+	}
+	defer b.consumer.close()
+	b.dispatcherEnv["WEBHOOK_URL"] = b.consumer.hookURL()
+
+	rep := newBenchReport(b)
+	for _, w := range benchWorkloads {
+		if !b.opts.runs(w) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		b.logf("%s: starting", w)
+		var err error
+		switch w {
+		case "drain":
+			rep.Drain, err = b.drain(ctx)
+		case "idle":
+			rep.Idle, err = b.idle(ctx)
+		case "steady":
+			rep.Steady, err = b.steady(ctx)
+		case "producers":
+			rep.Producers, err = b.producers(ctx)
+		case "backlog":
+			rep.Backlog, err = b.backlog(ctx)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", w, err)
+		}
+	}
+	rep.check()
+	return rep, nil
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.progress, "bench: "+format+"\n", args...)
+}
+
+func randomHexString(n int) string {
+	buf := make([]byte, n)
+	_, _ = rand.Read(buf)
+	return hex.EncodeToString(buf)
+}
+
+// machineInfo describes where the bench ran.
+type machineInfo struct {
+	CPUs    int    `json:"cpus"`
+	OS      string `json:"os"`
+	Go      string `json:"go"`
+	Load    string `json:"load_average"`
+	CPUName string `json:"cpu,omitempty"`
+}
+
+func currentMachine() machineInfo {
+	m := machineInfo{CPUs: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version()}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		f := strings.Fields(string(b))
+		if len(f) >= 3 {
+			m.Load = strings.Join(f[:3], " ")
+		}
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				m.CPUName = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	return m
+}

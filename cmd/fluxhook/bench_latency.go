@@ -1,0 +1,261 @@
+package main
+
+// The idle and steady workloads: producer inserts on a schedule, latency to the consumer.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// sentEvent is one producer insert.
+type sentEvent struct {
+	id                       [16]byte
+	scheduled, start, commit int64 // Unix ns
+	ok                       bool
+}
+
+// producerConns opens n producer connections as an application would have them: pgx's
+// defaults (prepared statements), the insert prepared up front so that the first event does
+// not pay for it.
+func (b *bench) producerConns(ctx context.Context, n int) ([]*pgx.Conn, func(), error) {
+	var conns []*pgx.Conn
+	closeAll := func() {
+		for _, c := range conns {
+			_ = c.Close(context.Background())
+		}
+	}
+	cfg, err := pgx.ParseConfig(b.db.url)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.RuntimeParams["application_name"] = "fluxhook-bench-producer"
+	for range n {
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("connecting a producer: %w", err)
+		}
+		b.db.conns.Add(1)
+		conns = append(conns, c)
+		b.db.stmts.Add(1) // preparing runs in a transaction of its own
+		if _, err := c.Prepare(ctx, benchInsert, benchInsert); err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("preparing the producer's insert: %w", err)
+		}
+	}
+	return conns, closeAll, nil
+}
+
+// produceAtRate inserts total events, one per period from a common schedule, from all conns:
+// whichever connection is free takes the next slot, and sleeps until its scheduled time.
+// Latency is later measured from that scheduled time, so a stalled insert delays the events
+// behind it in the measurement too (no coordinated omission).
+func (b *bench) produceAtRate(ctx context.Context, conns []*pgx.Conn, period time.Duration, total int, eventType string) ([]sentEvent, int, error) {
+	sent := make([]sentEvent, total)
+	var next atomic.Int64
+	var failures atomic.Int64
+	var firstErr error
+	var errOnce sync.Once
+	t0 := time.Now().Add(10 * time.Millisecond)
+	var wg sync.WaitGroup
+	for _, conn := range conns {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= total {
+					return
+				}
+				sched := t0.Add(time.Duration(i) * period)
+				if d := time.Until(sched); d > 0 {
+					if sleepCtx(ctx, d) != nil {
+						return
+					}
+				}
+				ev := &sent[i]
+				ev.scheduled = sched.UnixNano()
+				ev.start = time.Now().UnixNano()
+				var id pgtype.UUID
+				err := conn.QueryRow(ctx, benchInsert, eventType, b.payload(i)).Scan(&id)
+				ev.commit = time.Now().UnixNano()
+				if err != nil {
+					failures.Add(1)
+					errOnce.Do(func() { firstErr = err })
+					continue
+				}
+				ev.id, ev.ok = id.Bytes, true
+			}
+		})
+	}
+	wg.Wait()
+	b.db.stmts.Add(int64(min(int(next.Load()), total)))
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	if f := failures.Load(); f > 0 {
+		return sent, int(f), fmt.Errorf("%d producer inserts failed, the first with: %w", f, firstErr)
+	}
+	return sent, 0, nil
+}
+
+// latencies measures each sent event against its first arrival.
+func latencies(sent []sentEvent, arr []arrivalRecord) (fromScheduled, fromStart, fromCommit []time.Duration, lost, dups int) {
+	first, _ := firstArrivals(arr)
+	mine := make(map[[16]byte]struct{}, len(sent))
+	for _, ev := range sent {
+		if !ev.ok {
+			continue
+		}
+		mine[ev.id] = struct{}{}
+		at, ok := first[ev.id]
+		if !ok {
+			lost++
+			continue
+		}
+		fromScheduled = append(fromScheduled, time.Duration(at-ev.scheduled))
+		fromStart = append(fromStart, time.Duration(at-ev.start))
+		fromCommit = append(fromCommit, time.Duration(at-ev.commit))
+	}
+	seen := map[[16]byte]int{}
+	for _, a := range arr {
+		if _, ok := mine[a.id]; ok {
+			seen[a.id]++
+		}
+	}
+	for _, n := range seen {
+		dups += n - 1
+	}
+	return fromScheduled, fromStart, fromCommit, lost, dups
+}
+
+// waitArmed waits until the dispatcher has gone idle and armed itself for a NOTIFY.
+func (b *bench) waitArmed(ctx context.Context) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := b.db.queryInt64(ctx, `SELECT count(*) FROM webhook_dispatcher WHERE armed`)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the dispatcher did not arm itself within 10 s")
+		}
+		if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// idle: single events well apart, the dispatcher idle and armed between them.
+func (b *bench) idle(ctx context.Context) (*latencyResult, error) {
+	return b.latencyRun(ctx, "idle", b.opts.idleEvents, b.opts.idleInterval, 1)
+}
+
+// steady: a fixed rate from several connections for a while.
+func (b *bench) steady(ctx context.Context) (*latencyResult, error) {
+	total := int(float64(b.opts.rate) * b.opts.duration.Seconds())
+	period := time.Duration(float64(time.Second) / float64(b.opts.rate))
+	return b.latencyRun(ctx, "steady", max(total, 1), period, b.opts.connections)
+}
+
+func (b *bench) latencyRun(ctx context.Context, name string, total int, period time.Duration, nconns int) (*latencyResult, error) {
+	if err := b.resetTables(ctx); err != nil {
+		return nil, err
+	}
+	s, err := b.startSession(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer s.stop()
+	if err := b.waitArmed(ctx); err != nil {
+		return nil, err
+	}
+	conns, closeConns, err := b.producerConns(ctx, nconns)
+	if err != nil {
+		return nil, err
+	}
+	defer closeConns()
+	s.startClock()
+	started := time.Now()
+	sent, _, err := b.produceAtRate(ctx, conns, period, total, "bench."+name)
+	if err != nil {
+		return nil, err
+	}
+	produced := time.Now()
+	closeConns()
+	arr, st, err := b.collect(ctx, total, 30*time.Second, s.disp, s)
+	if err != nil {
+		return nil, err
+	}
+	r := &latencyResult{
+		Events: total, Connections: nconns, Rejected: st.Rejected,
+		RatePerSecond: float64(time.Second) / float64(period),
+		Seconds:       produced.Sub(started).Seconds(),
+	}
+	fromSched, fromStart, fromCommit, lost, dups := latencies(sent, arr)
+	r.Lost, r.Duplicates = lost, dups
+	r.FromScheduled = summarize(fromSched)
+	r.FromStart = summarize(fromStart)
+	r.FromCommit = summarize(fromCommit)
+	var insert, late []time.Duration
+	for _, ev := range sent {
+		if ev.ok {
+			insert = append(insert, time.Duration(ev.commit-ev.start))
+			late = append(late, time.Duration(max(ev.start-ev.scheduled, 0)))
+		}
+	}
+	r.Insert, r.Lateness = summarize(insert), summarize(late)
+	r.BacklogAtEnd, r.BacklogMax = backlogOverTime(sent, arr)
+	if r.Cost, err = s.cost(ctx, total-lost); err != nil {
+		return nil, err
+	}
+	b.logf("  p50 %.2f ms, p99 %.2f ms from the scheduled insert start (%.2f, %.2f from the actual start); lost %d",
+		r.FromScheduled.P50, r.FromScheduled.P99, r.FromStart.P50, r.FromStart.P99, lost)
+	return r, nil
+}
+
+// backlogOverTime counts committed-but-not-yet-arrived events when production ended, and the
+// most at any commit or arrival during the run.
+func backlogOverTime(sent []sentEvent, arr []arrivalRecord) (atEnd, maxSeen int) {
+	first, _ := firstArrivals(arr)
+	type edge struct {
+		t     int64
+		delta int
+	}
+	var edges []edge
+	var endOfProduction int64
+	for _, ev := range sent {
+		if !ev.ok {
+			continue
+		}
+		endOfProduction = max(endOfProduction, ev.commit)
+		edges = append(edges, edge{ev.commit, +1})
+		if at, ok := first[ev.id]; ok {
+			edges = append(edges, edge{max(at, ev.commit), -1})
+		}
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if a.t != b.t {
+			return int(a.t - b.t)
+		}
+		return a.delta - b.delta // arrivals first at the same instant
+	})
+	n := 0
+	for _, e := range edges {
+		n += e.delta
+		maxSeen = max(maxSeen, n)
+		if e.t <= endOfProduction {
+			atEnd = n
+		}
+	}
+	return atEnd, maxSeen
+}

@@ -1,0 +1,478 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// benchReport is everything `fluxhook bench` measured; --json prints it as is.
+type benchReport struct {
+	Machine     machineInfo      `json:"machine"`
+	Postgres    pgServerInfo     `json:"postgres"`
+	Redis       string           `json:"redis"`
+	Dispatcher  string           `json:"dispatcher"`
+	Config      []string         `json:"config_from_environment,omitempty"`
+	Started     time.Time        `json:"started"`
+	Workloads   []string         `json:"workloads"`
+	Drain       *drainResult     `json:"drain,omitempty"`
+	Idle        *latencyResult   `json:"idle,omitempty"`
+	Steady      *latencyResult   `json:"steady,omitempty"`
+	Producers   *producersResult `json:"producers,omitempty"`
+	Backlog     *backlogResult   `json:"backlog,omitempty"`
+	Budget      []budgetCheck    `json:"budget"`
+	BudgetMet   bool             `json:"budget_met"`
+	idleSpacing time.Duration
+}
+
+// costReport is what a workload cost the dispatcher and the services, per delivered event.
+type costReport struct {
+	Events            int     `json:"events"`
+	CPUMicrosPerEvent float64 `json:"dispatcher_cpu_us_per_event"`
+	// PostgresCPUMicrosPerEvent is the throwaway cluster's CPU per event (null on a server
+	// of DATABASE_URL, whose processes are not ours to count).
+	PostgresCPUMicrosPerEvent *float64 `json:"postgres_cpu_us_per_event"`
+	// ConsumerCPUMicrosPerEvent is the consumer's (the sink's) CPU per event: the budget
+	// counts it, since it shares the machine.
+	ConsumerCPUMicrosPerEvent float64 `json:"consumer_cpu_us_per_event"`
+	// CPU is how busy the machine and each participant were during the measured part.
+	CPU                   cpuShares `json:"cpu"`
+	PGStatementsPerEvent  *float64  `json:"pg_statements_per_event"` // null without pg_stat_statements
+	PGCommitsPerEvent     float64   `json:"pg_commits_per_event"`
+	RedisCommandsPerEvent float64   `json:"redis_commands_per_event"` // 0 without REDIS_URL
+	RedisServer           bool      `json:"redis_counted"`
+	PeakRSSMB             float64   `json:"dispatcher_peak_rss_mb"`
+	// From the dispatcher's /metrics: claim statements (empty ones included), claims that
+	// returned rows (batches), settle statements.
+	Claims                float64  `json:"claims"`
+	ClaimedBatches        float64  `json:"claimed_batches"`
+	Settles               float64  `json:"settles"`
+	RowsPerBatch          float64  `json:"rows_per_batch"`
+	RowsPerSettle         float64  `json:"rows_per_settle"`
+	ClaimsPerBatch        float64  `json:"claim_statements_per_batch"`
+	SettlesPerBatch       float64  `json:"settle_transactions_per_batch"`
+	StatementsPerBatch    *float64 `json:"pg_statements_per_batch"`
+	RedisCommandsPerBatch float64  `json:"redis_commands_per_batch"`
+	// Released counts claimed rows handed back without an attempt (their endpoint had no free
+	// slot), to be claimed again later: claim and settle work that delivers nothing.
+	Released      float64            `json:"released"`
+	Wakeups       map[string]float64 `json:"wakeups,omitempty"`
+	TopStatements []pgStatement      `json:"statements,omitempty"`
+}
+
+type drainResult struct {
+	Events                int         `json:"events"`
+	Received              int         `json:"received"`
+	Lost                  int         `json:"lost"`
+	Duplicates            int         `json:"duplicates"`
+	Rejected              int         `json:"rejected"`
+	Seconds               float64     `json:"seconds"`
+	EventsPerSecond       float64     `json:"events_per_sec"`
+	StartupMS             float64     `json:"startup_ms"`
+	SteadyEventsPerSecond float64     `json:"events_per_sec_after_first"`
+	Cost                  *costReport `json:"cost"`
+}
+
+type backlogSlice struct {
+	From            int     `json:"from"`
+	To              int     `json:"to"`
+	EventsPerSecond float64 `json:"events_per_sec"`
+	Claims          int64   `json:"claims,omitempty"`
+	ClaimMeanMS     float64 `json:"claim_mean_ms,omitempty"`
+}
+
+type backlogResult struct {
+	Events          int            `json:"events"`
+	Received        int            `json:"received"`
+	Lost            int            `json:"lost"`
+	Duplicates      int            `json:"duplicates"`
+	Rejected        int            `json:"rejected"`
+	Seconds         float64        `json:"seconds"`
+	EventsPerSecond float64        `json:"events_per_sec"`
+	Slices          []backlogSlice `json:"slices"`
+	Cost            *costReport    `json:"cost"`
+}
+
+// percentiles are latencies in milliseconds.
+type percentiles struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50_ms"`
+	P90 float64 `json:"p90_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
+}
+
+type latencyResult struct {
+	Events        int     `json:"events"`
+	Connections   int     `json:"connections"`
+	RatePerSecond float64 `json:"rate_per_sec"`
+	Seconds       float64 `json:"seconds"`
+	// FromScheduled is from each insert's scheduled start to its arrival at the consumer (a
+	// slow insert delays the ones behind it, and that counts: steady's budget is on this);
+	// FromStart from the insert's actual start (idle's budget: events are single and apart);
+	// FromCommit from the insert's commit (as the producer saw it) to the arrival.
+	FromScheduled percentiles `json:"latency_from_scheduled_start"`
+	FromStart     percentiles `json:"latency_from_insert_start"`
+	FromCommit    percentiles `json:"latency_from_commit"`
+	// Insert is the producer's own round trip, start to commit; Lateness how far behind its
+	// schedule each insert started (the producer's, not the dispatcher's, delay).
+	Insert     percentiles `json:"insert"`
+	Lateness   percentiles `json:"start_lateness"`
+	Lost       int         `json:"lost"`
+	Duplicates int         `json:"duplicates"`
+	Rejected   int         `json:"rejected"`
+	// BacklogAtEnd is how many committed events had not arrived when production ended;
+	// BacklogMax the most at any moment.
+	BacklogAtEnd int         `json:"backlog_at_end"`
+	BacklogMax   int         `json:"backlog_max"`
+	Cost         *costReport `json:"cost"`
+}
+
+type producerRun struct {
+	Connections      int     `json:"connections"`
+	Trigger          bool    `json:"trigger"`
+	Commits          int64   `json:"commits"`
+	CommitsPerSecond float64 `json:"commits_per_sec"`
+	Delivered        int     `json:"dispatcher_delivered"`
+	BusyThroughout   bool    `json:"dispatcher_busy_throughout"`
+	// NotifyWakeups and EmptyClaims show whether the "busy" dispatcher armed itself anyway
+	// (each empty claim arms it, and then every producer statement sends a NOTIFY).
+	NotifyWakeups float64 `json:"dispatcher_notify_wakeups"`
+	EmptyClaims   float64 `json:"dispatcher_empty_claims"`
+	Released      float64 `json:"dispatcher_released"`
+}
+
+type producerComparison struct {
+	Connections    int     `json:"connections"`
+	WithTrigger    float64 `json:"with_trigger_commits_per_sec"`
+	WithoutTrigger float64 `json:"without_trigger_commits_per_sec"`
+	CostPercent    float64 `json:"cost_percent"`
+	// The slowest and fastest run on each side.
+	WithRange    [2]float64 `json:"with_trigger_range"`
+	WithoutRange [2]float64 `json:"without_trigger_range"`
+}
+
+type producersResult struct {
+	DurationSeconds float64              `json:"duration_sec"`
+	Comparisons     []producerComparison `json:"comparisons"`
+	Runs            []producerRun        `json:"runs"`
+}
+
+// budgetCheck is one line of DESIGN.md's performance budget against what was measured.
+type budgetCheck struct {
+	Workload string  `json:"workload"`
+	What     string  `json:"what"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	Budget   string  `json:"budget"`
+	OK       bool    `json:"ok"`
+}
+
+func newBenchReport(b *bench) *benchReport {
+	r := &benchReport{
+		Machine:     currentMachine(),
+		Postgres:    b.db.info,
+		Redis:       "none (no REDIS_URL: the dispatcher gates in-process; 0 commands)",
+		Dispatcher:  "fluxhook serve, default configuration",
+		Config:      b.passedOn,
+		Started:     time.Now().UTC().Truncate(time.Second),
+		Workloads:   b.opts.workloads,
+		idleSpacing: b.opts.idleInterval,
+	}
+	if b.opts.redisURL != "" {
+		r.Redis = redactURL(b.opts.redisURL) + " (commands counted server-wide)"
+	}
+	if len(b.passedOn) > 0 {
+		r.Dispatcher = "fluxhook serve, default configuration except " + strings.Join(b.passedOn, " ")
+	}
+	return r
+}
+
+// check compares the results with the budget (DESIGN.md, "Performance budget"; issue 4).
+func (r *benchReport) check() {
+	add := func(workload, what string, value float64, unit, budget string, ok bool) {
+		r.Budget = append(r.Budget, budgetCheck{workload, what, value, unit, budget, ok})
+	}
+	perBatch := func(workload string, c *costReport) {
+		if c == nil || c.ClaimedBatches == 0 {
+			return
+		}
+		add(workload, "claim statements per claimed batch", c.ClaimsPerBatch, "", "1", c.ClaimsPerBatch <= 1.05)
+		add(workload, "settle transactions per claimed batch", c.SettlesPerBatch, "", "1", c.SettlesPerBatch <= 1.05)
+		if c.RedisServer {
+			add(workload, "Redis commands per claimed batch", c.RedisCommandsPerBatch, "", "≤ 1", c.RedisCommandsPerBatch <= 1.05)
+		}
+	}
+	if d := r.Drain; d != nil {
+		add("drain", fmt.Sprintf("%d-event backlog drained", d.Events), d.EventsPerSecond, "events/s", "≥ 10,000", d.EventsPerSecond >= 10000)
+		add("drain", "lost", float64(d.Lost), "", "0", d.Lost == 0 && d.Rejected == 0)
+		perBatch("drain", d.Cost)
+	}
+	if i := r.Idle; i != nil {
+		add("idle", "insert start → arrival p50", i.FromStart.P50, "ms", "≤ 2", i.FromStart.P50 <= 2)
+		add("idle", "insert start → arrival p99", i.FromStart.P99, "ms", "≤ 5", i.FromStart.P99 <= 5)
+		add("idle", "lost", float64(i.Lost), "", "0", i.Lost == 0 && i.Rejected == 0)
+	}
+	if s := r.Steady; s != nil {
+		add("steady", fmt.Sprintf("%.0f/s, scheduled start → arrival p99", s.RatePerSecond), s.FromScheduled.P99, "ms", "≤ 10", s.FromScheduled.P99 <= 10)
+		limit := max(1, int(s.RatePerSecond/50)) // 20 ms of production
+		add("steady", "backlog when production ended", float64(s.BacklogAtEnd), "events", fmt.Sprintf("≤ %d (no growth)", limit), s.BacklogAtEnd <= limit)
+		add("steady", "lost", float64(s.Lost), "", "0", s.Lost == 0 && s.Rejected == 0)
+		perBatch("steady", s.Cost)
+	}
+	if p := r.Producers; p != nil {
+		for _, c := range p.Comparisons {
+			add("producers", fmt.Sprintf("trigger's cost to %d producers", c.Connections), c.CostPercent, "%", "≤ 10", c.CostPercent <= 10)
+		}
+	}
+	if b := r.Backlog; b != nil {
+		add("backlog", fmt.Sprintf("%d-event backlog drained", b.Events), b.EventsPerSecond, "events/s", "≥ 10,000", b.EventsPerSecond >= 10000)
+		if b.Cost != nil {
+			add("backlog", "dispatcher peak RSS", b.Cost.PeakRSSMB, "MB", "≤ 100", b.Cost.PeakRSSMB <= 100)
+		}
+		if lo, hi, ok := sliceSpread(b.Slices); ok {
+			add("backlog", "slowest slice / fastest slice", lo/hi, "", "≥ 0.8 (flat)", lo/hi >= 0.8)
+		}
+		add("backlog", "lost", float64(b.Lost), "", "0", b.Lost == 0 && b.Rejected == 0)
+		perBatch("backlog", b.Cost)
+	}
+	r.BudgetMet = true
+	for _, c := range r.Budget {
+		r.BudgetMet = r.BudgetMet && c.OK
+	}
+}
+
+func sliceSpread(s []backlogSlice) (lo, hi float64, ok bool) {
+	if len(s) < 2 {
+		return 0, 0, false
+	}
+	lo, hi = math.Inf(1), 0
+	for _, sl := range s {
+		lo, hi = min(lo, sl.EventsPerSecond), max(hi, sl.EventsPerSecond)
+	}
+	return lo, hi, hi > 0
+}
+
+func mark(ok bool) string {
+	if ok {
+		return "✓"
+	}
+	return "✗"
+}
+
+// num formats a number with thousands separators and the given decimals.
+func num(v float64, decimals int) string {
+	s := fmt.Sprintf("%.*f", decimals, math.Abs(v))
+	intPart, frac, _ := strings.Cut(s, ".")
+	var b strings.Builder
+	if v < 0 && s != strings.Repeat("0", len(s)) {
+		b.WriteByte('-')
+	}
+	for i, c := range intPart {
+		if i > 0 && (len(intPart)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if frac != "" {
+		b.WriteByte('.')
+		b.WriteString(frac)
+	}
+	return b.String()
+}
+
+func ms(v float64) string {
+	switch {
+	case v >= 100:
+		return num(v, 0)
+	case v >= 10:
+		return num(v, 1)
+	default:
+		return num(v, 2)
+	}
+}
+
+// writeTable prints the report for people: the setup, results against the budget, the cost
+// per event, and the budget verdict.
+func (r *benchReport) writeTable(w io.Writer, statements bool) {
+	fmt.Fprintf(w, "fluxhook bench  %s  %d CPUs (%s), %s, %s, load average %s\n", r.Started.Format(time.RFC3339),
+		r.Machine.CPUs, r.Machine.CPUName, r.Machine.OS, r.Machine.Go, r.Machine.Load)
+	where := "server from DATABASE_URL (fresh database, dropped after)"
+	if r.Postgres.Throwaway {
+		where = "throwaway cluster"
+	}
+	fmt.Fprintf(w, "PostgreSQL %s, %s: fsync=%s synchronous_commit=%s shared_buffers=%s; statements: %s\n",
+		r.Postgres.Version, where, r.Postgres.Fsync, r.Postgres.SynchronousCommit, r.Postgres.SharedBuffers, r.Postgres.StatementStats)
+	fmt.Fprintf(w, "Redis: %s\ndispatcher: %s; consumer: verifying receiver in its own process\n\n", r.Redis, r.Dispatcher)
+
+	budget := map[string]budgetCheck{}
+	for _, c := range r.Budget {
+		budget[c.Workload+"|"+c.What] = c
+	}
+	verdict := func(workload, what string) string {
+		c, ok := budget[workload+"|"+what]
+		if !ok {
+			return ""
+		}
+		unit := c.Unit
+		if unit == "events/s" || unit == "events" {
+			unit = ""
+		}
+		return strings.TrimSpace(c.Budget+" "+unit) + "  " + mark(c.OK)
+	}
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKLOAD\tMEASURE\tRESULT\tBUDGET")
+	if d := r.Drain; d != nil {
+		fmt.Fprintf(tw, "drain\t%s events prefilled with COPY, then the dispatcher started\t%s events/s (%.2f s)\t%s\n",
+			num(float64(d.Events), 0), num(d.EventsPerSecond, 0), d.Seconds, verdict("drain", fmt.Sprintf("%d-event backlog drained", d.Events)))
+		fmt.Fprintf(tw, "\t  start → first arrival; rate after it\t%.0f ms; %s events/s\t\n", d.StartupMS, num(d.SteadyEventsPerSecond, 0))
+		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", d.Lost, d.Duplicates, d.Rejected, verdict("drain", "lost"))
+	}
+	if i := r.Idle; i != nil {
+		fmt.Fprintf(tw, "idle\t%d events %s apart, insert start → arrival p50\t%s ms\t%s\n", i.Events, r.idleSpacing, ms(i.FromStart.P50), verdict("idle", "insert start → arrival p50"))
+		fmt.Fprintf(tw, "\t  p90, p99, max\t%s, %s, %s ms\t%s\n", ms(i.FromStart.P90), ms(i.FromStart.P99), ms(i.FromStart.Max), verdict("idle", "insert start → arrival p99"))
+		fmt.Fprintf(tw, "\t  commit → arrival p50, p99; insert start → commit p50, p99\t%s, %s; %s, %s ms\t\n", ms(i.FromCommit.P50), ms(i.FromCommit.P99), ms(i.Insert.P50), ms(i.Insert.P99))
+		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", i.Lost, i.Duplicates, i.Rejected, verdict("idle", "lost"))
+	}
+	if s := r.Steady; s != nil {
+		fmt.Fprintf(tw, "steady\t%s/s for %.0f s from %d connections, scheduled start → arrival p50, p90\t%s, %s ms\t\n",
+			num(s.RatePerSecond, 0), s.Seconds, s.Connections, ms(s.FromScheduled.P50), ms(s.FromScheduled.P90))
+		fmt.Fprintf(tw, "\t  p99, max\t%s, %s ms\t%s\n", ms(s.FromScheduled.P99), ms(s.FromScheduled.Max),
+			verdict("steady", fmt.Sprintf("%.0f/s, scheduled start → arrival p99", s.RatePerSecond)))
+		fmt.Fprintf(tw, "\t  commit → arrival p50, p90, p99, max\t%s, %s, %s, %s ms\t\n", ms(s.FromCommit.P50), ms(s.FromCommit.P90), ms(s.FromCommit.P99), ms(s.FromCommit.Max))
+		fmt.Fprintf(tw, "\t  insert start → commit p50, p99; start behind schedule p99\t%s, %s; %s ms\t\n", ms(s.Insert.P50), ms(s.Insert.P99), ms(s.Lateness.P99))
+		fmt.Fprintf(tw, "\t  backlog when production ended (most during the run)\t%d (%d)\t%s\n", s.BacklogAtEnd, s.BacklogMax, verdict("steady", "backlog when production ended"))
+		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", s.Lost, s.Duplicates, s.Rejected, verdict("steady", "lost"))
+	}
+	if p := r.Producers; p != nil {
+		for k, c := range p.Comparisons {
+			name := ""
+			if k == 0 {
+				name = "producers"
+			}
+			fmt.Fprintf(tw, "%s\t%d producers, commits/s with the trigger vs without (dispatcher busy; median of %d)\t%s vs %s: %s%%\t%s\n", name, c.Connections, len(p.Runs)/len(p.Comparisons)/2,
+				num(c.WithTrigger, 0), num(c.WithoutTrigger, 0), num(c.CostPercent, 1), verdict("producers", fmt.Sprintf("trigger's cost to %d producers", c.Connections)))
+			fmt.Fprintf(tw, "\t  range with, without\t%s–%s, %s–%s\t\n", num(c.WithRange[0], 0), num(c.WithRange[1], 0), num(c.WithoutRange[0], 0), num(c.WithoutRange[1], 0))
+		}
+		busy, notifies := true, 0.0
+		for _, run := range p.Runs {
+			busy = busy && run.BusyThroughout
+			if run.Trigger {
+				notifies += run.NotifyWakeups
+			}
+		}
+		if !busy {
+			fmt.Fprintf(tw, "\t  (the dispatcher ran out of backlog in some runs: they compare less than the busy case)\t\t\n")
+		}
+		fmt.Fprintf(tw, "\t  NOTIFYs the busy dispatcher received in the runs with the trigger\t%s\t\n", num(notifies, 0))
+	}
+	if b := r.Backlog; b != nil {
+		fmt.Fprintf(tw, "backlog\t%s events prefilled with COPY, then the dispatcher started\t%s events/s (%.1f s)\t%s\n",
+			num(float64(b.Events), 0), num(b.EventsPerSecond, 0), b.Seconds, verdict("backlog", fmt.Sprintf("%d-event backlog drained", b.Events)))
+		for _, sl := range b.Slices {
+			claim := ""
+			if sl.Claims > 0 {
+				claim = fmt.Sprintf(", claim %.2f ms", sl.ClaimMeanMS)
+			}
+			fmt.Fprintf(tw, "\t  events %s–%s\t%s events/s%s\t\n", num(float64(sl.From), 0), num(float64(sl.To), 0), num(sl.EventsPerSecond, 0), claim)
+		}
+		if lo, hi, ok := sliceSpread(b.Slices); ok {
+			fmt.Fprintf(tw, "\t  slowest slice / fastest\t%.2f\t%s\n", lo/hi, verdict("backlog", "slowest slice / fastest slice"))
+		}
+		if b.Cost != nil {
+			fmt.Fprintf(tw, "\t  dispatcher peak RSS\t%.0f MB\t%s\n", b.Cost.PeakRSSMB, verdict("backlog", "dispatcher peak RSS"))
+		}
+		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", b.Lost, b.Duplicates, b.Rejected, verdict("backlog", "lost"))
+	}
+	tw.Flush()
+
+	type costRow struct {
+		name string
+		c    *costReport
+	}
+	var rows []costRow
+	if r.Drain != nil {
+		rows = append(rows, costRow{"drain", r.Drain.Cost})
+	}
+	if r.Idle != nil {
+		rows = append(rows, costRow{"idle", r.Idle.Cost})
+	}
+	if r.Steady != nil {
+		rows = append(rows, costRow{"steady", r.Steady.Cost})
+	}
+	if r.Backlog != nil {
+		rows = append(rows, costRow{"backlog", r.Backlog.Cost})
+	}
+	if len(rows) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "COST\tdispatcher\tPostgreSQL\tconsumer\tPG stmts\tPG commits\tRedis cmds\tdispatcher\trows per\tclaims per\tsettles per\treleased\tother\t")
+		fmt.Fprintln(tw, "\tCPU µs/event\tCPU µs/event\tCPU µs/event\t/event\t/event\t/event\tpeak RSS MB\tbatch\tbatch (1)\tbatch (1)\t/event\tload CPUs\t")
+		for _, row := range rows {
+			c := row.c
+			if c == nil {
+				continue
+			}
+			stmts, pgCPU := "n/a", "n/a"
+			if c.PGStatementsPerEvent != nil {
+				stmts = fmt.Sprintf("%.3f", *c.PGStatementsPerEvent)
+			}
+			if c.PostgresCPUMicrosPerEvent != nil {
+				pgCPU = fmt.Sprintf("%.1f", *c.PostgresCPUMicrosPerEvent)
+			}
+			fmt.Fprintf(tw, "%s\t%.1f\t%s\t%.1f\t%s\t%.3f\t%.3f\t%.0f\t%.1f\t%.2f %s\t%.2f %s\t%.2f\t%.2f\t\n", row.name,
+				c.CPUMicrosPerEvent, pgCPU, c.ConsumerCPUMicrosPerEvent, stmts, c.PGCommitsPerEvent, c.RedisCommandsPerEvent, c.PeakRSSMB,
+				c.RowsPerBatch, c.ClaimsPerBatch, mark(c.ClaimsPerBatch <= 1.05), c.SettlesPerBatch, mark(c.SettlesPerBatch <= 1.05),
+				c.Released/float64(max(c.Events, 1)), c.CPU.Other)
+		}
+		tw.Flush()
+		fmt.Fprintln(w, "CPU from /proc in 10 ms ticks over the measured part; PostgreSQL counts over the dispatcher's life (start and stop included);")
+		fmt.Fprintln(w, "commits include the listener's one transaction per NOTIFY it receives; a batch is a claim that returned rows; other load is")
+		fmt.Fprintln(w, "CPU used meanwhile by programs that are not part of the bench (the budget assumes a quiet machine).")
+	}
+	if statements {
+		for _, row := range rows {
+			if row.c == nil || len(row.c.TopStatements) == 0 {
+				continue
+			}
+			fmt.Fprintf(w, "\n%s: the dispatcher's statements (calls per event, mean ms)\n", row.name)
+			for k, s := range row.c.TopStatements {
+				if k == 12 {
+					break
+				}
+				fmt.Fprintf(w, "  %8.3f  %7.3f  %s\n", float64(s.Calls)/float64(max(row.c.Events, 1)), s.TimeMS/float64(max(s.Calls, 1)), shortQuery(s.Query, 110))
+			}
+		}
+	}
+	failed := 0
+	for _, c := range r.Budget {
+		if !c.OK {
+			failed++
+		}
+	}
+	fmt.Fprintln(w)
+	if failed == 0 {
+		fmt.Fprintf(w, "budget: all %d checks met ✓\n", len(r.Budget))
+		return
+	}
+	fmt.Fprintf(w, "budget: %d of %d checks missed ✗\n", failed, len(r.Budget))
+	for _, c := range r.Budget {
+		if !c.OK {
+			fmt.Fprintf(w, "  ✗ %s: %s = %s (budget %s)\n", c.Workload, c.What, strings.TrimSpace(trimFloat(c.Value)+" "+c.Unit), c.Budget)
+		}
+	}
+}
+
+func trimFloat(v float64) string {
+	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
+		return num(v, 0)
+	}
+	if math.Abs(v) >= 100 {
+		return num(v, 0)
+	}
+	return num(v, 2)
+}

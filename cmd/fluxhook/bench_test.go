@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fluxora/fluxhook/sql/sqltest"
+)
+
+// TestBenchSmoke runs a tiny `fluxhook bench` against the test server, as a user would run it,
+// and checks the shape of its JSON and that nothing was lost or left behind. It never looks
+// at the times: those are the benchmark's business, not a test's.
+func TestBenchSmoke(t *testing.T) {
+	t.Parallel()
+	bin := fluxhookBinary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "drain,idle",
+		"--drain-events", "200", "--idle-events", "10", "--idle-interval", "10ms", "--json", "--quiet")
+	cmd.Env = []string{"DATABASE_URL=" + sqltest.ServerURL(), "GORACE=atexit_sleep_ms=0"}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("fluxhook bench: %v\nstderr:\n%s", err, stderr.String())
+	}
+
+	var rep map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("bench --json printed something that is not JSON: %v\n%s", err, stdout.String())
+	}
+	field := func(path string) any {
+		t.Helper()
+		var v any = rep
+		for _, k := range strings.Split(path, ".") {
+			m, ok := v.(map[string]any)
+			if !ok {
+				t.Fatalf("%s: %q is not an object in the JSON", path, k)
+			}
+			if v, ok = m[k]; !ok {
+				t.Fatalf("the JSON has no %s\n%s", path, stdout.String())
+			}
+		}
+		return v
+	}
+	number := func(path string) float64 {
+		t.Helper()
+		n, ok := field(path).(float64)
+		if !ok {
+			t.Fatalf("%s is %v, not a number", path, field(path))
+		}
+		return n
+	}
+	for _, path := range []string{
+		"drain.events_per_sec", "drain.seconds", "drain.startup_ms",
+		"drain.cost.dispatcher_cpu_us_per_event", "drain.cost.pg_commits_per_event",
+		"drain.cost.redis_commands_per_event", "drain.cost.dispatcher_peak_rss_mb",
+		"drain.cost.claim_statements_per_batch", "drain.cost.settle_transactions_per_batch",
+		"idle.latency_from_insert_start.p50_ms", "idle.latency_from_insert_start.p99_ms",
+		"idle.latency_from_scheduled_start.p99_ms",
+		"idle.latency_from_commit.p50_ms", "idle.cost.dispatcher_cpu_us_per_event",
+	} {
+		number(path)
+	}
+	field("drain.cost.pg_statements_per_event") // null when the server lacks pg_stat_statements
+	for _, path := range []string{"drain.events", "drain.received"} {
+		if n := number(path); n != 200 {
+			t.Errorf("%s = %v, want 200", path, n)
+		}
+	}
+	for _, path := range []string{"drain.lost", "drain.rejected", "idle.lost", "idle.rejected"} {
+		if n := number(path); n != 0 {
+			t.Errorf("%s = %v, want 0", path, n)
+		}
+	}
+	if n := number("idle.latency_from_insert_start.n"); n != 10 {
+		t.Errorf("idle latencies measured for %v events, want 10", n)
+	}
+	if budget, ok := field("budget").([]any); !ok || len(budget) == 0 {
+		t.Errorf("budget = %v, want the budget checks", field("budget"))
+	}
+	if _, ok := rep["steady"]; ok {
+		t.Errorf("steady ran although only drain and idle were asked for")
+	}
+
+	// The bench database was created for the run and must be gone.
+	name, _ := field("postgres.database").(string)
+	if !strings.HasPrefix(name, "fluxhook_bench_") {
+		t.Fatalf("postgres.database = %q, want fluxhook_bench_…", name)
+	}
+	conn, err := pgx.Connect(ctx, sqltest.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var left int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, name).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("the bench database %s was not dropped", name)
+	}
+}
+
+func TestBenchSummarize(t *testing.T) {
+	t.Parallel()
+	var d []time.Duration
+	for i := 1; i <= 100; i++ {
+		d = append(d, time.Duration(i)*time.Millisecond)
+	}
+	p := summarize(d)
+	if p.N != 100 || p.P50 != 50 || p.P90 != 90 || p.P99 != 99 || p.Max != 100 {
+		t.Errorf("summarize(1..100 ms) = %+v, want p50 50, p90 90, p99 99, max 100", p)
+	}
+	if p := summarize(nil); p.N != 0 {
+		t.Errorf("summarize(nil) = %+v", p)
+	}
+}
+
+func TestBenchBacklogOverTime(t *testing.T) {
+	t.Parallel()
+	id := func(b byte) [16]byte { return [16]byte{b} }
+	sent := []sentEvent{
+		{id: id(1), commit: 10, ok: true},
+		{id: id(2), commit: 20, ok: true},
+		{id: id(3), commit: 30, ok: true}, // production ends here
+	}
+	arr := []arrivalRecord{{id: id(1), ns: 25}, {id: id(2), ns: 40}, {id: id(3), ns: 35}, {id: id(1), ns: 50}}
+	atEnd, most := backlogOverTime(sent, arr)
+	if atEnd != 2 || most != 2 {
+		t.Errorf("backlogOverTime = %d at the end, %d at most; want 2 and 2", atEnd, most)
+	}
+	_, _, _, lost, dups := latencies(sent, arr)
+	if lost != 0 || dups != 1 {
+		t.Errorf("latencies: lost %d, duplicates %d; want 0 and 1", lost, dups)
+	}
+}
+
+func TestBenchUUIDRoundTrip(t *testing.T) {
+	t.Parallel()
+	const s = "0190a6c2-7b1e-7d3a-9f00-1234567890ab"
+	id, ok := parseUUID(s)
+	if !ok || formatUUID(id) != s {
+		t.Errorf("parseUUID/formatUUID(%q) = %q, %v", s, formatUUID(id), ok)
+	}
+	if _, ok := parseUUID("not-a-uuid"); ok {
+		t.Error("parseUUID accepted not-a-uuid")
+	}
+}
+
+func TestBenchNum(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		v    float64
+		d    int
+		want string
+	}{{1234567, 0, "1,234,567"}, {999, 0, "999"}, {1000.5, 1, "1,000.5"}, {-12345, 0, "-12,345"}, {0, 2, "0.00"}} {
+		if got := num(c.v, c.d); got != c.want {
+			t.Errorf("num(%v, %d) = %q, want %q", c.v, c.d, got, c.want)
+		}
+	}
+}
+
+func TestBenchOptions(t *testing.T) {
+	t.Parallel()
+	env := &environment{stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}, getenv: func(string) string { return "" }}
+	o, err := parseBenchOptions(env, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(o.workloads, ",") != "drain,idle,steady,producers" {
+		t.Errorf("default workloads = %v", o.workloads)
+	}
+	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--producer-connections", "8,x"}, {"extra"}} {
+		if _, err := parseBenchOptions(env, args); err == nil {
+			t.Errorf("parseBenchOptions(%q) accepted it", args)
+		}
+	}
+}
