@@ -184,6 +184,25 @@ func isStatementError(err error) bool {
 	return errors.As(err, &pgErr)
 }
 
+// isRowError reports whether err is about the data of the row itself: a data exception
+// (class 22), an integrity constraint (23) or an error raised by a PL/pgSQL trigger the
+// operator added (P0). Only such errors justify dead-lettering a row in the fallback. Every
+// other error (permissions, serialization failures, a server shutting down) is transient or
+// about the whole database: the row must come back through its lease, not be dead-lettered,
+// or an event that a permission glitch hit between two statements would be lost to the
+// dead-letter table.
+func isRowError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "23", "P0":
+		return true
+	}
+	return false
+}
+
 func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, batchErr error) (Result, error) {
 	var total Result
 	for _, d := range batch {
@@ -193,7 +212,9 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 			[]string{o.Error}, []int32{int32(o.Duration.Milliseconds())}, []int64{o.Delay.Milliseconds()},
 			[]string{o.Reason}, s.instance).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Released)
 		if err != nil {
-			if !isStatementError(err) {
+			// A delivered row is never dead-lettered: the consumer has it. Leaving it leased
+			// means at worst one duplicate delivery after the lease.
+			if !isRowError(err) || o.Kind == delivery.Delivered {
 				return total, fmt.Errorf("settle: %w (after the batch failed: %v)", err, batchErr)
 			}
 			reason := "settle failed: " + err.Error()

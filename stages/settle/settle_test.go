@@ -154,3 +154,42 @@ func TestBackoff(t *testing.T) {
 		t.Fatalf("±20%% jitter of 1m spread over [%s, %s]", lo, hi)
 	}
 }
+
+// TestTransientErrorsNeverDeadLetter makes the batch and the first per-row attempt fail with
+// a serialization failure (transient, not about the row): nothing may be dead-lettered,
+// neither the delivered row nor the retry; Settle reports an error and the rows stay leased
+// for redelivery.
+func TestTransientErrorsNeverDeadLetter(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `
+		CREATE TABLE flaky (n int);
+		INSERT INTO flaky VALUES (0);
+		CREATE FUNCTION flaky_update() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			UPDATE flaky SET n = n + 1;
+			IF (SELECT n FROM flaky) <= 3 THEN
+				RAISE EXCEPTION 'transient' USING ERRCODE = '40001';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER flaky BEFORE UPDATE ON webhook_outbox FOR EACH ROW EXECUTE FUNCTION flaky_update();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	rows := leased(t, db, "e", 2)
+	rows[0].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+	rows[1].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503}
+	// The retry first: before the fix it was dead-lettered after one attempt.
+	if _, err := s.Settle(ctx, []*delivery.Delivery{rows[1], rows[0]}); err == nil {
+		t.Fatal("Settle reported success although every statement failed")
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Fatalf("%d rows dead-lettered for a transient error", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed AND lease_until > now()`); n != 2 {
+		t.Fatalf("%d rows still leased, want 2 (redelivered after the lease)", n)
+	}
+}
