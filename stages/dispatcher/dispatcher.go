@@ -318,6 +318,9 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	return drainErr
 }
 
+// idleFollowUp is how long after going idle the claiming loop looks once more (see claimLoop).
+const idleFollowUp = 100 * time.Millisecond
+
 // claimLoop owns claiming: it claims while there is capacity and work, arms itself when a
 // claim comes back short, claims once more to close the race with a concurrent insert, and
 // then sleeps until a wake-up (NOTIFY, due timer, poll) or freed capacity.
@@ -325,6 +328,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	defer close(d.claimDone)
 	defer close(d.claimed)
 	armed := false
+	followedUp := false
 	var skip []string
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
@@ -356,6 +360,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		d.stats.Claims.Add(1)
 		d.metrics.claimRows.Observe(float64(len(rows)))
 		if len(rows) > 0 {
+			followedUp = false
 			// A full batch disarmed us; a short one armed us (the backlog was drained as of
 			// its snapshot). Either way claim again: after a full batch more may be waiting,
 			// after a short one the next claim is the "once more after arming" below.
@@ -373,6 +378,15 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		}
 		if wait, ok, err := d.claimer.NextDue(ctx); err == nil && ok {
 			d.waker.DueIn(wait)
+		}
+		if !followedUp {
+			// The confirming claim cannot see a producer transaction that read the flag
+			// before we armed and commits only after this claim's snapshot (its insert sent
+			// no NOTIFY). One more look shortly after going idle catches such transactions
+			// when they are short, as they nearly always are; longer ones are left to the
+			// backstop poll.
+			followedUp = true
+			d.waker.DueIn(idleFollowUp)
 		}
 		select {
 		case <-d.waker.C():
