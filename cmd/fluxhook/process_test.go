@@ -246,7 +246,7 @@ func serveEnv(databaseURL, hookURL string) map[string]string {
 		"DATABASE_URL":           databaseURL,
 		"WEBHOOK_URL":            hookURL,
 		"WEBHOOK_SECRET":         serveSecret,
-		"WEBHOOK_TIMEOUT_MS":     "5000",
+		"WEBHOOK_TIMEOUT_MS":     "15000", // generous: CI machines are loaded
 		"WEBHOOK_RETRY_SCHEDULE": "200ms,200ms",
 		"LOG_LEVEL":              "debug",
 	}
