@@ -40,6 +40,16 @@ func TestTriggerNotifiesOnlyWhileArmed(t *testing.T) {
 	exec(`INSERT INTO webhook_dispatcher (instance_id, armed) VALUES ('idle', true)`)
 	exec(insert)     // armed: one NOTIFY
 	exec(insertMany) // statement-level: one NOTIFY for five rows
+	// A dispatcher's own inserts (retries, deferrals) notify no one.
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL fluxhook.dispatcher = 'on'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, insert)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 	exec(`UPDATE webhook_dispatcher SET armed = false`)
 	exec(insert) // disarmed again: none
 	// A sentinel of our own marks the end: notifications arrive in commit order, so every

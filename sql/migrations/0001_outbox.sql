@@ -94,8 +94,11 @@ CREATE OR REPLACE FUNCTION webhook_outbox_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     -- Statement-level and a constant payload: one cheap NOTIFY per producer statement at most,
-    -- and none at all while every dispatcher is busy claiming full batches.
-    IF EXISTS (SELECT 1 FROM webhook_dispatcher WHERE armed) THEN
+    -- and none at all while every dispatcher is busy claiming full batches. Rows a dispatcher
+    -- inserts itself (retries, deferrals: never due at once; it sets its own timer for them)
+    -- notify no one: its sessions set fluxhook.dispatcher = on.
+    IF current_setting('fluxhook.dispatcher', true) IS DISTINCT FROM 'on'
+       AND EXISTS (SELECT 1 FROM webhook_dispatcher WHERE armed) THEN
         PERFORM pg_notify('webhook_outbox', '');
     END IF;
     RETURN NULL;

@@ -173,6 +173,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if params["application_name"] == "" {
 		params["application_name"] = "fluxhook"
 	}
+	// Marks our sessions for the insert trigger: retry and deferral rows we insert need no
+	// NOTIFY (they are not due yet, and settle sets our own timer for them).
+	params["fluxhook.dispatcher"] = "on"
 	if !d.cfg.DurableCommit {
 		params["synchronous_commit"] = "off"
 	}
