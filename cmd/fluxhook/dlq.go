@@ -346,20 +346,9 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	var ids []int64
-	switch {
-	case *all && len(positional) > 0:
-		return usageError("give dead-letter ids or --all-matching, not both")
-	case *all && filter.empty():
-		return usageError("--all-matching needs at least one of --event-type, --reason-contains or --since; replaying every dead letter at once is never what was meant")
-	case !*all && !filter.empty():
-		return usageError("--event-type, --reason-contains and --since select rows only with --all-matching")
-	case !*all && len(positional) == 0:
-		return usageError("dlq replay needs dead-letter ids, or --all-matching with a filter")
-	case !*all:
-		if ids, err = parseIDs(positional); err != nil {
-			return err
-		}
+	ids, err := selection("replay", positional, *all, filter)
+	if err != nil {
+		return err
 	}
 
 	pool, err := connectCurrent(ctx, *dbURL)
@@ -485,4 +474,30 @@ func shorten(s string, n int) string {
 	}
 	r := []rune(s)
 	return string(r[:n-1]) + "…"
+}
+
+// selection checks how a bulk command (replay, purge) was told which dead letters to touch:
+// ids, or --all-matching with at least one filter, never neither and never both. It returns
+// the ids (nil with --all-matching).
+func selection(verb string, positional []string, all bool, filter *dlqFilter) ([]int64, error) {
+	switch {
+	case all && len(positional) > 0:
+		return nil, usageError("give dead-letter ids or --all-matching, not both")
+	case all && filter.empty():
+		return nil, usageError("--all-matching needs at least one of --event-type, --reason-contains or --since; %s every dead letter at once is never what was meant", gerund(verb))
+	case !all && !filter.empty():
+		return nil, usageError("--event-type, --reason-contains and --since select rows only with --all-matching")
+	case !all && len(positional) == 0:
+		return nil, usageError("dlq %s needs dead-letter ids, or --all-matching with a filter", verb)
+	case !all:
+		return parseIDs(positional)
+	}
+	return nil, nil
+}
+
+func gerund(verb string) string {
+	if verb == "purge" {
+		return "purging"
+	}
+	return verb + "ing"
 }

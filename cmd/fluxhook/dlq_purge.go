@@ -25,20 +25,9 @@ func runDLQPurge(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	var ids []int64
-	switch {
-	case *all && len(positional) > 0:
-		return usageError("give dead-letter ids or --all-matching, not both")
-	case *all && filter.empty():
-		return usageError("--all-matching needs at least one of --event-type, --reason-contains or --since; purging every dead letter at once is never what was meant")
-	case !*all && !filter.empty():
-		return usageError("--event-type, --reason-contains and --since select rows only with --all-matching")
-	case !*all && len(positional) == 0:
-		return usageError("dlq purge needs dead-letter ids, or --all-matching with a filter")
-	case !*all:
-		if ids, err = parseIDs(positional); err != nil {
-			return err
-		}
+	ids, err := selection("purge", positional, *all, filter)
+	if err != nil {
+		return err
 	}
 	pool, err := connectCurrent(ctx, *dbURL)
 	if err != nil {
