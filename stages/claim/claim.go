@@ -70,14 +70,14 @@ func (c *Claimer) Heartbeat(ctx context.Context, stale time.Duration) error {
 	return nil
 }
 
-// Claim leases up to limit due rows whose endpoint key is not in skip. A result short of limit
-// (empty included) also arms this dispatcher: from then on producers' inserts NOTIFY, until a
-// claim comes back full.
-func (c *Claimer) Claim(ctx context.Context, limit int, skip []string) ([]*delivery.Delivery, error) {
+// Claim leases up to limit due rows whose endpoint key is not in skip. When it finds rows it
+// disarms this dispatcher; when it finds none and arm is set it arms it: from then on
+// producers' inserts NOTIFY, until a claim finds work.
+func (c *Claimer) Claim(ctx context.Context, limit int, skip []string, arm bool) ([]*delivery.Delivery, error) {
 	if skip == nil {
 		skip = []string{}
 	}
-	rows, err := c.pool.Query(ctx, claimSQL, limit, c.lease.Milliseconds(), skip, c.instance)
+	rows, err := c.pool.Query(ctx, claimSQL, limit, c.lease.Milliseconds(), skip, c.instance, arm)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}

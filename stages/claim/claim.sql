@@ -1,8 +1,9 @@
 -- Lease up to $1 due rows in claim order, skipping rows another dispatcher holds, and record
--- in the same statement whether this dispatcher is now armed for a NOTIFY (the claim came back
--- short) or busy (a full batch).
+-- in the same statement whether this dispatcher is now armed for a NOTIFY (an empty claim in
+-- arming mode) or not.
 --   $1 limit, $2 lease in milliseconds, $3 endpoint keys to skip (saturated endpoints; '' is
---   the configured default), $4 this dispatcher's instance id.
+--   the configured default), $4 this dispatcher's instance id, $5 whether an empty result
+--   arms this dispatcher.
 -- The lease commits with the statement: no transaction stays open across HTTP.
 WITH due AS MATERIALIZED (
     SELECT id
@@ -23,13 +24,14 @@ WITH due AS MATERIALIZED (
     RETURNING o.id, o.delivery_id::text, coalesce(o.stream_id, ''), o.event_type, o.payload::text,
               o.attempt, o.enqueued_at, o.created_at, coalesce(o.endpoint_url, '')
 ), arm AS (
-    -- Armed when the claim came back short of its limit: the backlog is drained as of this
-    -- snapshot, so the next insert should NOTIFY. Disarmed by a full batch: more work is
-    -- waiting and the dispatcher will claim again without being told. Written only when the
-    -- flag changes, so a busy dispatcher does not touch this row.
+    -- Armed only by an empty claim made in arming mode ($5): the dispatcher claims without
+    -- arming for a moment after finding work, so that under steady traffic producers are not
+    -- made to NOTIFY on every commit; any claim that finds work disarms (more may follow and
+    -- the dispatcher will look again without being told). Written only when the flag changes,
+    -- so a busy dispatcher does not touch this row.
     UPDATE webhook_dispatcher
-    SET armed = ((SELECT count(*) FROM claimed) < $1), seen_at = now()
+    SET armed = (NOT EXISTS (SELECT 1 FROM claimed) AND $5::boolean), seen_at = now()
     WHERE instance_id = $4
-      AND armed <> ((SELECT count(*) FROM claimed) < $1)
+      AND armed <> (NOT EXISTS (SELECT 1 FROM claimed) AND $5::boolean)
 )
 SELECT * FROM claimed ORDER BY created_at, id

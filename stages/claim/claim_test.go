@@ -35,7 +35,7 @@ func TestClaimLeasesArmsAndSkips(t *testing.T) {
 	}
 
 	// An empty claim arms; claiming work disarms.
-	if rows, err := a.Claim(ctx, 10, nil); err != nil || len(rows) != 0 {
+	if rows, err := a.Claim(ctx, 10, nil, true); err != nil || len(rows) != 0 {
 		t.Fatalf("empty claim = %d rows, %v", len(rows), err)
 	}
 	if !armed("a") {
@@ -45,27 +45,32 @@ func TestClaimLeasesArmsAndSkips(t *testing.T) {
 		('e', '{"a": 1}', NULL), ('e', '{}', 'https://slow.example/x'), ('e', '{}', NULL)`)
 	exec(`INSERT INTO webhook_outbox (event_type, payload, created_at) VALUES ('future', '{}', now() + interval '1 hour')`)
 
-	// A full batch disarms (more may be waiting); saturated endpoints are claimed around.
-	rows, err := a.Claim(ctx, 1, []string{"https://slow.example/x"})
+	// A claim that finds work disarms; saturated endpoints are claimed around.
+	rows, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 1 || rows[0].EndpointURL != "" || string(rows[0].Payload) != `{"a":1}` || rows[0].Attempt != 1 {
+	if len(rows) != 2 || rows[0].EndpointURL != "" || string(rows[0].Payload) != `{"a":1}` || rows[0].Attempt != 1 {
 		t.Fatalf("claimed %+v", rows)
 	}
 	if armed("a") {
-		t.Fatal("a full batch did not disarm")
+		t.Fatal("a claim that found work did not disarm")
 	}
-	// A short batch arms: the backlog is drained as of its snapshot.
-	more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"})
-	if err != nil || len(more) != 1 || more[0].EndpointURL != "" {
-		t.Fatalf("second claim: %d rows, %v", len(more), err)
+	// An empty claim arms only in arming mode.
+	if more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, false); err != nil || len(more) != 0 {
+		t.Fatalf("empty claim: %d rows, %v", len(more), err)
+	}
+	if armed("a") {
+		t.Fatal("an empty claim outside arming mode armed the dispatcher")
+	}
+	if more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, true); err != nil || len(more) != 0 {
+		t.Fatalf("empty claim: %d rows, %v", len(more), err)
 	}
 	if !armed("a") {
-		t.Fatal("a short batch did not arm")
+		t.Fatal("an empty claim in arming mode did not arm")
 	}
 	// Leased rows are not claimed again; the slow endpoint's row is now claimable by b.
-	rows, err = b.Claim(ctx, 10, nil)
+	rows, err = b.Claim(ctx, 10, nil, true)
 	if err != nil || len(rows) != 1 || rows[0].EndpointURL != "https://slow.example/x" {
 		t.Fatalf("b claimed %d rows (%v); want only the slow endpoint's row", len(rows), err)
 	}
@@ -75,7 +80,7 @@ func TestClaimLeasesArmsAndSkips(t *testing.T) {
 		t.Fatalf("NextDue = %s, %v, %v; want b's lease expiry within 300ms", wait, ok, err)
 	}
 	time.Sleep(wait + 20*time.Millisecond) // the lease is the thing under test: wait it out
-	rows, err = a.Claim(ctx, 10, nil)
+	rows, err = a.Claim(ctx, 10, nil, true)
 	if err != nil || len(rows) != 1 || rows[0].EndpointURL != "https://slow.example/x" {
 		t.Fatalf("after b's lease expired a claimed %d rows (%v); want b's row", len(rows), err)
 	}

@@ -331,6 +331,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	defer close(d.claimDone)
 	defer close(d.claimed)
 	armed := false
+	arming := true // an empty claim may arm us (at start we may be idle already)
 	followedUp := false
 	var skip []string
 	backoff := time.Duration(0)
@@ -346,14 +347,14 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		}
 		limit := min(free, d.cfg.BatchSize)
 		skip = d.sender.Saturated(skip[:0])
-		rows, err := d.claimer.Claim(ctx, limit, skip)
+		rows, err := d.claimer.Claim(ctx, limit, skip, arming)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			d.stats.ClaimErrors.Add(1)
 			d.metrics.claimErrors.Inc()
-			armed = false // unknown after a failure: re-arm through the next empty claim
+			armed, arming = false, false // unknown after a failure: re-arm from scratch
 			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
 			d.log.Warn("claim failed", zap.Error(err), zap.Duration("retry_in", backoff))
 			d.sleep(ctx, backoff)
@@ -363,14 +364,20 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		d.stats.Claims.Add(1)
 		d.metrics.claimRows.Observe(float64(len(rows)))
 		if len(rows) > 0 {
-			followedUp = false
-			// A full batch disarmed us; a short one armed us (the backlog was drained as of
-			// its snapshot). Either way claim again: after a full batch more may be waiting,
-			// after a short one the next claim is the "once more after arming" below.
-			armed = len(rows) < limit
+			// The claim disarmed us. Claim again without arming: under steady traffic the
+			// next rows are usually a millisecond away, and arming now would make every
+			// producer commit NOTIFY.
+			armed, arming, followedUp = false, false, false
 			d.slots.Take(len(rows))
 			d.stats.Claimed.Add(int64(len(rows)))
 			d.claimed <- rows
+			continue
+		}
+		if !arming {
+			// Quiet for now: give producers armHoldoff to show up before arming. A wake-up
+			// ends the wait early.
+			d.holdoff(ctx)
+			arming = true
 			continue
 		}
 		if !armed {
@@ -404,6 +411,22 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			}
 		case <-ctx.Done():
 		}
+	}
+}
+
+// armHoldoff is how long the claiming loop waits, after a claim that found work was followed
+// by an empty one, before arming. Producers then NOTIFY only once the dispatcher has been
+// quiet this long: with steady traffic it keeps claiming instead, and NOTIFY's commit-time
+// lock stays off the producers. Rows inserted meanwhile wait at most this long.
+const armHoldoff = time.Millisecond
+
+func (d *Dispatcher) holdoff(ctx context.Context) {
+	t := time.NewTimer(armHoldoff)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-d.waker.C():
+	case <-ctx.Done():
 	}
 }
 
