@@ -324,8 +324,8 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 // idleFollowUp is how long after going idle the claiming loop looks once more (see claimLoop).
 const idleFollowUp = 100 * time.Millisecond
 
-// claimLoop owns claiming: it claims while there is capacity and work, arms itself when a
-// claim comes back short, claims once more to close the race with a concurrent insert, and
+// claimLoop owns claiming: it claims while there is capacity and work, arms itself once it
+// has found nothing for armHoldoff, claims once more to close the race with a concurrent insert, and
 // then sleeps until a wake-up (NOTIFY, due timer, poll) or freed capacity.
 func (d *Dispatcher) claimLoop(ctx context.Context) {
 	defer close(d.claimDone)
