@@ -7,6 +7,7 @@ package delivery
 
 import (
 	"net/http"
+	"net/url"
 	"time"
 )
 
@@ -46,6 +47,9 @@ type Delivery struct {
 type Endpoint struct {
 	// URL is the full URL, possibly with a query string; it is never logged.
 	URL string
+	// Parsed is URL parsed once when the endpoint was validated, so that no request parses
+	// it again; nil means parse URL per request (endpoints built by hand in tests).
+	Parsed *url.URL
 	// Hash is the lower-case hex SHA-256 of URL: the name under which the endpoint appears in
 	// logs, metrics and Redis keys.
 	Hash string

@@ -129,5 +129,9 @@ func (s *Sender) Endpoint(raw string) (*delivery.Endpoint, error) {
 
 func newEndpoint(rawURL, key string) *delivery.Endpoint {
 	sum := sha256.Sum256([]byte(rawURL))
-	return &delivery.Endpoint{URL: rawURL, Hash: hex.EncodeToString(sum[:]), Key: key}
+	ep := &delivery.Endpoint{URL: rawURL, Hash: hex.EncodeToString(sum[:]), Key: key}
+	if u, err := url.Parse(rawURL); err == nil { // validated already; parse once for all requests
+		ep.Parsed = u
+	}
+	return ep
 }

@@ -253,7 +253,7 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 	reqCtx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 
-	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, d.Endpoint.URL, bytes.NewReader(d.Payload))
+	req, err := newRequest(reqCtx, d)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {
@@ -383,4 +383,26 @@ func (s *Sender) Saturated(dst []string) []string {
 // the Sender remains usable, dialling anew if called again.
 func (s *Sender) Close() {
 	s.transport.CloseIdleConnections()
+}
+
+// newRequest builds the POST for d. With the endpoint's URL parsed once (Endpoint.Parsed) it
+// skips http.NewRequest's per-request parse; the transport never modifies req.URL, so one
+// parsed URL can serve every request to the endpoint.
+func newRequest(ctx context.Context, d *delivery.Delivery) (*http.Request, error) {
+	u := d.Endpoint.Parsed
+	if u == nil {
+		return http.NewRequestWithContext(ctx, http.MethodPost, d.Endpoint.URL, bytes.NewReader(d.Payload))
+	}
+	body := d.Payload
+	req := &http.Request{
+		Method:     http.MethodPost,
+		URL:        u,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Body:       io.NopCloser(bytes.NewReader(body)),
+		GetBody:    func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
+		Host:       u.Host,
+	}
+	return req.WithContext(ctx), nil
 }
