@@ -278,17 +278,23 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // drainTimeout bounds a drain of n events: generous, at 500 events/s.
 func drainTimeout(n int) time.Duration { return 60*time.Second + time.Duration(n)*2*time.Millisecond }
 
-// drain: prefill N events with the dispatcher stopped, start it, time until the consumer has
-// all N.
-func (b *bench) drain(ctx context.Context) (*drainResult, error) {
-	n := b.opts.drainEvents
+// prefilledSession empties the tables, prefills n events with the dispatcher stopped, then
+// starts a dispatcher session: the common start of the drain and backlog workloads.
+func (b *bench) prefilledSession(ctx context.Context, n int) (*session, error) {
 	if err := b.resetTables(ctx); err != nil {
 		return nil, err
 	}
 	if err := b.prefill(ctx, n); err != nil {
 		return nil, err
 	}
-	s, err := b.startSession(ctx, nil)
+	return b.startSession(ctx, nil)
+}
+
+// drain: prefill N events with the dispatcher stopped, start it, time until the consumer has
+// all N.
+func (b *bench) drain(ctx context.Context) (*drainResult, error) {
+	n := b.opts.drainEvents
+	s, err := b.prefilledSession(ctx, n)
 	if err != nil {
 		return nil, err
 	}
@@ -321,13 +327,7 @@ func (b *bench) drain(ctx context.Context) (*drainResult, error) {
 // claim statement's mean time per slice (with pg_stat_statements).
 func (b *bench) backlog(ctx context.Context) (*backlogResult, error) {
 	n := b.opts.backlogEvents
-	if err := b.resetTables(ctx); err != nil {
-		return nil, err
-	}
-	if err := b.prefill(ctx, n); err != nil {
-		return nil, err
-	}
-	s, err := b.startSession(ctx, nil)
+	s, err := b.prefilledSession(ctx, n)
 	if err != nil {
 		return nil, err
 	}
