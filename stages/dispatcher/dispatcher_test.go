@@ -115,13 +115,7 @@ func TestPermanentFailureIsDeadLetteredWithoutRetry(t *testing.T) {
 	if n := len(c.arrivals()); n != 1 {
 		t.Fatalf("410 was attempted %d times, want 1", n)
 	}
-	var status, attempts int
-	var reason string
-	if err := b.pool.QueryRow(context.Background(),
-		`SELECT last_status, attempts, reason FROM webhook_dead_letter WHERE delivery_id = $1`, id).
-		Scan(&status, &attempts, &reason); err != nil {
-		t.Fatalf("dead letter: %v", err)
-	}
+	status, attempts, reason := b.deadLetter(id)
 	if status != 410 || attempts != 1 || !strings.Contains(reason, "410") {
 		t.Fatalf("dead letter: status %d attempts %d reason %q", status, attempts, reason)
 	}
@@ -139,13 +133,7 @@ func TestExhaustedRetriesAreDeadLetteredWithLastStatus(t *testing.T) {
 	if n := len(c.byDelivery()[id]); n != 3 {
 		t.Fatalf("attempts = %d, want 3 (1 + 2 retries)", n)
 	}
-	var status, attempts int
-	var reason string
-	if err := b.pool.QueryRow(context.Background(),
-		`SELECT last_status, attempts, reason FROM webhook_dead_letter WHERE delivery_id = $1`, id).
-		Scan(&status, &attempts, &reason); err != nil {
-		t.Fatalf("dead letter: %v", err)
-	}
+	status, attempts, reason := b.deadLetter(id)
 	if status != 503 || attempts != 3 || !strings.Contains(reason, "exhausted") {
 		t.Fatalf("dead letter: status %d attempts %d reason %q", status, attempts, reason)
 	}

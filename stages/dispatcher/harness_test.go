@@ -202,3 +202,15 @@ func (b *bundle) waitSettled(timeout time.Duration) {
 		return b.count("SELECT count(*) FROM webhook_outbox WHERE NOT processed") == 0
 	})
 }
+
+// deadLetter returns the last status, attempts and reason of the event's dead letter, failing
+// the test when there is none.
+func (b *bundle) deadLetter(deliveryID string) (status, attempts int, reason string) {
+	b.t.Helper()
+	if err := b.pool.QueryRow(context.Background(),
+		`SELECT coalesce(last_status, 0), attempts, reason FROM webhook_dead_letter WHERE delivery_id = $1`, deliveryID).
+		Scan(&status, &attempts, &reason); err != nil {
+		b.t.Fatalf("dead letter for %s: %v", deliveryID, err)
+	}
+	return status, attempts, reason
+}
