@@ -236,7 +236,10 @@ func TestFaultConsumerNeverAnswers(t *testing.T) {
 	})
 	env := faultEnv(db.URL, healthy.URL())
 	env["WEBHOOK_TIMEOUT_MS"] = "500"
-	env["WEBHOOK_LEASE_MS"] = "1500" // the shortest allowed: timeout + 1 s
+	// Timeout + 3.5 s. The shortest allowed (timeout + 1 s) overran on a loaded CI machine
+	// under -race: a claimed row waited over a second for CPU before its request started, and
+	// another instance took it. Operators get 2×timeout + 30 s by default.
+	env["WEBHOOK_LEASE_MS"] = "4000"
 	env["WEBHOOK_RETRY_SCHEDULE"] = "300ms"
 	env["WEBHOOK_ENDPOINT_CONCURRENCY"] = "4"
 	procs := []*serveProc{startServe(t, "serve 1", env), startServe(t, "serve 2", env)}
