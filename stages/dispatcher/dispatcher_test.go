@@ -159,22 +159,29 @@ func TestTimeoutAndConnectionRefusedAreRetried(t *testing.T) {
 	l.Close()
 
 	cfg := b.config(slow.URL())
-	cfg.Timeout = 300 * time.Millisecond
-	cfg.Lease = 5 * time.Second
-	cfg.RetrySchedule = []time.Duration{50 * time.Millisecond}
+	// The timeout is generous for a loaded CI machine running -race: a healthy answer must
+	// never look like a timeout, or the event would exhaust its retries and the test would
+	// measure the machine rather than the classification.
+	cfg.Timeout = time.Second
+	cfg.Lease = 10 * time.Second
+	cfg.RetrySchedule = []time.Duration{50 * time.Millisecond, 50 * time.Millisecond, 50 * time.Millisecond}
 	b.start(cfg)
 	timedOut := b.enqueue(outbox.Event{})
 	refusedID := b.enqueue(outbox.Event{EndpointURL: refused})
-	b.waitSettled(10 * time.Second)
+	b.waitSettled(20 * time.Second)
 
-	if n := len(slow.byDelivery()[timedOut]); n != 2 {
-		t.Fatalf("timed-out event attempted %d times, want 2 (retried, then delivered)", n)
+	if n := len(slow.byDelivery()[timedOut]); n < 2 {
+		t.Fatalf("timed-out event attempted %d times, want at least 2 (retried, then delivered)", n)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND error ILIKE '%timeout%'`, timedOut); n != 1 {
-		t.Fatalf("no attempt recorded as a timeout")
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 1 AND error ILIKE '%timeout%'`, timedOut); n != 1 {
+		t.Fatalf("the first attempt is not recorded as a timeout")
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, refusedID); n != 2 {
-		t.Fatalf("refused event has %d rows, want 2 (first attempt and its retry)", n)
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND status_code = 200`, timedOut); n != 1 {
+		t.Fatalf("the timed-out event was not delivered by a retry")
+	}
+	want := 1 + len(cfg.RetrySchedule)
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, refusedID); n != want {
+		t.Fatalf("refused event has %d rows, want %d (first attempt and its retries)", n, want)
 	}
 	if n := b.count(`SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1 AND last_error ILIKE '%refused%'`, refusedID); n != 1 {
 		t.Fatalf("refused event not dead-lettered with a connection-refused error after its retries")
