@@ -55,6 +55,7 @@ type benchOptions struct {
 	quiet            bool
 	databaseURL      string
 	redisURL         string
+	profileDir       string
 }
 
 func (o benchOptions) runs(w string) bool { return slices.Contains(o.workloads, w) }
@@ -80,6 +81,7 @@ func parseBenchOptions(env *environment, args []string) (benchOptions, error) {
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
 	fs.BoolVar(&o.statements, "statements", false, "also list the dispatcher's statements per workload (needs pg_stat_statements)")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
+	fs.StringVar(&o.profileDir, "profile", "", "write each dispatcher's CPU and allocation profiles under this directory (DIR/<workload>-<n>/cpu.pprof, allocs.pprof)")
 	redisURL := &databaseURLValue{url: env.getenv("REDIS_URL")} // printed with its password redacted
 	fs.Var(redisURL, "redis-url", "Redis for the dispatcher, whose commands are counted (env REDIS_URL; empty: none)")
 	fs.Usage = func() {
@@ -151,6 +153,9 @@ type bench struct {
 	dispatcherEnv map[string]string
 	// passedOn lists the WEBHOOK_* settings taken from the environment, for the report.
 	passedOn []string
+	// workload is the one running, and sessions counts its dispatchers (profile names).
+	workload string
+	sessions int
 }
 
 func runBench(ctx context.Context, env *environment, args []string) error {
@@ -240,6 +245,7 @@ func (b *bench) run(ctx context.Context, env *environment) (_ *benchReport, err 
 			return nil, err
 		}
 		b.logf("%s: starting", w)
+		b.workload, b.sessions = w, 0
 		var err error
 		switch w {
 		case "drain":

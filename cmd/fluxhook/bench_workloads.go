@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,6 +46,14 @@ func (b *bench) startSession(ctx context.Context, overrides map[string]string) (
 	}
 	for k, v := range overrides {
 		env[k] = v
+	}
+	if b.opts.profileDir != "" {
+		b.sessions++
+		dir, err := filepath.Abs(filepath.Join(b.opts.profileDir, fmt.Sprintf("%s-%d", b.workload, b.sessions)))
+		if err != nil {
+			return nil, err
+		}
+		env["PROFILE_DIR"] = dir
 	}
 	s.cpuStart, s.clockStart = b.cpuSnapshot(0), time.Now()
 	if s.disp, err = startDispatcher(ctx, b.exe, env); err != nil {

@@ -57,6 +57,7 @@ var settings = []setting{
 	{env: "LOG_FORMAT", def: "json", help: "json | console"},
 	{env: "METRICS_ADDR", help: "address for /metrics, /livez and /readyz, e.g. 127.0.0.1:9090 (off when empty)"},
 	{env: "METRICS_ENDPOINT_LABEL", def: "false", help: "add an endpoint-hash label to fluxora_webhook_deliveries_total"},
+	{env: "PROFILE_DIR", help: "write cpu.pprof and allocs.pprof of this run into this directory at shutdown (profiling; off when empty)"},
 }
 
 func flagName(env string) string { return strings.ReplaceAll(strings.ToLower(env), "_", "-") }
@@ -99,6 +100,7 @@ type serveConfig struct {
 	logLevel     zapcore.Level
 	logFormat    string
 	metricsAddr  string
+	profileDir   string
 }
 
 // parseServeConfig turns the raw values into a validated configuration, reporting every bad
@@ -144,6 +146,7 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	d.BreakerReset = msOf("WEBHOOK_CIRCUIT_BREAKER_RESET_MS", 1)
 	d.RedisURL = v["REDIS_URL"]
 	c.metricsAddr = v["METRICS_ADDR"]
+	c.profileDir = v["PROFILE_DIR"]
 	if c.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.metricsAddr); err != nil {
 			bad("METRICS_ADDR", "must be host:port such as 127.0.0.1:9090 or :9090, got %q", c.metricsAddr)

@@ -41,6 +41,17 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return usageError("invalid configuration:\n%v", err)
 	}
 	log.Info("starting fluxhook", effectiveConfig(values)...)
+	if cfg.profileDir != "" {
+		stopProfile, err := startProfile(cfg.profileDir)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := stopProfile(); err != nil {
+				log.Warn("writing profiles failed", zap.Error(err))
+			}
+		}()
+	}
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = d.Start(startCtx)
 	cancel()

@@ -5,22 +5,25 @@
 --   the configured default), $4 this dispatcher's instance id, $5 whether an empty result
 --   arms this dispatcher.
 -- The lease commits with the statement: no transaction stays open across HTTP.
-WITH due AS MATERIALIZED (
-    SELECT id
-    FROM webhook_outbox
-    WHERE NOT processed
-      AND created_at <= now()
-      AND (lease_until IS NULL OR lease_until < now())
-      AND NOT (coalesce(endpoint_url, '') = ANY ($3::text[]))
-    ORDER BY created_at, id
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
+WITH claimed AS (
+    -- The ids come from an ARRAY(...) sub-select that runs once, so the update finds its rows
+    -- through the primary key however many there are: the plan stays the same for every
+    -- limit, and the dispatcher's sessions can use the prepared statement's generic plan
+    -- instead of planning this statement on every call (see dispatcher.Start).
     UPDATE webhook_outbox o
     SET lease_until = now() + $2::bigint * interval '1 millisecond',
         leased_by = $4
-    FROM due
-    WHERE o.id = due.id
+    WHERE o.id = ANY (ARRAY(
+        SELECT id
+        FROM webhook_outbox
+        WHERE NOT processed
+          AND created_at <= now()
+          AND (lease_until IS NULL OR lease_until < now())
+          AND NOT (coalesce(endpoint_url, '') = ANY ($3::text[]))
+        ORDER BY created_at, id
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    ))
     RETURNING o.id, o.delivery_id::text, coalesce(o.stream_id, ''), o.event_type, o.payload::text,
               o.attempt, o.enqueued_at, o.created_at, coalesce(o.endpoint_url, '')
 ), arm AS (

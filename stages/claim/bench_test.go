@@ -1,0 +1,85 @@
+package claim_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fluxora/fluxhook/sql/sqltest"
+	"github.com/fluxora/fluxhook/stages/claim"
+	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/settle"
+)
+
+// BenchmarkClaimSettle measures the database side of delivering one event: its share of a
+// claim statement and of a settle statement, against a real PostgreSQL with a prefilled
+// backlog, per batch size and plan cache mode (the dispatcher forces generic plans; "auto" is
+// PostgreSQL's default, which re-plans these statements on every call). It reports µs per
+// event for each statement, sequentially, on the dispatcher's session settings. Run:
+//
+//	go test -run XXX -bench ClaimSettle -benchtime 5000x ./stages/claim/
+func BenchmarkClaimSettle(b *testing.B) {
+	for _, mode := range []string{"force_generic_plan", "auto"} {
+		for _, batch := range []int{1, 10, 100} {
+			b.Run(fmt.Sprintf("plan=%s/batch=%d", mode, batch), func(b *testing.B) {
+				benchClaimSettle(b, mode, batch)
+			})
+		}
+	}
+}
+
+func benchClaimSettle(b *testing.B, planMode string, batch int) {
+	db := sqltest.NewMigrated(b)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload)
+		SELECT 'bench', jsonb_build_object('i', i, 'pad', repeat('x', 200)) FROM generate_series(1, $1) i`, b.N+batch); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `VACUUM ANALYZE webhook_outbox`); err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	cfg.ConnConfig.RuntimeParams["fluxhook.dispatcher"] = "on"
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = planMode
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	c := claim.New(pool, "bench", time.Minute)
+	if err := c.Register(ctx); err != nil {
+		b.Fatal(err)
+	}
+	s := settle.New(pool, settle.Config{InstanceID: "bench"})
+	var claimT, settleT time.Duration
+	b.ResetTimer()
+	for done := 0; done < b.N; {
+		t0 := time.Now()
+		rows, err := c.Claim(ctx, min(batch, b.N-done), nil, false)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(rows) == 0 {
+			b.Fatalf("claim returned nothing after %d of %d rows", done, b.N)
+		}
+		t1 := time.Now()
+		claimT += t1.Sub(t0)
+		for _, d := range rows {
+			d.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200, Duration: time.Millisecond}
+		}
+		if _, err := s.Settle(ctx, rows); err != nil {
+			b.Fatal(err)
+		}
+		settleT += time.Since(t1)
+		done += len(rows)
+	}
+	b.ReportMetric(float64(claimT.Microseconds())/float64(b.N), "claim-µs/event")
+	b.ReportMetric(float64(settleT.Microseconds())/float64(b.N), "settle-µs/event")
+}
