@@ -2,6 +2,7 @@ package sql_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -11,8 +12,9 @@ import (
 )
 
 // TestTriggerNotifiesOnlyWhileArmed checks the trigger directly: producers' inserts NOTIFY
-// only while some dispatcher is armed (idle), once per statement, and never while every
-// dispatcher is busy, which is what keeps NOTIFY's commit lock off the producers under load.
+// only while the switch an idle dispatcher sets (webhook_outbox_notify_until) lies in the
+// future, once per statement, and never once it has lapsed (every dispatcher busy), which is
+// what keeps NOTIFY's commit lock off the producers under load.
 func TestTriggerNotifiesOnlyWhileArmed(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
@@ -34,11 +36,15 @@ func TestTriggerNotifiesOnlyWhileArmed(t *testing.T) {
 	insert := `INSERT INTO webhook_outbox (event_type, payload) VALUES ('e', '{}')`
 	insertMany := `INSERT INTO webhook_outbox (event_type, payload) SELECT 'e', '{}' FROM generate_series(1, 5)`
 
-	exec(insert) // no dispatcher at all: no NOTIFY
-	exec(`INSERT INTO webhook_dispatcher (instance_id, armed) VALUES ('busy', false)`)
-	exec(insert) // a busy dispatcher: no NOTIFY
-	exec(`INSERT INTO webhook_dispatcher (instance_id, armed) VALUES ('idle', true)`)
-	exec(insert)     // armed: one NOTIFY
+	announce := func(ms int) {
+		t.Helper()
+		exec(`SELECT setval('webhook_outbox_notify_until', (extract(epoch FROM clock_timestamp()) * 1000)::bigint + ` + strconv.Itoa(ms) + `)`)
+	}
+	exec(insert)     // no dispatcher ever announced: no NOTIFY
+	announce(-1000)  // a switch that lapsed a second ago (the dispatcher turned busy)
+	exec(insert)     // no NOTIFY
+	announce(60_000) // an idle dispatcher waiting for work
+	exec(insert)     // one NOTIFY
 	exec(insertMany) // statement-level: one NOTIFY for five rows
 	// A dispatcher's own inserts (retries, deferrals) notify no one.
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
@@ -50,8 +56,8 @@ func TestTriggerNotifiesOnlyWhileArmed(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	exec(`UPDATE webhook_dispatcher SET armed = false`)
-	exec(insert) // disarmed again: none
+	announce(-1) // lapsed again: none
+	exec(insert)
 	// A sentinel of our own marks the end: notifications arrive in commit order, so every
 	// trigger NOTIFY sent above has been received by the time the sentinel is.
 	exec(`SELECT pg_notify('webhook_outbox', 'sentinel')`)
@@ -73,6 +79,38 @@ func TestTriggerNotifiesOnlyWhileArmed(t *testing.T) {
 		fromTrigger++
 	}
 	if fromTrigger != 2 {
-		t.Fatalf("trigger sent %d notifications, want 2 (one per statement while armed)", fromTrigger)
+		t.Fatalf("trigger sent %d notifications, want 2 (one per statement while the switch was set)", fromTrigger)
+	}
+}
+
+// TestTriggerNeedsNoGrantBeyondInsert inserts as a role that may only insert into the outbox:
+// the trigger's WHEN reads the NOTIFY switch, and a producer must never fail because of it.
+func TestTriggerNeedsNoGrantBeyondInsert(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	role := "fluxhook_producer_" + db.Name
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(`CREATE ROLE ` + role)
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = db.Pool.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	exec(`GRANT INSERT ON webhook_outbox TO ` + role)
+	exec(`SELECT setval('webhook_outbox_notify_until', (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000)`)
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+role); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload) VALUES ('e', '{}')`)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("insert as a role with only INSERT on webhook_outbox: %v", err)
 	}
 }

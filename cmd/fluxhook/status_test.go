@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
+	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 )
 
@@ -47,7 +49,7 @@ func TestStatusJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatalf("status --json printed %q: %v", r.stdout, err)
 	}
-	if rep.SchemaVersion != 1 || rep.DatabaseTime.IsZero() {
+	if rep.SchemaVersion != fluxsql.LatestVersion() || rep.DatabaseTime.IsZero() {
 		t.Errorf("schema_version=%d database_time=%v", rep.SchemaVersion, rep.DatabaseTime)
 	}
 	got := map[string]int64{
@@ -141,8 +143,8 @@ func TestStatusHumanReadable(t *testing.T) {
 			t.Errorf("%s = %q, want %q", label, got, want)
 		}
 	}
-	// Values line up in one column.
-	col := strings.Index(lines[0], "1")
+	// Values line up in one column (the first line is the schema version).
+	col := strings.Index(lines[0], strconv.Itoa(fluxsql.LatestVersion()))
 	for _, l := range lines[:9] {
 		if len(l) <= col || l[col-1] != ' ' || l[col] == ' ' {
 			t.Errorf("value not at column %d: %q", col, l)

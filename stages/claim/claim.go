@@ -4,7 +4,8 @@
 // transaction held across HTTP (the original held row locks across up to ten sequential 30 s
 // calls). A crashed dispatcher's rows become claimable again when their lease expires, which
 // is what makes delivery at-least-once. The same statement maintains this dispatcher's
-// "armed" flag, which the insert trigger reads to decide whether to NOTIFY at all.
+// "armed" flag (what fluxhook status shows); Announce sets the switch the insert trigger reads
+// to decide whether to NOTIFY at all.
 package claim
 
 import (
@@ -70,9 +71,9 @@ func (c *Claimer) Heartbeat(ctx context.Context, stale time.Duration) error {
 	return nil
 }
 
-// Claim leases up to limit due rows whose endpoint key is not in skip. When it finds rows it
-// disarms this dispatcher; when it finds none and arm is set it arms it: from then on
-// producers' inserts NOTIFY, until a claim finds work.
+// Claim leases up to limit due rows whose endpoint key is not in skip. With arm set and fewer
+// than limit rows found it arms this dispatcher: from then on producers' inserts NOTIFY it.
+// Any other claim (a full batch, or arm unset) disarms it.
 func (c *Claimer) Claim(ctx context.Context, limit int, skip []string, arm bool) ([]*delivery.Delivery, error) {
 	if skip == nil {
 		skip = []string{}
@@ -110,6 +111,22 @@ func compact(text []byte) []byte {
 		return append([]byte(nil), text...)
 	}
 	return buf.Bytes()
+}
+
+// announceSQL pushes the producers' NOTIFY switch (schema 2) to at least ttl from now, by the
+// database's clock. greatest: another instance may have pushed it further already.
+const announceSQL = `SELECT setval('webhook_outbox_notify_until',
+    greatest(coalesce(pg_sequence_last_value('webhook_outbox_notify_until'), 0),
+             (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint))`
+
+// Announce makes producers' inserts NOTIFY for the next ttl: the dispatcher calls it when it
+// starts waiting for work, and again before ttl runs out while it keeps waiting. A busy
+// dispatcher stops calling it and the switch lapses by itself, as does a crashed one's.
+func (c *Claimer) Announce(ctx context.Context, ttl time.Duration) error {
+	if _, err := c.pool.Exec(ctx, announceSQL, ttl.Milliseconds()); err != nil {
+		return fmt.Errorf("announcing to producers: %w", err)
+	}
+	return nil
 }
 
 // NextDue reports how long until the next row becomes claimable (ok=false: nothing pending).

@@ -1,6 +1,6 @@
 -- Lease up to $1 due rows in claim order, skipping rows another dispatcher holds, and record
--- in the same statement whether this dispatcher is now armed for a NOTIFY (an empty claim in
--- arming mode) or not.
+-- in the same statement whether this dispatcher is now armed for a NOTIFY (a claim in arming
+-- mode that took less than a full batch) or not.
 --   $1 limit, $2 lease in milliseconds, $3 endpoint keys to skip (saturated endpoints; '' is
 --   the configured default), $4 this dispatcher's instance id, $5 whether an empty result
 --   arms this dispatcher.
@@ -27,14 +27,15 @@ WITH claimed AS (
     RETURNING o.id, o.delivery_id::text, coalesce(o.stream_id, ''), o.event_type, o.payload::text,
               o.attempt, o.enqueued_at, o.created_at, coalesce(o.endpoint_url, '')
 ), arm AS (
-    -- Armed only by an empty claim made in arming mode ($5): the dispatcher claims without
-    -- arming for a moment after finding work, so that under steady traffic producers are not
-    -- made to NOTIFY on every commit; any claim that finds work disarms (more may follow and
-    -- the dispatcher will look again without being told). Written only when the flag changes,
-    -- so a busy dispatcher does not touch this row.
+    -- The flag says "NOTIFY me": set by a claim made in arming mode ($5) that took less than
+    -- a full batch (it saw every due row it could take, so the next one is news), cleared by
+    -- any other claim. A dispatcher that keeps finding full batches, or that claims without
+    -- arming for a moment after a busy spell, is not notified: producers then commit without
+    -- NOTIFY's commit-time lock. Written only when the flag changes, so neither a busy
+    -- dispatcher nor an idle one touches this row on every claim.
     UPDATE webhook_dispatcher
-    SET armed = (NOT EXISTS (SELECT 1 FROM claimed) AND $5::boolean), seen_at = now()
+    SET armed = ($5::boolean AND (SELECT count(*) FROM claimed) < $1), seen_at = now()
     WHERE instance_id = $4
-      AND armed <> (NOT EXISTS (SELECT 1 FROM claimed) AND $5::boolean)
+      AND armed <> ($5::boolean AND (SELECT count(*) FROM claimed) < $1)
 )
 SELECT * FROM claimed ORDER BY created_at, id

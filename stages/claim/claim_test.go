@@ -45,16 +45,33 @@ func TestClaimLeasesArmsAndSkips(t *testing.T) {
 		('e', '{"a": 1}', NULL), ('e', '{}', 'https://slow.example/x'), ('e', '{}', NULL)`)
 	exec(`INSERT INTO webhook_outbox (event_type, payload, created_at) VALUES ('future', '{}', now() + interval '1 hour')`)
 
-	// A claim that finds work disarms; saturated endpoints are claimed around.
-	rows, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, true)
+	// A full batch disarms, even in arming mode: more rows are probably waiting and the
+	// dispatcher will look again without being told. Saturated endpoints are claimed around.
+	rows, err := a.Claim(ctx, 1, []string{"https://slow.example/x"}, true)
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("claimed %d rows, %v; want 1", len(rows), err)
+	}
+	if armed("a") {
+		t.Fatal("a claim that found a full batch did not disarm")
+	}
+	// A partial batch in arming mode arms: it saw every row it could take.
+	more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
+	rows = append(rows, more...)
 	if len(rows) != 2 || rows[0].EndpointURL != "" || string(rows[0].Payload) != `{"a":1}` || rows[0].Attempt != 1 {
 		t.Fatalf("claimed %+v", rows)
 	}
+	if !armed("a") {
+		t.Fatal("a partial batch in arming mode did not arm")
+	}
+	// Outside arming mode every claim disarms.
+	if more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, false); err != nil || len(more) != 0 {
+		t.Fatalf("a claimed %d rows, %v; want none", len(more), err)
+	}
 	if armed("a") {
-		t.Fatal("a claim that found work did not disarm")
+		t.Fatal("a claim outside arming mode did not disarm")
 	}
 	// An empty claim arms only in arming mode.
 	if more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, false); err != nil || len(more) != 0 {

@@ -330,18 +330,21 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	return drainErr
 }
 
-// idleFollowUp is how long after going idle the claiming loop looks once more (see claimLoop).
+// idleFollowUp is how long after arming the claiming loop looks once more (see claimLoop).
 const idleFollowUp = 100 * time.Millisecond
 
-// claimLoop owns claiming: it claims while there is capacity and work, arms itself once it
-// has found nothing for armHoldoff, claims once more to close the race with a concurrent insert, and
-// then sleeps until a wake-up (NOTIFY, due timer, poll) or freed capacity.
+// claimLoop owns claiming. While claims come back full it claims again at once without
+// arming (busy: producers need not NOTIFY). When a busy spell ends it waits armHoldoff, then
+// claims in arming mode: a claim that takes less than a full batch leaves it armed, and it
+// sleeps until a wake-up (NOTIFY, due timer, poll) or freed capacity. Under light traffic it
+// stays armed, so each event costs one claim and arrives on its NOTIFY.
 func (d *Dispatcher) claimLoop(ctx context.Context) {
 	defer close(d.claimDone)
 	defer close(d.claimed)
-	armed := false
-	arming := true // an empty claim may arm us (at start we may be idle already)
-	followedUp := false
+	armed := false          // the database's flag for us, as our last claim left it
+	var announced time.Time // when we last set the producers' NOTIFY switch
+	arming := true          // the next claim may arm us (at start we may be idle already)
+	followUp := false
 	var skip []string
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
@@ -372,53 +375,108 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		backoff = 0
 		d.stats.Claims.Add(1)
 		d.metrics.claimRows.Observe(float64(len(rows)))
+		full := len(rows) == limit
+		// Armed for producers means both: our flag is set and the NOTIFY switch we announced
+		// has not lapsed (it may have while we were at capacity or busy sending).
+		wasArmed := armed && time.Since(announced) < notifyTTL-notifyMargin
+		armed = arming && !full
 		if len(rows) > 0 {
-			// The claim disarmed us. Claim again without arming: under steady traffic the
-			// next rows are usually a millisecond away, and arming now would make every
-			// producer commit NOTIFY.
-			armed, arming, followedUp = false, false, false
 			d.slots.Take(len(rows))
 			d.stats.Claimed.Add(int64(len(rows)))
 			d.claimed <- rows
+		}
+		if full {
+			// Busy: more rows are probably waiting. Claim again without arming; the switch
+			// lapses by itself and producers stop notifying.
+			arming = false
 			continue
 		}
 		if !arming {
-			// Quiet for now: give producers armHoldoff to show up before arming. A wake-up
-			// ends the wait early.
+			// A busy spell just ended. Give producers armHoldoff to show up before arming,
+			// so that under steady traffic they are not made to NOTIFY on every commit; a
+			// wake-up ends the wait early.
 			d.holdoff(ctx)
 			arming = true
 			continue
 		}
-		if !armed {
-			// This empty claim armed us. Claim once more: an insert that committed after the
-			// previous claim's snapshot but read the flag before we set it sent no NOTIFY.
-			armed = true
+		if !wasArmed {
+			// This claim armed us: tell producers to NOTIFY, then claim once more: an insert
+			// that committed after this claim's snapshot but read the switch before we set
+			// it sent no NOTIFY.
+			if announced = d.announce(ctx); announced.IsZero() {
+				armed = false
+				d.sleep(ctx, 100*time.Millisecond)
+			}
+			followUp = true
 			continue
 		}
+		// Armed before and after this claim: every due row it could take is taken, and new
+		// ones will NOTIFY us. Rows that come due later (a producer's delayed event, a lease
+		// expiring after a failed settle or a crashed peer) send no NOTIFY when they do: set
+		// the timer for the earliest. After the rows are on their way, so this statement is
+		// not in their path.
 		if wait, ok, err := d.claimer.NextDue(ctx); err == nil && ok {
 			d.waker.DueIn(wait)
 		}
-		if !followedUp {
-			// The confirming claim cannot see a producer transaction that read the flag
-			// before we armed and commits only after this claim's snapshot (its insert sent
-			// no NOTIFY). One more look shortly after going idle catches such transactions
-			// when they are short, as they nearly always are; longer ones are left to the
+		if followUp {
+			// The confirming claim cannot see a producer transaction that read the switch
+			// before we set it and commits only after that claim's snapshot (its insert sent
+			// no NOTIFY). One more look shortly after arming catches such transactions when
+			// they are short, as they nearly always are; longer ones are left to the
 			// backstop poll.
-			followedUp = true
+			followUp = false
 			d.waker.DueIn(idleFollowUp)
 		}
+		if !d.waitArmed(ctx, &announced, len(skip) > 0) {
+			armed = false // the switch could not be kept up: re-arm with a confirming claim
+		}
+	}
+}
+
+// notifyTTL is how far ahead an idle dispatcher sets the producers' NOTIFY switch; it renews
+// it every notifyTTL/2 while it waits. After it turns busy producers keep notifying for at
+// most this long. notifyMargin is the part of it the dispatcher does not rely on (its clock
+// and the database's, a renewal delayed by a loaded machine).
+const (
+	notifyTTL    = 5 * time.Second
+	notifyMargin = time.Second
+)
+
+// announce sets the producers' NOTIFY switch and returns when it was sent (zero on failure).
+func (d *Dispatcher) announce(ctx context.Context) time.Time {
+	at := time.Now()
+	if err := d.claimer.Announce(ctx, notifyTTL); err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn("announce failed", zap.Error(err))
+		}
+		return time.Time{}
+	}
+	return at
+}
+
+// waitArmed sleeps until a wake-up (NOTIFY, due timer, poll) or, when an endpoint was skipped
+// as saturated, freed capacity; meanwhile it renews the NOTIFY switch. It reports false if a
+// renewal failed.
+func (d *Dispatcher) waitArmed(ctx context.Context, announced *time.Time, skipped bool) bool {
+	renew := time.NewTimer(time.Until(announced.Add(notifyTTL / 2)))
+	defer renew.Stop()
+	for {
 		select {
+		case <-renew.C:
+			if *announced = d.announce(ctx); announced.IsZero() {
+				return false
+			}
+			renew.Reset(notifyTTL / 2)
 		case <-d.waker.C():
+			return true
 		case <-d.slots.Freed():
-			// Capacity or a saturated endpoint freed up: rows skipped earlier may be claimable.
-			if len(skip) == 0 {
-				// Nothing was skipped; wait for a real wake-up.
-				select {
-				case <-d.waker.C():
-				case <-ctx.Done():
-				}
+			// Capacity or a saturated endpoint freed up: rows skipped earlier may be
+			// claimable. Nothing skipped: keep waiting for a real wake-up.
+			if skipped {
+				return true
 			}
 		case <-ctx.Done():
+			return true
 		}
 	}
 }

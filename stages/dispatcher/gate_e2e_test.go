@@ -159,7 +159,7 @@ func testBreakerEndToEnd(t *testing.T, newStore func() gate.Store) {
 		}
 		return n >= len(backlog)
 	})
-	eventually(t, 15*time.Second, "every event delivered after recovery", func() bool {
+	eventually(t, 30*time.Second, "every event delivered after recovery", func() bool {
 		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`) == len(ids)
 	})
 	b.waitSettled(10 * time.Second)
