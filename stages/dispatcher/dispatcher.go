@@ -345,6 +345,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	var announced time.Time // when we last set the producers' NOTIFY switch
 	arming := true          // the next claim may arm us (at start we may be idle already)
 	followUp := false
+	var saturatedSince time.Time // when claims started coming back short for saturation alone
 	var skip []string
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
@@ -388,8 +389,24 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		if full {
 			// Busy: more rows are probably waiting. Claim again without arming; the switch
 			// lapses by itself and producers stop notifying.
-			arming = false
+			arming, saturatedSince = false, time.Time{}
 			continue
+		}
+		if len(skip) > 0 && !wasArmed {
+			// Short only because saturated endpoints were skipped: busy, not idle. Arming now
+			// would make producers NOTIFY through every busy spell. Claim again when a request
+			// finishes; arm only if the saturation outlasts armAfterSaturated (an endpoint
+			// that hangs), so that new rows for other endpoints still wake us.
+			if saturatedSince.IsZero() {
+				saturatedSince = time.Now()
+			}
+			if wait := armAfterSaturated - time.Since(saturatedSince); wait > 0 {
+				armed, arming = false, false
+				d.waitFreed(ctx, wait)
+				continue
+			}
+		} else {
+			saturatedSince = time.Time{}
 		}
 		if !arming {
 			// A busy spell just ended. Give producers armHoldoff to show up before arming,
@@ -441,6 +458,22 @@ const (
 	notifyTTL    = 5 * time.Second
 	notifyMargin = time.Second
 )
+
+// armAfterSaturated is how long claims may come back short only because every endpoint with
+// due rows is saturated before the dispatcher arms anyway (see claimLoop).
+const armAfterSaturated = 50 * time.Millisecond
+
+// waitFreed waits up to wait for a request to finish (freed capacity) or a wake-up.
+func (d *Dispatcher) waitFreed(ctx context.Context, wait time.Duration) {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-d.slots.Freed():
+	case <-d.waker.C():
+	case <-ctx.Done():
+	}
+}
 
 // announce sets the producers' NOTIFY switch and returns when it was sent (zero on failure).
 func (d *Dispatcher) announce(ctx context.Context) time.Time {
