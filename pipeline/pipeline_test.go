@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/fluxora/fluxhook/pipeline"
@@ -118,4 +119,63 @@ func TestWorkersFixedPool(t *testing.T) {
 	if peak.Load() != 3 {
 		t.Fatalf("peak concurrency %d, want the pool size 3", peak.Load())
 	}
+}
+
+// TestBatchUntilLingersForAFullerBatch: items arriving within the linger go into one flush;
+// the flush happens at the linger, not before, while complete says more are coming.
+func TestBatchUntilLingersForAFullerBatch(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		in := make(chan int)
+		type flushAt struct {
+			items []int
+			at    time.Duration
+		}
+		flushed := make(chan flushAt, 10)
+		start := time.Now()
+		go pipeline.BatchUntil(in, 10, 5*time.Millisecond, func(int) bool { return false }, func(b []int) {
+			flushed <- flushAt{append([]int(nil), b...), time.Since(start)}
+		})
+		in <- 1
+		time.Sleep(2 * time.Millisecond)
+		in <- 2
+		time.Sleep(2 * time.Millisecond)
+		in <- 3
+		got := <-flushed
+		if len(got.items) != 3 || got.at != 5*time.Millisecond {
+			t.Fatalf("flushed %v at %s, want 3 items at the 5ms linger", got.items, got.at)
+		}
+		close(in)
+	})
+}
+
+// TestBatchUntilFlushesAtOnceWhenComplete: a lone item that is all there is (an idle
+// dispatcher's one row) is not held for the linger; a full batch is not either.
+func TestBatchUntilFlushesAtOnceWhenComplete(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		in := make(chan int, 20)
+		flushed := make(chan []int, 10)
+		start := time.Now()
+		var at []time.Duration
+		go pipeline.BatchUntil(in, 3, time.Second, func(n int) bool { return n == 1 }, func(b []int) {
+			at = append(at, time.Since(start))
+			flushed <- append([]int(nil), b...)
+		})
+		in <- 1
+		if b := <-flushed; len(b) != 1 {
+			t.Fatalf("first flush %v", b)
+		}
+		for i := range 3 {
+			in <- 10 + i
+		}
+		if b := <-flushed; len(b) != 3 {
+			t.Fatalf("second flush %v, want the full batch of 3", b)
+		}
+		close(in)
+		synctest.Wait()
+		if at[0] != 0 || at[1] != 0 {
+			t.Fatalf("flushed at %v, want both at once (no linger)", at)
+		}
+	})
 }

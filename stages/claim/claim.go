@@ -129,11 +129,15 @@ func (c *Claimer) Announce(ctx context.Context, ttl time.Duration) error {
 	return nil
 }
 
-// NextDue reports how long until the next row becomes claimable (ok=false: nothing pending).
-// The wait is computed by the database's clock, the one that sets due times.
-func (c *Claimer) NextDue(ctx context.Context) (time.Duration, bool, error) {
+// NextDue reports how long until the next row whose endpoint key is not in skip becomes
+// claimable: 0 if one is claimable now, ok=false if nothing is pending. The wait is computed
+// by the database's clock, the one that sets due times.
+func (c *Claimer) NextDue(ctx context.Context, skip []string) (time.Duration, bool, error) {
+	if skip == nil {
+		skip = []string{}
+	}
 	var wait *time.Duration
-	if err := c.pool.QueryRow(ctx, nextDueSQL).Scan(&wait); err != nil {
+	if err := c.pool.QueryRow(ctx, nextDueSQL, skip).Scan(&wait); err != nil {
 		return 0, false, fmt.Errorf("next due: %w", err)
 	}
 	if wait == nil {

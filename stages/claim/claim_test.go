@@ -92,7 +92,7 @@ func TestClaimLeasesArmsAndSkips(t *testing.T) {
 		t.Fatalf("b claimed %d rows (%v); want only the slow endpoint's row", len(rows), err)
 	}
 	// b "crashes": its short lease expires and the row comes back.
-	wait, ok, err := a.NextDue(ctx)
+	wait, ok, err := a.NextDue(ctx, nil)
 	if err != nil || !ok || wait > 300*time.Millisecond {
 		t.Fatalf("NextDue = %s, %v, %v; want b's lease expiry within 300ms", wait, ok, err)
 	}
@@ -103,16 +103,25 @@ func TestClaimLeasesArmsAndSkips(t *testing.T) {
 	}
 	// What remains: a's own one-minute leases and the row due in an hour; the leases are
 	// the earlier (a crashed a's rows would come back then).
-	wait, ok, err = a.NextDue(ctx)
+	wait, ok, err = a.NextDue(ctx, nil)
 	if err != nil || !ok || wait < 55*time.Second || wait > time.Minute {
 		t.Fatalf("NextDue = %s, %v, %v; want a's lease expiry in about a minute", wait, ok, err)
 	}
 	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET processed = true WHERE event_type = 'e'`); err != nil {
 		t.Fatal(err)
 	}
-	wait, ok, err = a.NextDue(ctx)
+	wait, ok, err = a.NextDue(ctx, nil)
 	if err != nil || !ok || wait < 59*time.Minute || wait > time.Hour {
 		t.Fatalf("NextDue = %s, %v, %v; want the future row in about an hour", wait, ok, err)
+	}
+	// A row that is claimable already (it came due after the caller's claim) is due now,
+	// unless its endpoint is being skipped as saturated.
+	exec(`INSERT INTO webhook_outbox (event_type, payload, endpoint_url) VALUES ('late', '{}', 'https://busy.example/x')`)
+	if wait, ok, err = a.NextDue(ctx, nil); err != nil || !ok || wait != 0 {
+		t.Fatalf("NextDue = %s, %v, %v; want 0 for a claimable row", wait, ok, err)
+	}
+	if wait, ok, err = a.NextDue(ctx, []string{"https://busy.example/x"}); err != nil || !ok || wait < 59*time.Minute {
+		t.Fatalf("NextDue skipping the busy endpoint = %s, %v, %v; want the future row in about an hour", wait, ok, err)
 	}
 }
 
