@@ -51,6 +51,9 @@ type statusReport struct {
 	DeadLettersNotReplayed int64                `json:"dead_letters_not_replayed"`
 	DeadLettersByReason    []deadLetterReason   `json:"dead_letters_by_reason"`
 	Dispatchers            []dispatcherInstance `json:"dispatchers"`
+	// NotifySecondsLeft: how long producers' inserts keep sending NOTIFY (some dispatcher is
+	// idle and renews it); 0 when every dispatcher is busy or none runs.
+	NotifySecondsLeft float64 `json:"notify_seconds_left"`
 	// Breakers lists endpoints whose circuit is not plainly closed (read from REDIS_URL).
 	Breakers     []breakerStatus `json:"breakers"`
 	BreakersNote string          `json:"breakers_note"`
@@ -141,6 +144,10 @@ func readStatus(ctx context.Context, tx pgx.Tx) (statusReport, error) {
 		return rep, fmt.Errorf("reading dispatchers: %w", err)
 	}
 	rep.Dispatchers = append(rep.Dispatchers, instances...)
+	if err := tx.QueryRow(ctx, `SELECT greatest(coalesce(pg_sequence_last_value('webhook_outbox_notify_until'), 0)
+		- (extract(epoch FROM clock_timestamp()) * 1000)::bigint, 0) / 1000.0`).Scan(&rep.NotifySecondsLeft); err != nil {
+		return rep, fmt.Errorf("reading the NOTIFY switch: %w", err)
+	}
 	rep.DatabaseTime = rep.DatabaseTime.UTC()
 	for i := range rep.Dispatchers {
 		rep.Dispatchers[i].StartedAt = rep.Dispatchers[i].StartedAt.UTC()
@@ -160,6 +167,11 @@ func printStatus(w io.Writer, rep statusReport) error {
 	fmt.Fprintf(tw, "scheduled\t%d\tnot yet due\n", rep.Scheduled)
 	fmt.Fprintf(tw, "processed last hour\t%d\n", rep.ProcessedLastHour)
 	fmt.Fprintf(tw, "dead letters\t%d\t%d not replayed\n", rep.DeadLetters, rep.DeadLettersNotReplayed)
+	if rep.NotifySecondsLeft > 0 {
+		fmt.Fprintf(tw, "producers notify\tyes\tfor %s more: a dispatcher is waiting for work\n", formatSeconds(rep.NotifySecondsLeft))
+	} else {
+		fmt.Fprintf(tw, "producers notify\tno\tevery dispatcher is busy, or none is running\n")
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

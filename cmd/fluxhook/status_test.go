@@ -34,6 +34,8 @@ func insertStatusFixtures(t *testing.T, db *sqltest.DB) {
 	mustExec(t, db, `INSERT INTO webhook_dispatcher (instance_id, armed, started_at, seen_at) VALUES
 		('host-b', false, now() - interval '1 hour', now() - interval '2 seconds'),
 		('host-a', true,  now() - interval '2 hours', now())`)
+	// host-a is idle: producers notify for the next minute.
+	mustExec(t, db, `SELECT setval('webhook_outbox_notify_until', (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000)`)
 }
 
 func TestStatusJSON(t *testing.T) {
@@ -77,6 +79,10 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("dispatchers = %+v", rep.Dispatchers)
 	}
 
+	if rep.NotifySecondsLeft < 50 || rep.NotifySecondsLeft > 60 {
+		t.Errorf("notify_seconds_left = %.1f, want about 60", rep.NotifySecondsLeft)
+	}
+
 	// The field names are what monitoring scripts depend on.
 	var raw map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil {
@@ -88,7 +94,7 @@ func TestStatusJSON(t *testing.T) {
 	}
 	slices.Sort(keys)
 	wantKeys := []string{"backlog", "breakers", "breakers_note", "database_time", "dead_letters", "dead_letters_by_reason", "dead_letters_not_replayed",
-		"dispatchers", "in_flight", "oldest_due_age_seconds", "processed_last_hour", "retries_pending", "scheduled", "schema_version"}
+		"dispatchers", "in_flight", "notify_seconds_left", "oldest_due_age_seconds", "processed_last_hour", "retries_pending", "scheduled", "schema_version"}
 	if !slices.Equal(keys, wantKeys) {
 		t.Errorf("JSON fields = %v\nwant          %v", keys, wantKeys)
 	}
@@ -109,7 +115,7 @@ func TestStatusJSONOnAnEmptyOutbox(t *testing.T) {
 		t.Fatalf("status --json exited %d: %s", r.code, r.stderr)
 	}
 	// Lists are [] and the age is 0, never null: scripts can index and compare without checks.
-	for _, want := range []string{`"backlog": 0`, `"oldest_due_age_seconds": 0`, `"dead_letters_by_reason": []`, `"dispatchers": []`} {
+	for _, want := range []string{`"backlog": 0`, `"oldest_due_age_seconds": 0`, `"dead_letters_by_reason": []`, `"dispatchers": []`, `"notify_seconds_left": 0`} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("status --json lacks %s:\n%s", want, r.stdout)
 		}
@@ -137,7 +143,7 @@ func TestStatusHumanReadable(t *testing.T) {
 	}
 	for label, want := range map[string]string{
 		"backlog": "4", "in-flight leases": "1", "retries pending": "2", "scheduled": "1",
-		"processed last hour": "2", "dead letters": "4", "oldest due age": "10m0s",
+		"processed last hour": "2", "dead letters": "4", "oldest due age": "10m0s", "producers notify": "yes",
 	} {
 		if got := field(label)[0]; got != want {
 			t.Errorf("%s = %q, want %q", label, got, want)
