@@ -160,6 +160,11 @@ func (b *bench) resetTables(ctx context.Context) error {
 	if err := b.db.exec(ctx, `DELETE FROM webhook_dispatcher`); err != nil {
 		return err
 	}
+	// Each run starts as if no dispatcher had ever been idle: the previous workload's
+	// dispatcher may have left producers' NOTIFY switch set for a few more seconds.
+	if err := b.db.exec(ctx, `SELECT setval('webhook_outbox_notify_until', 0, false)`); err != nil {
+		return err
+	}
 	return b.consumer.reset(ctx)
 }
 

@@ -441,7 +441,9 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		// the timer for the earliest. After the rows are on their way, so this statement is
 		// not in their path.
 		if wait, ok, err := d.claimer.NextDue(ctx, skip); err == nil && ok {
-			d.waker.DueIn(wait)
+			// Not sooner than minDueWait: a row that is claimable yet was not claimed may be
+			// locked by another session, and looking again at once would spin.
+			d.waker.DueIn(max(wait, minDueWait))
 		}
 		if followUp {
 			// The confirming claim cannot see a producer transaction that read the switch
@@ -463,9 +465,12 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 // most this long. notifyMargin is the part of it the dispatcher does not rely on (its clock
 // and the database's, a renewal delayed by a loaded machine).
 const (
-	notifyTTL    = 5 * time.Second
+	notifyTTL    = 3 * time.Second
 	notifyMargin = time.Second
 )
+
+// minDueWait is the shortest due timer the claiming loop sets from NextDue (see there).
+const minDueWait = 20 * time.Millisecond
 
 // armAfterSaturated is how long claims may come back short only because every endpoint with
 // due rows is saturated before the dispatcher arms anyway (see claimLoop).
