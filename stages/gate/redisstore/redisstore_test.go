@@ -23,7 +23,9 @@ func (b *backend) Advance(t testing.TB, d time.Duration) {
 	redistest.WaitFor(t, b.clock.Client(), d)
 }
 
-func (b *backend) Slack() time.Duration { return 200 * time.Millisecond }
+// Slack is generous: Redis's clock runs on while a loaded CI machine under -race schedules the
+// test, and every such pause shortens the delays the scripts compute.
+func (b *backend) Slack() time.Duration { return 500 * time.Millisecond }
 
 func TestContract(t *testing.T) {
 	t.Parallel()
