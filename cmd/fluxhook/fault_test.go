@@ -420,6 +420,7 @@ func createFluxhookRole(t *testing.T, db *sqltest.DB) string {
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON webhook_outbox, webhook_dead_letter, webhook_dispatcher TO ` + role,
 		`GRANT SELECT ON webhook_schema_version TO ` + role,
 		`GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ` + role,
+		`GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until TO ` + role, // the NOTIFY switch
 	} {
 		if _, err := db.Pool.Exec(ctx, stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)

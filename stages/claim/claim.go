@@ -13,6 +13,7 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -118,6 +119,20 @@ func compact(text []byte) []byte {
 const announceSQL = `SELECT setval('webhook_outbox_notify_until',
     greatest(coalesce(pg_sequence_last_value('webhook_outbox_notify_until'), 0),
              (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint))`
+
+// CheckAnnounce returns an error naming the missing grant when this dispatcher's role may not
+// set the producers' NOTIFY switch. Without it every wake-up would fall back to the poll, so
+// the dispatcher refuses to start instead of running slowly.
+func (c *Claimer) CheckAnnounce(ctx context.Context) error {
+	var ok bool
+	if err := c.pool.QueryRow(ctx, `SELECT has_sequence_privilege('webhook_outbox_notify_until', 'UPDATE')`).Scan(&ok); err != nil {
+		return fmt.Errorf("checking the NOTIFY switch's privileges: %w", err)
+	}
+	if !ok {
+		return errors.New("the database role may not set the producers' NOTIFY switch: run GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until TO <fluxhook's role>")
+	}
+	return nil
+}
 
 // Announce makes producers' inserts NOTIFY for the next ttl: the dispatcher calls it when it
 // starts waiting for work, and again before ttl runs out while it keeps waiting. A busy

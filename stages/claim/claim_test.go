@@ -2,8 +2,11 @@ package claim_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/claim"
@@ -182,5 +185,41 @@ func TestPruneDeletesOnlyOldProcessedRows(t *testing.T) {
 	_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_dead_letter`).Scan(&dead)
 	if dead != 1 {
 		t.Fatalf("dead letters: %d; the janitor must keep them", dead)
+	}
+}
+
+// TestCheckAnnounceNamesTheMissingGrant: a dispatcher whose role may not set the NOTIFY switch
+// is told which GRANT it lacks (the dispatcher refuses to start with it).
+func TestCheckAnnounceNamesTheMissingGrant(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	role := "fluxhook_claim_" + db.Name
+	if _, err := db.Pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		_, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+role)
+		_, _ = db.Pool.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	c := claim.New(pool, "x", time.Minute)
+	if err := c.CheckAnnounce(ctx); err == nil || !strings.Contains(err.Error(), "GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until") {
+		t.Fatalf("CheckAnnounce without the grant = %v, want the GRANT to run", err)
+	}
+	if _, err := db.Pool.Exec(ctx, `GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckAnnounce(ctx); err != nil {
+		t.Fatalf("CheckAnnounce with the grant: %v", err)
 	}
 }

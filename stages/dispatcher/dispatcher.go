@@ -203,6 +203,10 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	d.pool = pool
 	d.claimer = claim.New(pool, d.cfg.InstanceID, d.cfg.Lease)
 	d.settler = settle.New(pool, settle.Config{Schedule: d.cfg.RetrySchedule, Jitter: d.cfg.RetryJitter, InstanceID: d.cfg.InstanceID})
+	if err := d.claimer.CheckAnnounce(ctx); err != nil {
+		pool.Close()
+		return err
+	}
 	if err := d.claimer.Register(ctx); err != nil {
 		pool.Close()
 		return err
