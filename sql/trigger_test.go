@@ -89,18 +89,13 @@ func TestTriggerNeedsNoGrantBeyondInsert(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 	ctx := context.Background()
-	role := "fluxhook_producer_" + db.Name
+	role := sqltest.NewRole(t, db)
 	exec := func(sql string) {
 		t.Helper()
 		if _, err := db.Pool.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	exec(`CREATE ROLE ` + role)
-	t.Cleanup(func() {
-		_, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+role)
-		_, _ = db.Pool.Exec(context.Background(), `DROP ROLE `+role)
-	})
 	exec(`GRANT INSERT ON webhook_outbox TO ` + role)
 	exec(`SELECT setval('webhook_outbox_notify_until', (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000)`)
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {

@@ -17,8 +17,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net/http"
 	"os"
 	"slices"
@@ -411,29 +409,17 @@ func TestFaultSettleFails(t *testing.T) {
 // db's tables, and drops it when the test ends. Roles are cluster-wide, so its name is random.
 func createFluxhookRole(t *testing.T, db *sqltest.DB) string {
 	t.Helper()
-	ctx := context.Background()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	role := "fluxhook_fault_" + hex.EncodeToString(b[:])
+	role := sqltest.NewRole(t, db)
 	for _, stmt := range []string{
-		`CREATE ROLE ` + role + ` LOGIN`,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON webhook_outbox, webhook_dead_letter, webhook_dispatcher TO ` + role,
 		`GRANT SELECT ON webhook_schema_version TO ` + role,
 		`GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ` + role,
 		`GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until TO ` + role, // the NOTIFY switch
 	} {
-		if _, err := db.Pool.Exec(ctx, stmt); err != nil {
+		if _, err := db.Pool.Exec(context.Background(), stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	// Registered before any process connects as the role, so it runs after they are killed.
-	t.Cleanup(func() {
-		for _, stmt := range []string{`DROP OWNED BY ` + role, `DROP ROLE ` + role} {
-			if _, err := db.Pool.Exec(context.Background(), stmt); err != nil {
-				t.Errorf("%s: %v", stmt, err)
-			}
-		}
-	})
 	return role
 }
 

@@ -92,3 +92,24 @@ func NewMigrated(t testing.TB) *DB {
 	}
 	return db
 }
+
+// NewRole creates a LOGIN role without privileges for t, for tests of what a least-privileged
+// producer or dispatcher may do, and drops it (with its grants in db) at cleanup. Roles are
+// cluster-wide, so its name is random.
+func NewRole(t testing.TB, db *DB) string {
+	t.Helper()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	role := "fluxhook_role_" + hex.EncodeToString(b[:])
+	if _, err := db.Pool.Exec(context.Background(), `CREATE ROLE `+role+` LOGIN`); err != nil {
+		t.Fatalf("sqltest: create role: %v", err)
+	}
+	t.Cleanup(func() {
+		for _, stmt := range []string{`DROP OWNED BY ` + role, `DROP ROLE ` + role} {
+			if _, err := db.Pool.Exec(context.Background(), stmt); err != nil {
+				t.Errorf("sqltest: %s: %v", stmt, err)
+			}
+		}
+	})
+	return role
+}

@@ -194,10 +194,7 @@ func TestCheckAnnounceNamesTheMissingGrant(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 	ctx := context.Background()
-	role := "fluxhook_claim_" + db.Name
-	if _, err := db.Pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN`); err != nil {
-		t.Fatal(err)
-	}
+	role := sqltest.NewRole(t, db)
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -207,11 +204,7 @@ func TestCheckAnnounceNamesTheMissingGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		pool.Close()
-		_, _ = db.Pool.Exec(context.Background(), `DROP OWNED BY `+role)
-		_, _ = db.Pool.Exec(context.Background(), `DROP ROLE `+role)
-	})
+	t.Cleanup(pool.Close)
 	c := claim.New(pool, "x", time.Minute)
 	if err := c.CheckAnnounce(ctx); err == nil || !strings.Contains(err.Error(), "GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until") {
 		t.Fatalf("CheckAnnounce without the grant = %v, want the GRANT to run", err)
