@@ -24,6 +24,25 @@ func TestSignalCoalesces(t *testing.T) {
 	}
 }
 
+func TestSignalClearDropsOnlyWhatIsPending(t *testing.T) {
+	t.Parallel()
+	s := pipeline.NewSignal()
+	s.Clear() // nothing pending: must not block
+	s.Notify()
+	s.Clear()
+	select {
+	case <-s.C():
+		t.Fatal("a wake-up survived Clear")
+	default:
+	}
+	s.Notify() // a wake-up after Clear is delivered
+	select {
+	case <-s.C():
+	default:
+		t.Fatal("the wake-up sent after Clear was lost")
+	}
+}
+
 func TestSlotsDrain(t *testing.T) {
 	t.Parallel()
 	s := pipeline.NewSlots(4)

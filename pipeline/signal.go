@@ -19,3 +19,13 @@ func (s *Signal) Notify() {
 
 // C is the channel to select on; a receive consumes the pending wake-up.
 func (s *Signal) C() <-chan struct{} { return s.c }
+
+// Clear drops a pending wake-up, if any, without blocking. A receiver that is about to do
+// what every wake-up so far asked for (look for work now) calls it first, so that a wake-up
+// that arrived before it looked does not make it look a second time for nothing.
+func (s *Signal) Clear() {
+	select {
+	case <-s.c:
+	default:
+	}
+}

@@ -4,8 +4,14 @@
 --   next row is due (retry, defer) or the lease ends (release), $7 dead-letter reason,
 --   $8 this dispatcher's instance id.
 -- Retries and deferrals are new rows with the same delivery_id, payload and enqueued_at, due
--- by the database's clock. "NOT processed" makes settling idempotent: if a row was settled by
--- another instance after our lease expired, we neither settle nor re-enqueue it twice.
+-- by the database's clock. "processed IS NOT TRUE" makes settling idempotent: if a row was
+-- settled by another instance after our lease expired, we neither settle nor re-enqueue it
+-- twice. It is spelled so on purpose: "NOT processed" would let the planner reach the rows
+-- through the partial due index, and the dispatcher's generic plan did, whenever the
+-- statistics showed few due rows: every settle then walked the whole index, dead entries of
+-- just-settled rows included, instead of looking up its ids (measured under the bench's steady
+-- workload: 0.78 ms per settle of 1.5 rows). The primary key is the only index this form can
+-- use, so a settle costs the same whatever the backlog and the statistics.
 WITH input AS (
     SELECT *
     FROM unnest($1::bigint[], $2::smallint[], $3::int[], $4::text[], $5::int[], $6::bigint[], $7::text[])
@@ -19,7 +25,7 @@ WITH input AS (
         error = nullif(i.error, ''),
         duration_ms = i.duration_ms
     FROM input i
-    WHERE o.id = i.id AND i.kind IN (1, 2, 3, 4) AND NOT o.processed
+    WHERE o.id = i.id AND i.kind IN (1, 2, 3, 4) AND o.processed IS NOT TRUE
     RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
               o.endpoint_url, i.kind, i.status, i.error, i.delay_ms, i.reason
 ), requeued AS (
@@ -43,7 +49,7 @@ WITH input AS (
     UPDATE webhook_outbox o
     SET lease_until = now() + i.delay_ms * interval '1 millisecond'
     FROM input i
-    WHERE o.id = i.id AND i.kind = 5 AND NOT o.processed AND o.leased_by = $8
+    WHERE o.id = i.id AND i.kind = 5 AND o.processed IS NOT TRUE AND o.leased_by = $8
     RETURNING o.id
 )
 SELECT (SELECT count(*) FROM settled), (SELECT count(*) FROM requeued),

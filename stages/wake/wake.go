@@ -78,6 +78,14 @@ func New(cfg Config) *Waker {
 // C delivers coalesced wake-ups.
 func (w *Waker) C() <-chan struct{} { return w.signal.C() }
 
+// Clear drops a pending wake-up. The claiming loop calls it just before each claim: every
+// wake-up is a request to claim after the moment it was sent, which a claim starting now
+// satisfies. A NOTIFY reaches the listener only once its transaction is committed and
+// visible, so the claim sees that row; without Clear, the NOTIFY of a row that the previous
+// claim already took would cost one more, empty, claim (measured: most of the extra claims
+// per batch under steady traffic).
+func (w *Waker) Clear() { w.signal.Clear() }
+
 // Connected reports whether the listener is currently listening.
 func (w *Waker) Connected() bool { return w.connected.Load() }
 

@@ -1,0 +1,63 @@
+package dispatcher_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/outbox"
+)
+
+// The dispatcher's plans are generic and made once per connection. Made on an empty table
+// they used to be sequential scans, kept as the table grew: every claim and settle then read
+// the whole table. This test makes the plans on an almost empty table, grows it, has the
+// same connections deliver more events, and checks in PostgreSQL's own counters that
+// webhook_outbox was never scanned sequentially.
+func TestPlansMadeOnAnEmptyTableStayOnIndexes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	d := b.start(b.config(c.URL()))
+	ctx := context.Background()
+
+	// One delivery makes every statement of the delivery path prepare its plan now.
+	b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the first delivery", func() bool { return c.received() == 1 })
+
+	// Grow the table the way weeks of traffic would (processed rows kept for the retention),
+	// then give the dispatcher due rows among them.
+	if _, err := b.pool.Exec(ctx, `
+		INSERT INTO webhook_outbox (event_type, payload, processed, processed_at)
+		SELECT 'old.event', '{}', true, now() FROM generate_series(1, 20000)`); err != nil {
+		t.Fatal(err)
+	}
+	const due = 300
+	if _, err := b.pool.Exec(ctx, `
+		INSERT INTO webhook_outbox (event_type, payload)
+		SELECT 'test.event', '{"n": 1}' FROM generate_series(1, $1::int)`, due); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "every due row delivered", func() bool { return c.received() == 1+due })
+
+	// Stopping closes the dispatcher's connections; their backends report their counters
+	// as they exit. Every claim and settle updates rows, so once the updates of all 301
+	// deliveries (a lease and a settle each) are counted, so are the scans that found them.
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := d.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	var seqScans, updates int64
+	eventually(t, 20*time.Second, "the dispatcher's table statistics", func() bool {
+		if err := b.pool.QueryRow(ctx, `
+			SELECT seq_scan, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'webhook_outbox'`).
+			Scan(&seqScans, &updates); err != nil {
+			t.Fatal(err)
+		}
+		return updates >= 2*(1+due)
+	})
+	if seqScans != 0 {
+		t.Fatalf("webhook_outbox was scanned sequentially %d times while %d rows were claimed and settled; "+
+			"the dispatcher's generic plans must reach rows through indexes", seqScans, 1+due)
+	}
+}
