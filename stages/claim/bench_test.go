@@ -10,6 +10,7 @@ import (
 
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/claim"
+	"github.com/fluxora/fluxhook/stages/dispatcher"
 	"github.com/fluxora/fluxhook/stages/delivery"
 	"github.com/fluxora/fluxhook/stages/settle"
 )
@@ -45,9 +46,8 @@ func benchClaimSettle(b *testing.B, planMode string, batch int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
-	cfg.ConnConfig.RuntimeParams["fluxhook.dispatcher"] = "on"
 	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = planMode
+	dispatcher.SessionParams(cfg.ConnConfig.RuntimeParams, false)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -62,7 +62,8 @@ func benchClaimSettle(b *testing.B, planMode string, batch int) {
 	b.ResetTimer()
 	for done := 0; done < b.N; {
 		t0 := time.Now()
-		rows, err := c.Claim(ctx, min(batch, b.N-done), nil, false)
+		res, err := c.Claim(ctx, min(batch, b.N-done), nil, false)
+		rows := res.Rows
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -25,8 +25,6 @@ import (
 var (
 	//go:embed claim.sql
 	claimSQL string
-	//go:embed next_due.sql
-	nextDueSQL string
 	//go:embed heartbeat.sql
 	heartbeatSQL string
 	//go:embed janitor.sql
@@ -72,33 +70,55 @@ func (c *Claimer) Heartbeat(ctx context.Context, stale time.Duration) error {
 	return nil
 }
 
+// Result is what one claim returns.
+type Result struct {
+	// Rows are the leased rows, oldest first.
+	Rows []*delivery.Delivery
+	// Next is how long until the next row not taken (and not skipped) becomes claimable, by
+	// the database's clock, seen from the claim's own snapshot: 0 when one is claimable
+	// already (another session's claim holds it locked), else the earliest future due time
+	// or lease expiry. Valid only when HasNext; only a claim that arms asks for it (see
+	// Claim).
+	Next    time.Duration
+	HasNext bool
+}
+
 // Claim leases up to limit due rows whose endpoint key is not in skip. With arm set and fewer
 // than limit rows found it arms this dispatcher: from then on producers' inserts NOTIFY it.
-// Any other claim (a full batch, or arm unset) disarms it.
-func (c *Claimer) Claim(ctx context.Context, limit int, skip []string, arm bool) ([]*delivery.Delivery, error) {
+// Any other claim (a full batch, or arm unset) disarms it. A claim that arms also reports
+// when the next row comes due (Result.Next), in the same statement, so that the dispatcher
+// can sleep until then without asking again.
+func (c *Claimer) Claim(ctx context.Context, limit int, skip []string, arm bool) (Result, error) {
 	if skip == nil {
 		skip = []string{}
 	}
 	rows, err := c.pool.Query(ctx, claimSQL, limit, c.lease.Milliseconds(), skip, c.instance, arm)
 	if err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+		return Result{}, fmt.Errorf("claim: %w", err)
 	}
 	defer rows.Close()
-	var out []*delivery.Delivery
+	var res Result
 	var payload []byte
+	var next *time.Duration
 	for rows.Next() {
 		d := &delivery.Delivery{}
 		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload,
-			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &d.EndpointURL); err != nil {
-			return nil, fmt.Errorf("claim: scanning row: %w", err)
+			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &d.EndpointURL, &next); err != nil {
+			return Result{}, fmt.Errorf("claim: scanning row: %w", err)
+		}
+		if d.ID == 0 {
+			continue // nothing claimed: the row only carries next
 		}
 		d.Payload = compact(payload)
-		out = append(out, d)
+		res.Rows = append(res.Rows, d)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+		return Result{}, fmt.Errorf("claim: %w", err)
 	}
-	return out, nil
+	if next != nil {
+		res.Next, res.HasNext = max(*next, 0), true
+	}
+	return res, nil
 }
 
 // compact turns jsonb's text form ({"a": 1}) into the compact bytes the original sent
@@ -142,23 +162,6 @@ func (c *Claimer) Announce(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("announcing to producers: %w", err)
 	}
 	return nil
-}
-
-// NextDue reports how long until the next row whose endpoint key is not in skip becomes
-// claimable: 0 if one is claimable now, ok=false if nothing is pending. The wait is computed
-// by the database's clock, the one that sets due times.
-func (c *Claimer) NextDue(ctx context.Context, skip []string) (time.Duration, bool, error) {
-	if skip == nil {
-		skip = []string{}
-	}
-	var wait *time.Duration
-	if err := c.pool.QueryRow(ctx, nextDueSQL, skip).Scan(&wait); err != nil {
-		return 0, false, fmt.Errorf("next due: %w", err)
-	}
-	if wait == nil {
-		return 0, false, nil
-	}
-	return max(*wait, 0), true, nil
 }
 
 // Prune deletes processed rows (the delivery log) older than retention, in batches of at most

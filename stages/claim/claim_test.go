@@ -36,10 +36,19 @@ func TestClaimLeasesArmsAndSkips(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	claimN := func(c *claim.Claimer, limit int, skip []string, arm bool) claim.Result {
+		t.Helper()
+		res, err := c.Claim(ctx, limit, skip, arm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	slow := []string{"https://slow.example/x"}
 
 	// An empty claim arms; claiming work disarms.
-	if rows, err := a.Claim(ctx, 10, nil, true); err != nil || len(rows) != 0 {
-		t.Fatalf("empty claim = %d rows, %v", len(rows), err)
+	if res := claimN(a, 10, nil, true); len(res.Rows) != 0 || res.HasNext {
+		t.Fatalf("empty claim on an empty table = %d rows, next %v %s", len(res.Rows), res.HasNext, res.Next)
 	}
 	if !armed("a") {
 		t.Fatal("empty claim did not arm the dispatcher")
@@ -49,82 +58,94 @@ func TestClaimLeasesArmsAndSkips(t *testing.T) {
 	exec(`INSERT INTO webhook_outbox (event_type, payload, created_at) VALUES ('future', '{}', now() + interval '1 hour')`)
 
 	// A full batch disarms, even in arming mode: more rows are probably waiting and the
-	// dispatcher will look again without being told. Saturated endpoints are claimed around.
-	rows, err := a.Claim(ctx, 1, []string{"https://slow.example/x"}, true)
-	if err != nil || len(rows) != 1 {
-		t.Fatalf("claimed %d rows, %v; want 1", len(rows), err)
+	// dispatcher will look again without being told, so it is not told when the next is due.
+	// Saturated endpoints are claimed around.
+	res := claimN(a, 1, slow, true)
+	if len(res.Rows) != 1 || res.HasNext {
+		t.Fatalf("claimed %d rows, next %v; want 1 and no next", len(res.Rows), res.HasNext)
 	}
+	rows := res.Rows
 	if armed("a") {
 		t.Fatal("a claim that found a full batch did not disarm")
 	}
-	// A partial batch in arming mode arms: it saw every row it could take.
-	more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows = append(rows, more...)
+	// A partial batch in arming mode arms: it saw every row it could take. The row it took is
+	// not "claimable now" (its own snapshot still shows it unleased); the next is the lease
+	// of the row the previous claim took, in about a minute.
+	res = claimN(a, 10, slow, true)
+	rows = append(rows, res.Rows...)
 	if len(rows) != 2 || rows[0].EndpointURL != "" || string(rows[0].Payload) != `{"a":1}` || rows[0].Attempt != 1 {
 		t.Fatalf("claimed %+v", rows)
+	}
+	if !res.HasNext || res.Next < 55*time.Second || res.Next > time.Minute {
+		t.Fatalf("next = %v %s; want the first lease's expiry in about a minute", res.HasNext, res.Next)
 	}
 	if !armed("a") {
 		t.Fatal("a partial batch in arming mode did not arm")
 	}
-	// Outside arming mode every claim disarms.
-	if more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, false); err != nil || len(more) != 0 {
-		t.Fatalf("a claimed %d rows, %v; want none", len(more), err)
+	// Outside arming mode every claim disarms, and reports no next.
+	if res := claimN(a, 10, slow, false); len(res.Rows) != 0 || res.HasNext {
+		t.Fatalf("a claimed %d rows, next %v; want none", len(res.Rows), res.HasNext)
 	}
 	if armed("a") {
 		t.Fatal("a claim outside arming mode did not disarm")
 	}
 	// An empty claim arms only in arming mode.
-	if more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, false); err != nil || len(more) != 0 {
-		t.Fatalf("empty claim: %d rows, %v", len(more), err)
+	if res := claimN(a, 10, slow, false); len(res.Rows) != 0 {
+		t.Fatalf("empty claim: %d rows", len(res.Rows))
 	}
 	if armed("a") {
 		t.Fatal("an empty claim outside arming mode armed the dispatcher")
 	}
-	if more, err := a.Claim(ctx, 10, []string{"https://slow.example/x"}, true); err != nil || len(more) != 0 {
-		t.Fatalf("empty claim: %d rows, %v", len(more), err)
+	if res := claimN(a, 10, slow, true); len(res.Rows) != 0 {
+		t.Fatalf("empty claim: %d rows", len(res.Rows))
 	}
 	if !armed("a") {
 		t.Fatal("an empty claim in arming mode did not arm")
 	}
 	// Leased rows are not claimed again; the slow endpoint's row is now claimable by b.
-	rows, err = b.Claim(ctx, 10, nil, true)
-	if err != nil || len(rows) != 1 || rows[0].EndpointURL != "https://slow.example/x" {
-		t.Fatalf("b claimed %d rows (%v); want only the slow endpoint's row", len(rows), err)
+	rows = claimN(b, 10, nil, true).Rows
+	if len(rows) != 1 || rows[0].EndpointURL != "https://slow.example/x" {
+		t.Fatalf("b claimed %d rows; want only the slow endpoint's row", len(rows))
 	}
 	// b "crashes": its short lease expires and the row comes back.
-	wait, ok, err := a.NextDue(ctx, nil)
-	if err != nil || !ok || wait > 300*time.Millisecond {
-		t.Fatalf("NextDue = %s, %v, %v; want b's lease expiry within 300ms", wait, ok, err)
+	res = claimN(a, 10, nil, true)
+	if len(res.Rows) != 0 || !res.HasNext || res.Next > 300*time.Millisecond {
+		t.Fatalf("a claimed %d rows, next = %v %s; want none and b's lease expiry within 300ms", len(res.Rows), res.HasNext, res.Next)
 	}
-	time.Sleep(wait + 20*time.Millisecond) // the lease is the thing under test: wait it out
-	rows, err = a.Claim(ctx, 10, nil, true)
-	if err != nil || len(rows) != 1 || rows[0].EndpointURL != "https://slow.example/x" {
-		t.Fatalf("after b's lease expired a claimed %d rows (%v); want b's row", len(rows), err)
+	time.Sleep(res.Next + 20*time.Millisecond) // the lease is the thing under test: wait it out
+	res = claimN(a, 10, nil, true)
+	if len(res.Rows) != 1 || res.Rows[0].EndpointURL != "https://slow.example/x" {
+		t.Fatalf("after b's lease expired a claimed %d rows; want b's row", len(res.Rows))
 	}
-	// What remains: a's own one-minute leases and the row due in an hour; the leases are
-	// the earlier (a crashed a's rows would come back then).
-	wait, ok, err = a.NextDue(ctx, nil)
-	if err != nil || !ok || wait < 55*time.Second || wait > time.Minute {
-		t.Fatalf("NextDue = %s, %v, %v; want a's lease expiry in about a minute", wait, ok, err)
+	// What remains: a's own one-minute leases (the row just claimed among them) and the row
+	// due in an hour; the leases are the earlier (a crashed a's rows would come back then).
+	if !res.HasNext || res.Next < 55*time.Second || res.Next > time.Minute {
+		t.Fatalf("next = %v %s; want a's lease expiry in about a minute", res.HasNext, res.Next)
 	}
-	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET processed = true WHERE event_type = 'e'`); err != nil {
+	exec(`UPDATE webhook_outbox SET processed = true WHERE event_type = 'e'`)
+	// A row another session holds locked (its claim in progress) is skipped, and is due now:
+	// if that claim rolls back, nothing else would wake the dispatcher for it. A saturated
+	// endpoint's rows are left out.
+	exec(`INSERT INTO webhook_outbox (event_type, payload, endpoint_url) VALUES ('late', '{}', 'https://busy.example/x')`)
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	wait, ok, err = a.NextDue(ctx, nil)
-	if err != nil || !ok || wait < 59*time.Minute || wait > time.Hour {
-		t.Fatalf("NextDue = %s, %v, %v; want the future row in about an hour", wait, ok, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT id FROM webhook_outbox WHERE event_type = 'late' FOR UPDATE`); err != nil {
+		t.Fatal(err)
 	}
-	// A row that is claimable already (it came due after the caller's claim) is due now,
-	// unless its endpoint is being skipped as saturated.
-	exec(`INSERT INTO webhook_outbox (event_type, payload, endpoint_url) VALUES ('late', '{}', 'https://busy.example/x')`)
-	if wait, ok, err = a.NextDue(ctx, nil); err != nil || !ok || wait != 0 {
-		t.Fatalf("NextDue = %s, %v, %v; want 0 for a claimable row", wait, ok, err)
+	if res := claimN(a, 10, nil, true); len(res.Rows) != 0 || !res.HasNext || res.Next != 0 {
+		t.Fatalf("with the row locked elsewhere: %d rows, next = %v %s; want none and 0", len(res.Rows), res.HasNext, res.Next)
 	}
-	if wait, ok, err = a.NextDue(ctx, []string{"https://busy.example/x"}); err != nil || !ok || wait < 59*time.Minute {
-		t.Fatalf("NextDue skipping the busy endpoint = %s, %v, %v; want the future row in about an hour", wait, ok, err)
+	if res := claimN(a, 10, []string{"https://busy.example/x"}, true); !res.HasNext || res.Next < 59*time.Minute {
+		t.Fatalf("skipping the busy endpoint: next = %v %s; want the future row in about an hour", res.HasNext, res.Next)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rows := claimN(a, 10, nil, true).Rows; len(rows) != 1 || rows[0].EventType != "late" {
+		t.Fatalf("after the other session rolled back: claimed %d rows; want the late row", len(rows))
 	}
 }
 

@@ -169,37 +169,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	params := poolCfg.ConnConfig.RuntimeParams
-	if params["application_name"] == "" {
-		params["application_name"] = "fluxhook"
-	}
-	// Marks our sessions for the insert trigger: retry and deferral rows we insert need no
-	// NOTIFY (they are not due yet, and settle sets our own timer for them).
-	params["fluxhook.dispatcher"] = "on"
-	if !d.cfg.DurableCommit {
-		params["synchronous_commit"] = "off"
-	}
-	// Every statement the dispatcher runs is prepared once per connection and written so that
-	// one plan suits every argument (ids through the primary key, limits inside ARRAY(...)).
-	// PostgreSQL's default would re-plan the claim and settle CTEs on every call, because
-	// their estimated generic cost exceeds the custom one: ~150 µs of planning per statement,
-	// more than executing a one-row claim (BenchmarkClaimSettle in stages/claim, batch of 1:
-	// 308 → 176 µs per claim).
-	if params["plan_cache_mode"] == "" {
-		params["plan_cache_mode"] = "force_generic_plan"
-	}
-	// A generic plan is made once per connection, from the statistics of that moment, and
-	// kept until the table is analyzed again. Made while webhook_outbox is empty or small (a
-	// new install, the start of every bench workload) it finds its rows with sequential
-	// scans, and keeps doing so as the table grows: the bench's steady workload spent 880 µs
-	// of PostgreSQL CPU per event, mostly scanning the table for the one row each claim and
-	// settle touched. Every dispatcher statement is written to reach its rows through an
-	// index (the primary key, the due index, the processed_at index), so sequential scans
-	// are switched off for the dispatcher's sessions: the plan is then the index plan
-	// whatever the statistics said when it was made.
-	if params["enable_seqscan"] == "" {
-		params["enable_seqscan"] = "off"
-	}
+	SessionParams(poolCfg.ConnConfig.RuntimeParams, d.cfg.DurableCommit)
 	poolCfg.MaxConns = 4
 	listenCfg := poolCfg.ConnConfig.Copy()
 	listenCfg.RuntimeParams["application_name"] = "fluxhook-listener"
@@ -287,6 +257,48 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		zap.Int("max_in_flight", n),
 		zap.Int("batch_size", d.cfg.BatchSize))
 	return nil
+}
+
+// SessionParams sets, in params, the session settings the dispatcher's pool connections run
+// with, leaving any the operator set in DATABASE_URL. The claim and settle statements are
+// written for them (and measured with them, in stages/claim's benchmark).
+func SessionParams(params map[string]string, durableCommit bool) {
+	if params["application_name"] == "" {
+		params["application_name"] = "fluxhook"
+	}
+	// Marks our sessions for the insert trigger: retry and deferral rows we insert need no
+	// NOTIFY (they are not due yet, and settle sets our own timer for them).
+	params["fluxhook.dispatcher"] = "on"
+	if !durableCommit {
+		params["synchronous_commit"] = "off"
+	}
+	// Every statement the dispatcher runs is prepared once per connection and written so that
+	// one plan suits every argument (ids through the primary key, limits inside ARRAY(...)).
+	// PostgreSQL's default would re-plan the claim and settle CTEs on every call, because
+	// their estimated generic cost exceeds the custom one: ~150 µs of planning per statement,
+	// more than executing a one-row claim (BenchmarkClaimSettle in stages/claim, batch of 1:
+	// 308 → 176 µs per claim).
+	if params["plan_cache_mode"] == "" {
+		params["plan_cache_mode"] = "force_generic_plan"
+	}
+	// A generic plan is made once per connection, from the statistics of that moment, and
+	// kept until the table is analyzed again. Made while webhook_outbox is empty or small (a
+	// new install, the start of every bench workload) it finds its rows with sequential
+	// scans, and keeps doing so as the table grows: the bench's steady workload spent 880 µs
+	// of PostgreSQL CPU per event, mostly scanning the table for the one row each claim and
+	// settle touched. Every dispatcher statement is written to reach its rows through an
+	// index (the primary key, the due index, the processed_at index), so sequential scans
+	// are switched off for the dispatcher's sessions: the plan is then the index plan
+	// whatever the statistics said when it was made. Bitmap scans too: they read every
+	// matching index entry before sorting, and made on a small table they were the plan for
+	// the claim's "next due" look-up, which must stop after the first 1,000 due rows of the
+	// index however long the backlog grows.
+	if params["enable_seqscan"] == "" {
+		params["enable_seqscan"] = "off"
+	}
+	if params["enable_bitmapscan"] == "" {
+		params["enable_bitmapscan"] = "off"
+	}
 }
 
 // Stop shuts down in two phases: it stops claiming and waits until every claimed row has been
@@ -385,7 +397,8 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		limit := min(free, d.cfg.BatchSize)
 		skip = d.sender.Saturated(skip[:0])
 		d.waker.Clear() // this claim answers every wake-up received so far
-		rows, err := d.claimer.Claim(ctx, limit, skip, arming)
+		res, err := d.claimer.Claim(ctx, limit, skip, arming)
+		rows := res.Rows
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -455,12 +468,11 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		// Armed before and after this claim: every due row it could take is taken, and new
 		// ones will NOTIFY us. Rows that come due later (a producer's delayed event, a lease
 		// expiring after a failed settle or a crashed peer) send no NOTIFY when they do: set
-		// the timer for the earliest. After the rows are on their way, so this statement is
-		// not in their path.
-		if wait, ok, err := d.claimer.NextDue(ctx, skip); err == nil && ok {
-			// Not sooner than minDueWait: a row that is claimable yet was not claimed may be
+		// the timer for the earliest, which the claim reported.
+		if res.HasNext {
+			// Not sooner than minDueWait: a row that is claimable yet was not claimed is
 			// locked by another session, and looking again at once would spin.
-			d.waker.DueIn(max(wait, minDueWait))
+			d.waker.DueIn(max(res.Next, minDueWait))
 		}
 		if followUp {
 			// The confirming claim cannot see a producer transaction that read the switch
@@ -486,7 +498,7 @@ const (
 	notifyMargin = time.Second
 )
 
-// minDueWait is the shortest due timer the claiming loop sets from NextDue (see there).
+// minDueWait is the shortest due timer the claiming loop sets from a claim's Next (see there).
 const minDueWait = 20 * time.Millisecond
 
 // armAfterSaturated is how long claims may come back short only because every endpoint with
