@@ -7,10 +7,12 @@
 // consumer is kept from starving the others.
 //
 // Isolation between consumers comes from a per-endpoint limit on requests in flight rather
-// than from a queue per endpoint: when an endpoint is at its limit, Send does not wait but
-// returns a Release outcome at once, and Saturated lists those endpoints so that the claim can
-// leave their rows in the table. A row waiting for a slow consumer therefore never holds a
-// pipeline slot that another consumer's row could use.
+// than from a queue per endpoint: when an endpoint is at its limit, Send waits only briefly
+// (SaturatedWait) for a slot and otherwise returns a Release outcome, and Saturated lists the
+// endpoints whose waiting requests would not get a slot in time at the rate they have been
+// finishing, so that the claim can leave their rows in the table. A row waiting for a slow
+// consumer therefore never holds a pipeline slot for long that another consumer's row could
+// use, while a fast consumer at its limit keeps getting rows.
 //
 // One http.Transport serves every endpoint, with keep-alive and enough idle connections per
 // host to reuse them under load. Redirects are never followed (a 3xx is permanent, as in the
