@@ -63,6 +63,7 @@ func TestTriggerNotifiesOnlyWhileArmed(t *testing.T) {
 	exec(`SELECT pg_notify('webhook_outbox', 'sentinel')`)
 
 	var fromTrigger int
+	seen := map[string]bool{}
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		n, err := listener.WaitForNotification(wctx)
@@ -73,9 +74,15 @@ func TestTriggerNotifiesOnlyWhileArmed(t *testing.T) {
 		if n.Payload == "sentinel" {
 			break
 		}
-		if n.Payload != "" {
-			t.Fatalf("trigger payload %q, want the constant empty payload", n.Payload)
+		// The payload is the producer's transaction id, which the dispatcher compares with its
+		// claims' snapshots; one id per transaction.
+		if xid, err := strconv.ParseUint(n.Payload, 10, 64); err != nil || xid == 0 {
+			t.Fatalf("trigger payload %q, want the producer's transaction id", n.Payload)
 		}
+		if seen[n.Payload] {
+			t.Fatalf("two notifications with payload %q: one transaction notified twice", n.Payload)
+		}
+		seen[n.Payload] = true
 		fromTrigger++
 	}
 	if fromTrigger != 2 {

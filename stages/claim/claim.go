@@ -10,11 +10,15 @@ package claim
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -81,6 +85,8 @@ type Result struct {
 	// Claim).
 	Next    time.Duration
 	HasNext bool
+	// Snapshot is the snapshot the claim saw the table in.
+	Snapshot Snapshot
 }
 
 // Claim leases up to limit due rows whose endpoint key is not in skip. With arm set and fewer
@@ -100,14 +106,24 @@ func (c *Claimer) Claim(ctx context.Context, limit int, skip []string, arm bool)
 	var res Result
 	var payload []byte
 	var next *time.Duration
+	var snapshot *string
 	for rows.Next() {
 		d := &delivery.Delivery{}
 		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload,
-			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &d.EndpointURL, &next); err != nil {
+			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &d.EndpointURL, &next, &snapshot); err != nil {
 			return Result{}, fmt.Errorf("claim: scanning row: %w", err)
 		}
 		if d.ID == 0 {
-			continue // nothing claimed: the row only carries next
+			// The statement's own row: next and snapshot, no delivery.
+			if next != nil {
+				res.Next, res.HasNext = max(*next, 0), true
+			}
+			if snapshot != nil {
+				if res.Snapshot, err = ParseSnapshot(*snapshot); err != nil {
+					return Result{}, fmt.Errorf("claim: %w", err)
+				}
+			}
+			continue
 		}
 		d.Payload = compact(payload)
 		res.Rows = append(res.Rows, d)
@@ -115,10 +131,62 @@ func (c *Claimer) Claim(ctx context.Context, limit int, skip []string, arm bool)
 	if err := rows.Err(); err != nil {
 		return Result{}, fmt.Errorf("claim: %w", err)
 	}
-	if next != nil {
-		res.Next, res.HasNext = max(*next, 0), true
-	}
+	// The statement returns rows in the order the update met them; deliver oldest first.
+	slices.SortFunc(res.Rows, func(a, b *delivery.Delivery) int {
+		if c := a.DueAt.Compare(b.DueAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
 	return res, nil
+}
+
+// Snapshot is a PostgreSQL snapshot (pg_current_snapshot): which transactions' effects it
+// sees. The zero Snapshot sees nothing.
+type Snapshot struct {
+	xmin, xmax uint64
+	xip        []uint64 // in progress when it was taken, xmin <= id < xmax
+}
+
+// ParseSnapshot parses the text form of a pg_snapshot, "xmin:xmax:xip,xip,...".
+func ParseSnapshot(text string) (Snapshot, error) {
+	bad := func() (Snapshot, error) { return Snapshot{}, fmt.Errorf("malformed snapshot %q", text) }
+	xminText, rest, ok1 := strings.Cut(text, ":")
+	xmaxText, xipText, ok2 := strings.Cut(rest, ":")
+	if !ok1 || !ok2 {
+		return bad()
+	}
+	var s Snapshot
+	var err error
+	if s.xmin, err = strconv.ParseUint(xminText, 10, 64); err != nil {
+		return bad()
+	}
+	if s.xmax, err = strconv.ParseUint(xmaxText, 10, 64); err != nil || s.xmax < s.xmin {
+		return bad()
+	}
+	for xipText != "" {
+		var id string
+		id, xipText, _ = strings.Cut(xipText, ",")
+		x, err := strconv.ParseUint(id, 10, 64)
+		if err != nil {
+			return bad()
+		}
+		s.xip = append(s.xip, x)
+	}
+	return s, nil
+}
+
+// Sees reports whether the snapshot sees the effects of transaction xid, assuming it
+// committed: it ended before the snapshot was taken. (A transaction that rolled back sends no
+// NOTIFY, the only use of this.)
+func (s Snapshot) Sees(xid uint64) bool {
+	if xid < s.xmin {
+		return true
+	}
+	if xid >= s.xmax {
+		return false
+	}
+	return !slices.Contains(s.xip, xid)
 }
 
 // compact turns jsonb's text form ({"a": 1}) into the compact bytes the original sent

@@ -6,9 +6,12 @@
 --   arms this dispatcher.
 -- The lease commits with the statement: no transaction stays open across HTTP.
 --
--- Every row returned is a claimed row plus "next": when this claim arms the dispatcher, how
--- long until the next row it did not take becomes claimable (NULL: none pending, or not
--- asked). When nothing was claimed, one row with id 0 carries "next" alone.
+-- The claimed rows come back in no particular order (the caller sorts them), followed by one
+-- row with id 0 that carries "next" and "snapshot". "next": when this claim arms the
+-- dispatcher, how long until the next row it did not take becomes claimable (NULL: none
+-- pending, or not asked). "snapshot": the statement's snapshot, against which the dispatcher
+-- checks the transaction ids of NOTIFYs that arrive after the claim (schema 3): a NOTIFY
+-- from a transaction the claim could already see brings nothing new.
 WITH claimed AS (
     -- The ids come from an ARRAY(...) sub-select that runs once, so the update finds its rows
     -- through the primary key however many there are: the plan stays the same for every
@@ -64,10 +67,8 @@ WITH claimed AS (
               AND id <> ALL (ARRAY(SELECT id FROM claimed))
             ORDER BY created_at, id
             LIMIT 1000) head)
-    ) - now() END AS wait
+    ) - now() END AS wait, pg_current_snapshot()::text AS snapshot
 )
-SELECT c.*, (SELECT wait FROM next) FROM claimed c
+SELECT c.*, NULL::interval, NULL::text FROM claimed c
 UNION ALL
-SELECT 0, '', '', '', '{}', 1, now(), now(), '', (SELECT wait FROM next)
-WHERE NOT EXISTS (SELECT FROM claimed)
-ORDER BY 8, 1
+SELECT 0, '', '', '', '{}', 1, now(), now(), '', wait, snapshot FROM next

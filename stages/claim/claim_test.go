@@ -237,3 +237,60 @@ func TestCheckAnnounceNamesTheMissingGrant(t *testing.T) {
 		t.Fatalf("CheckAnnounce with the grant: %v", err)
 	}
 }
+
+func TestSnapshotSees(t *testing.T) {
+	t.Parallel()
+	s, err := claim.ParseSnapshot("100:105:101,103")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for xid, want := range map[uint64]bool{99: true, 100: true, 101: false, 102: true, 103: false, 104: true, 105: false, 200: false} {
+		if got := s.Sees(xid); got != want {
+			t.Errorf("snapshot 100:105:101,103 sees %d = %v, want %v", xid, got, want)
+		}
+	}
+	if s, err := claim.ParseSnapshot("7:7:"); err != nil || !s.Sees(6) || s.Sees(7) {
+		t.Errorf("snapshot 7:7: = %v, %v", s, err)
+	}
+	for _, bad := range []string{"", "1:2", "x:2:", "5:4:", "1:3:a"} {
+		if _, err := claim.ParseSnapshot(bad); err == nil {
+			t.Errorf("ParseSnapshot(%q) accepted a malformed snapshot", bad)
+		}
+	}
+	if (claim.Snapshot{}).Sees(1) {
+		t.Error("the zero snapshot sees a transaction")
+	}
+}
+
+// The claim's snapshot is what the dispatcher holds NOTIFYs against: it must see a producer
+// transaction that committed before the claim, and not one that committed after.
+func TestClaimSnapshotSeesEarlierProducers(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	c := claim.New(db.Pool, "a", time.Minute)
+	if err := c.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	produce := func() uint64 {
+		t.Helper()
+		var xid uint64
+		if err := db.Pool.QueryRow(ctx, `WITH i AS (INSERT INTO webhook_outbox (event_type, payload) VALUES ('e', '{}'))
+			SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		return xid
+	}
+	before := produce()
+	res, err := c.Claim(ctx, 10, nil, true)
+	if err != nil || len(res.Rows) != 1 {
+		t.Fatalf("claimed %d rows, %v", len(res.Rows), err)
+	}
+	after := produce()
+	if !res.Snapshot.Sees(before) {
+		t.Errorf("the claim's snapshot does not see transaction %d, which committed before it", before)
+	}
+	if res.Snapshot.Sees(after) {
+		t.Errorf("the claim's snapshot sees transaction %d, which committed after it", after)
+	}
+}

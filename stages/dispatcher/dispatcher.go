@@ -430,6 +430,9 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			arming, saturatedSince = false, time.Time{}
 			continue
 		}
+		// NOTIFYs that arrived during this claim from transactions it could already see
+		// brought nothing new: it took every row it could (it was short).
+		d.waker.DropSeen(res.Snapshot.Sees)
 		if len(skip) > 0 && !wasArmed {
 			// Short only because saturated endpoints were skipped: busy, not idle. Arming now
 			// would make producers NOTIFY through every busy spell. Claim again when a request
