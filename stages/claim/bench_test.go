@@ -10,8 +10,8 @@ import (
 
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/claim"
-	"github.com/fluxora/fluxhook/stages/dispatcher"
 	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/dispatcher"
 	"github.com/fluxora/fluxhook/stages/settle"
 )
 
