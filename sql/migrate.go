@@ -123,10 +123,16 @@ func CurrentVersion(ctx context.Context, db Querier) (int, error) {
 }
 
 func currentVersion(ctx context.Context, db Querier) (int, error) {
-	// to_regclass instead of catching undefined_table: inside Migrate's transaction an error
-	// would abort the transaction.
+	// A look-up instead of catching undefined_table: inside Migrate's transaction an error
+	// would abort the transaction. A query on pg_class rather than to_regclass: to_regclass
+	// answers from the session's catalog cache, which taking an advisory lock does not
+	// refresh, so an instance that waited for another's migration could still see no table
+	// and apply every step again; the query reads the catalog with a snapshot taken after
+	// the lock.
 	var exists bool
-	if err := db.QueryRow(ctx, "SELECT to_regclass('webhook_schema_version') IS NOT NULL").Scan(&exists); err != nil {
+	if err := db.QueryRow(ctx, `SELECT EXISTS (
+		SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = 'webhook_schema_version' AND n.nspname = ANY (current_schemas(false)))`).Scan(&exists); err != nil {
 		return 0, fmt.Errorf("reading schema version: %w", err)
 	}
 	if !exists {
