@@ -47,17 +47,20 @@ func TestPlansMadeOnAnEmptyTableStayOnIndexes(t *testing.T) {
 	if err := d.Stop(stopCtx); err != nil {
 		t.Fatal(err)
 	}
-	var seqScans, updates int64
+	// Counted as rows read by sequential scans, not as scans: the migration's CREATE INDEX
+	// statements count as sequential scans of the (then empty) table, reported whenever the
+	// migrating connection flushes its statistics, which may be during this test.
+	var seqRead, updates int64
 	eventually(t, 20*time.Second, "the dispatcher's table statistics", func() bool {
 		if err := b.pool.QueryRow(ctx, `
-			SELECT seq_scan, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'webhook_outbox'`).
-			Scan(&seqScans, &updates); err != nil {
+			SELECT seq_tup_read, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'webhook_outbox'`).
+			Scan(&seqRead, &updates); err != nil {
 			t.Fatal(err)
 		}
 		return updates >= 2*(1+due)
 	})
-	if seqScans != 0 {
-		t.Fatalf("webhook_outbox was scanned sequentially %d times while %d rows were claimed and settled; "+
-			"the dispatcher's generic plans must reach rows through indexes", seqScans, 1+due)
+	if seqRead != 0 {
+		t.Fatalf("sequential scans read %d rows of webhook_outbox while %d rows were claimed and settled; "+
+			"the dispatcher's generic plans must reach rows through indexes", seqRead, 1+due)
 	}
 }
