@@ -3,7 +3,9 @@
 -- mode that took less than a full batch) or not.
 --   $1 limit, $2 lease in milliseconds, $3 endpoint keys to skip (saturated endpoints; '' is
 --   the configured default), $4 this dispatcher's instance id, $5 whether an empty result
---   arms this dispatcher.
+--   arms this dispatcher, ($6, $7) the (created_at, id) to start after: ('-infinity', 0) to
+--   look from the head of the due index, or the last row of the previous full batch (see
+--   Cursor in claim.go).
 -- The lease commits with the statement: no transaction stays open across HTTP.
 --
 -- The claimed rows come back in no particular order (the caller sorts them), followed by one
@@ -25,6 +27,7 @@ WITH claimed AS (
         FROM webhook_outbox
         WHERE NOT processed
           AND created_at <= now()
+          AND (created_at, id) > ($6::timestamptz, $7::bigint)
           AND (lease_until IS NULL OR lease_until < now())
           AND NOT (coalesce(endpoint_url, '') = ANY ($3::text[]))
         ORDER BY created_at, id

@@ -38,7 +38,7 @@ func TestClaimLeasesArmsAndSkips(t *testing.T) {
 	}
 	claimN := func(c *claim.Claimer, limit int, skip []string, arm bool) claim.Result {
 		t.Helper()
-		res, err := c.Claim(ctx, limit, skip, arm)
+		res, err := c.Claim(ctx, limit, skip, arm, claim.Cursor{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -282,7 +282,7 @@ func TestClaimSnapshotSeesEarlierProducers(t *testing.T) {
 		return xid
 	}
 	before := produce()
-	res, err := c.Claim(ctx, 10, nil, true)
+	res, err := c.Claim(ctx, 10, nil, true, claim.Cursor{})
 	if err != nil || len(res.Rows) != 1 {
 		t.Fatalf("claimed %d rows, %v", len(res.Rows), err)
 	}
@@ -292,5 +292,49 @@ func TestClaimSnapshotSeesEarlierProducers(t *testing.T) {
 	}
 	if res.Snapshot.Sees(after) {
 		t.Errorf("the claim's snapshot sees transaction %d, which committed after it", after)
+	}
+}
+
+// A claim from a cursor considers only rows after it in claim order; rows behind it wait for
+// the next claim from the head, which takes them.
+func TestClaimFromCursor(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	c := claim.New(db.Pool, "a", time.Minute)
+	if err := c.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, created_at)
+		SELECT 'e', jsonb_build_object('n', i), now() - interval '1 minute' + i * interval '1 ms'
+		FROM generate_series(1, 5) i`); err != nil {
+		t.Fatal(err)
+	}
+	first, err := c.Claim(ctx, 2, nil, false, claim.Cursor{})
+	if err != nil || len(first.Rows) != 2 {
+		t.Fatalf("first claim: %d rows, %v", len(first.Rows), err)
+	}
+	if last := first.Rows[1]; first.Last != (claim.Cursor{DueAt: last.DueAt, ID: last.ID}) {
+		t.Fatalf("Last = %+v, want the last row claimed (%v, %d)", first.Last, last.DueAt, last.ID)
+	}
+	// A row behind the cursor: a lease that expired (here: released by hand).
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET lease_until = NULL WHERE id = $1`, first.Rows[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	next, err := c.Claim(ctx, 10, nil, false, first.Last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(next.Rows) != 3 {
+		t.Fatalf("claim from the cursor took %d rows, want the 3 after it", len(next.Rows))
+	}
+	for _, r := range next.Rows {
+		if r.ID == first.Rows[0].ID {
+			t.Fatal("the claim from the cursor took a row behind it")
+		}
+	}
+	head, err := c.Claim(ctx, 10, nil, false, claim.Cursor{})
+	if err != nil || len(head.Rows) != 1 || head.Rows[0].ID != first.Rows[0].ID {
+		t.Fatalf("claim from the head: %d rows, %v; want the row behind the cursor", len(head.Rows), err)
 	}
 }

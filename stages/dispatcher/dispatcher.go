@@ -383,6 +383,10 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	followUp := false
 	var saturatedSince time.Time // when claims started coming back short for saturation alone
 	var skip []string
+	// Where a busy claim may start (see claim.Cursor): after the last row of the previous
+	// full batch, while nothing is skipped and the last claim from the head is recent.
+	var cursor claim.Cursor
+	var headAt time.Time
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		d.lastLoop.Store(time.Now().UnixNano())
@@ -397,7 +401,14 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		limit := min(free, d.cfg.BatchSize)
 		skip = d.sender.Saturated(skip[:0])
 		d.waker.Clear() // this claim answers every wake-up received so far
-		res, err := d.claimer.Claim(ctx, limit, skip, arming)
+		after := cursor
+		if len(skip) > 0 || time.Since(headAt) >= claim.CursorMaxAge {
+			after = claim.Cursor{}
+		}
+		if after.IsHead() {
+			headAt = time.Now()
+		}
+		res, err := d.claimer.Claim(ctx, limit, skip, arming, after)
 		rows := res.Rows
 		if err != nil {
 			if ctx.Err() != nil {
@@ -415,6 +426,10 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		d.stats.Claims.Add(1)
 		d.metrics.claimRows.Observe(float64(len(rows)))
 		full := len(rows) == limit
+		cursor = claim.Cursor{}
+		if full && len(skip) == 0 {
+			cursor = res.Last // more rows probably follow it: start there next time
+		}
 		// Armed for producers means both: our flag is set and the NOTIFY switch we announced
 		// has not lapsed (it may have while we were at capacity or busy sending).
 		wasArmed := armed && time.Since(announced) < notifyTTL-notifyMargin
