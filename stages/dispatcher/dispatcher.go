@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -384,9 +385,11 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	var saturatedSince time.Time // when claims started coming back short for saturation alone
 	var skip []string
 	// Where a busy claim may start (see claim.Cursor): after the last row of the previous
-	// full batch, while nothing is skipped and the last claim from the head is recent.
+	// full batch, while the last claim from the head is recent and no endpoint that was
+	// skipped as saturated has room again (its rows may lie behind the cursor).
 	var cursor claim.Cursor
 	var headAt time.Time
+	var skipped []string // the previous claim's skip list
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		d.lastLoop.Store(time.Now().UnixNano())
@@ -402,9 +405,10 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		skip = d.sender.Saturated(skip[:0])
 		d.waker.Clear() // this claim answers every wake-up received so far
 		after := cursor
-		if len(skip) > 0 || time.Since(headAt) >= claim.CursorMaxAge {
+		if time.Since(headAt) >= claim.CursorMaxAge || slices.ContainsFunc(skipped, func(k string) bool { return !slices.Contains(skip, k) }) {
 			after = claim.Cursor{}
 		}
+		skipped = append(skipped[:0], skip...)
 		if after.IsHead() {
 			headAt = time.Now()
 		}
@@ -427,7 +431,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		d.metrics.claimRows.Observe(float64(len(rows)))
 		full := len(rows) == limit
 		cursor = claim.Cursor{}
-		if full && len(skip) == 0 {
+		if full {
 			cursor = res.Last // more rows probably follow it: start there next time
 		}
 		// Armed for producers means both: our flag is set and the NOTIFY switch we announced

@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -62,5 +63,43 @@ func TestPlansMadeOnAnEmptyTableStayOnIndexes(t *testing.T) {
 	if seqRead != 0 {
 		t.Fatalf("sequential scans read %d rows of webhook_outbox while %d rows were claimed and settled; "+
 			"the dispatcher's generic plans must reach rows through indexes", seqRead, 1+due)
+	}
+}
+
+// While a backlog drains, claims start after the previous batch (claim.Cursor). A row that
+// turns up behind that position, here one whose due time lies an hour back (as a peer's
+// expired lease or a long producer transaction's row would), must not wait for the drain to
+// end: a claim from the head comes at least every claim.CursorMaxAge.
+func TestRowBehindTheCursorIsDeliveredDuringADrain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, func(arrival, http.ResponseWriter) { time.Sleep(time.Millisecond) })
+	cfg := b.config(c.URL())
+	cfg.EndpointConcurrency = 4 // at most ~4,000 deliveries/s: the drain lasts seconds
+	ctx := context.Background()
+	const backlog = 15000
+	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload)
+		SELECT 'test.event', '{}' FROM generate_series(1, $1::int)`, backlog); err != nil {
+		t.Fatal(err)
+	}
+	b.start(cfg)
+	eventually(t, 20*time.Second, "the drain to be under way", func() bool { return c.received() >= 500 })
+	var late string
+	if err := b.pool.QueryRow(ctx, `INSERT INTO webhook_outbox (event_type, payload, created_at)
+		VALUES ('late.event', '{}', now() - interval '1 hour') RETURNING delivery_id::text`).Scan(&late); err != nil {
+		t.Fatal(err)
+	}
+	inserted := time.Now()
+	eventually(t, 60*time.Second, "the late row's delivery", func() bool { return len(c.byDelivery()[late]) > 0 })
+	arrivedAfter := 0
+	for i, a := range c.arrivals() {
+		if a.DeliveryID == late {
+			arrivedAfter = i
+			break
+		}
+	}
+	if left := backlog + 1 - (arrivedAfter + 1); left < 1000 {
+		t.Fatalf("the row behind the cursor arrived %s after it was inserted, with only %d of the backlog left: "+
+			"it waited for the drain instead of the next claim from the head", c.arrivals()[arrivedAfter].At.Sub(inserted), left)
 	}
 }
