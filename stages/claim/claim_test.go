@@ -266,12 +266,8 @@ func TestSnapshotSees(t *testing.T) {
 // transaction that committed before the claim, and not one that committed after.
 func TestClaimSnapshotSeesEarlierProducers(t *testing.T) {
 	t.Parallel()
-	db := sqltest.NewMigrated(t)
+	db, c := newRegistered(t, "a")
 	ctx := context.Background()
-	c := claim.New(db.Pool, "a", time.Minute)
-	if err := c.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
 	produce := func() uint64 {
 		t.Helper()
 		var xid uint64
@@ -299,12 +295,8 @@ func TestClaimSnapshotSeesEarlierProducers(t *testing.T) {
 // the next claim from the head, which takes them.
 func TestClaimFromCursor(t *testing.T) {
 	t.Parallel()
-	db := sqltest.NewMigrated(t)
+	db, c := newRegistered(t, "a")
 	ctx := context.Background()
-	c := claim.New(db.Pool, "a", time.Minute)
-	if err := c.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, created_at)
 		SELECT 'e', jsonb_build_object('n', i), now() - interval '1 minute' + i * interval '1 ms'
 		FROM generate_series(1, 5) i`); err != nil {
@@ -337,4 +329,15 @@ func TestClaimFromCursor(t *testing.T) {
 	if err != nil || len(head.Rows) != 1 || head.Rows[0].ID != first.Rows[0].ID {
 		t.Fatalf("claim from the head: %d rows, %v; want the row behind the cursor", len(head.Rows), err)
 	}
+}
+
+// newRegistered returns a migrated database and a registered claimer with a one-minute lease.
+func newRegistered(t *testing.T, instance string) (*sqltest.DB, *claim.Claimer) {
+	t.Helper()
+	db := sqltest.NewMigrated(t)
+	c := claim.New(db.Pool, instance, time.Minute)
+	if err := c.Register(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return db, c
 }
