@@ -115,4 +115,19 @@ func TestTriggerNeedsNoGrantBeyondInsert(t *testing.T) {
 	if err != nil {
 		t.Fatalf("insert as a role with only INSERT on webhook_outbox: %v", err)
 	}
+	// A producer whose search_path does not include fluxhook's schema names the table with
+	// its schema; the trigger's condition must still find the switch.
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+role); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL search_path = pg_catalog`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO public.webhook_outbox (event_type, payload) VALUES ('e', '{}')`)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("insert from a session whose search_path lacks fluxhook's schema: %v", err)
+	}
 }

@@ -24,13 +24,34 @@
 -- schema 2 is still ahead of the clock; statement_timestamp, because it costs no clock read and
 -- errs towards notifying), and the inserting session is not a dispatcher (its retry and
 -- deferral rows are not due yet; settle sets its own timer for them).
-CREATE OR REPLACE FUNCTION webhook_outbox_notify_wanted() RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
+--
+-- The sequence is named with its schema, written into the body here: a function body resolves
+-- names with the search_path of the session that runs it, which for a producer need not
+-- include fluxhook's schema (schema 2's WHEN resolved the name once, when the trigger was
+-- created). Without the schema a producer's INSERT could fail with "relation does not exist",
+-- or read a sequence of the same name earlier on its path.
+DO $do$
+DECLARE
+    seq text;
 BEGIN
-    RETURN to_timestamp(pg_sequence_last_value('webhook_outbox_notify_until')::float8 / 1000) > statement_timestamp()
-        AND current_setting('fluxhook.dispatcher', true) IS DISTINCT FROM 'on';
-END;
-$$;
+    SELECT format('%I.%I', n.nspname, c.relname) INTO seq
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = 'webhook_outbox_notify_until'::regclass;
+    EXECUTE format($fn$
+        CREATE OR REPLACE FUNCTION webhook_outbox_notify_wanted() RETURNS boolean
+        LANGUAGE plpgsql STABLE AS $body$
+        BEGIN
+            RETURN to_timestamp(pg_sequence_last_value(%L)::float8 / 1000) > statement_timestamp()
+                AND current_setting('fluxhook.dispatcher', true) IS DISTINCT FROM 'on';
+        END;
+        $body$
+    $fn$, seq);
+END
+$do$;
+
+-- Every role that inserts into webhook_outbox runs it (PostgreSQL's default; said here for
+-- installations that revoke it).
+GRANT EXECUTE ON FUNCTION webhook_outbox_notify_wanted() TO PUBLIC;
 
 CREATE OR REPLACE FUNCTION webhook_outbox_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$

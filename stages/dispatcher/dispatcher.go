@@ -414,15 +414,20 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		if time.Since(headAt) >= claim.CursorMaxAge || slices.ContainsFunc(skipped, func(k string) bool { return !slices.Contains(skip, k) }) {
 			after = claim.Cursor{}
 		}
-		skipped = append(skipped[:0], skip...)
 		if after.IsHead() {
 			headAt = time.Now()
 		}
 		claimStart := time.Now()
 		res, err := d.claimer.Claim(ctx, limit, skip, arming, after)
 		rows := res.Rows
-		if err == nil && len(skip) > 0 && len(rows) == 0 {
-			holdUntil = time.Now().Add(min(fruitlessHoldback*time.Since(claimStart), maxHoldback))
+		if err == nil {
+			skipped = append(skipped[:0], skip...)
+			switch {
+			case len(rows) > 0:
+				holdUntil = time.Time{} // claims that skip find work again
+			case len(skip) > 0:
+				holdUntil = time.Now().Add(min(fruitlessHoldback*time.Since(claimStart), maxHoldback))
+			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -431,6 +436,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			d.stats.ClaimErrors.Add(1)
 			d.metrics.claimErrors.Inc()
 			armed, arming = false, false // unknown after a failure: re-arm from scratch
+			cursor = claim.Cursor{}
 			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
 			d.log.Warn("claim failed", zap.Error(err), zap.Duration("retry_in", backoff))
 			d.sleep(ctx, backoff)
@@ -460,7 +466,10 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			continue
 		}
 		// NOTIFYs that arrived during this claim from transactions it could already see
-		// brought nothing new: it took every row it could (it was short).
+		// brought nothing new: it took every row it could (it was short). A short claim from
+		// a cursor did not look behind it; it never arms (a cursor follows a full claim,
+		// which clears arming), so the claim after it, from the head, comes after at most
+		// armHoldoff.
 		d.waker.DropSeen(res.Snapshot.Sees)
 		if len(skip) > 0 && !wasArmed {
 			// Short only because saturated endpoints were skipped: busy, not idle. Arming now
