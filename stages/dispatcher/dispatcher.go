@@ -390,8 +390,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	var cursor claim.Cursor
 	var headAt time.Time
 	var skipped []string // the previous claim's skip list
-	// Until when claims that skip saturated endpoints are held back (see fruitlessHoldback).
-	var holdUntil time.Time
+	var hold skipHoldback
 	backoff := time.Duration(0)
 	for ctx.Err() == nil {
 		d.lastLoop.Store(time.Now().UnixNano())
@@ -405,8 +404,8 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		}
 		limit := min(free, d.cfg.BatchSize)
 		skip = d.sender.Saturated(skip[:0])
-		if len(skip) > 0 && time.Now().Before(holdUntil) {
-			d.holdBack(ctx, holdUntil)
+		if hold.blocks(time.Now(), skip) {
+			d.holdBack(ctx, hold.until)
 			continue
 		}
 		d.waker.Clear() // this claim answers every wake-up received so far
@@ -422,12 +421,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		rows := res.Rows
 		if err == nil {
 			skipped = append(skipped[:0], skip...)
-			switch {
-			case len(rows) > 0:
-				holdUntil = time.Time{} // claims that skip find work again
-			case len(skip) > 0:
-				holdUntil = time.Now().Add(min(fruitlessHoldback*time.Since(claimStart), maxHoldback))
-			}
+			hold.observe(time.Now(), skip, len(rows), time.Since(claimStart))
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -558,6 +552,37 @@ const (
 	fruitlessHoldback = 10
 	maxHoldback       = 2 * time.Second
 )
+
+// skipHoldback is when claims that skip saturated endpoints are held back. A claim that
+// skipped a set of endpoints and found nothing showed that every due row belonged to them; a
+// claim skipping those endpoints again (and maybe more) would read the whole backlog to find
+// only rows that arrived since. It is held back for fruitlessHoldback times as long as the
+// fruitless claim took (at most maxHoldback), unless one of those endpoints has room again
+// (claims in order then take its rows and the others') or a claim that skipped finds rows.
+// Claims that skip nothing are never held back.
+type skipHoldback struct {
+	until   time.Time
+	skipped []string // what the fruitless claim skipped
+}
+
+// blocks reports whether a claim skipping skip may not run at now.
+func (h *skipHoldback) blocks(now time.Time, skip []string) bool {
+	return len(skip) > 0 && now.Before(h.until) &&
+		!slices.ContainsFunc(h.skipped, func(k string) bool { return !slices.Contains(skip, k) })
+}
+
+// observe records a claim that ended at now after took, skipping skip and finding rows rows.
+func (h *skipHoldback) observe(now time.Time, skip []string, rows int, took time.Duration) {
+	switch {
+	case len(skip) == 0:
+		// Says nothing about rows outside saturated endpoints.
+	case rows > 0:
+		h.until = time.Time{}
+	default:
+		h.until = now.Add(min(fruitlessHoldback*took, maxHoldback))
+		h.skipped = append(h.skipped[:0], skip...)
+	}
+}
 
 // holdBack waits until until, or until a request finishes (the endpoints skipped may have
 // room again); wake-ups stay pending for the claim that follows.
