@@ -404,24 +404,25 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		}
 		limit := min(free, d.cfg.BatchSize)
 		skip = d.sender.Saturated(skip[:0])
-		if hold.blocks(time.Now(), skip) {
+		now := time.Now()
+		if hold.blocks(now, skip) {
 			d.holdBack(ctx, hold.until)
 			continue
 		}
 		d.waker.Clear() // this claim answers every wake-up received so far
 		after := cursor
-		if time.Since(headAt) >= claim.CursorMaxAge || slices.ContainsFunc(skipped, func(k string) bool { return !slices.Contains(skip, k) }) {
+		if now.Sub(headAt) >= claim.CursorMaxAge || !subset(skipped, skip) {
 			after = claim.Cursor{}
 		}
 		if after.IsHead() {
-			headAt = time.Now()
+			headAt = now
 		}
-		claimStart := time.Now()
 		res, err := d.claimer.Claim(ctx, limit, skip, arming, after)
 		rows := res.Rows
 		if err == nil {
 			skipped = append(skipped[:0], skip...)
-			hold.observe(time.Now(), skip, len(rows), time.Since(claimStart))
+			end := time.Now()
+			hold.observe(end, skip, len(rows), end.Sub(now))
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -567,8 +568,13 @@ type skipHoldback struct {
 
 // blocks reports whether a claim skipping skip may not run at now.
 func (h *skipHoldback) blocks(now time.Time, skip []string) bool {
-	return len(skip) > 0 && now.Before(h.until) &&
-		!slices.ContainsFunc(h.skipped, func(k string) bool { return !slices.Contains(skip, k) })
+	return len(skip) > 0 && now.Before(h.until) && subset(h.skipped, skip)
+}
+
+// subset reports whether every key in a is also in b: whether every endpoint skipped then is
+// still skipped now (skip lists hold the few saturated endpoints, so a scan is cheap).
+func subset(a, b []string) bool {
+	return !slices.ContainsFunc(a, func(k string) bool { return !slices.Contains(b, k) })
 }
 
 // observe records a claim that ended at now after took, skipping skip and finding rows rows.
