@@ -131,13 +131,15 @@ type latencyResult struct {
 	Cost         *costReport `json:"cost"`
 }
 
+// producerRun is one segment of a producers comparison: the trigger enabled or not.
 type producerRun struct {
 	Connections      int     `json:"connections"`
 	Trigger          bool    `json:"trigger"`
 	Commits          int64   `json:"commits"`
 	CommitsPerSecond float64 `json:"commits_per_sec"`
-	Delivered        int     `json:"dispatcher_delivered"`
-	BusyThroughout   bool    `json:"dispatcher_busy_throughout"`
+	// BackendCPUPerCommit is the producers' PostgreSQL backends' CPU per commit, in µs
+	// (only when the server runs on this machine).
+	BackendCPUPerCommit float64 `json:"backend_cpu_us_per_commit,omitempty"`
 	// NotifyWakeups and EmptyClaims show whether the "busy" dispatcher armed itself anyway
 	// (each empty claim arms it, and then every producer statement sends a NOTIFY).
 	NotifyWakeups float64 `json:"dispatcher_notify_wakeups"`
@@ -149,10 +151,19 @@ type producerComparison struct {
 	Connections    int     `json:"connections"`
 	WithTrigger    float64 `json:"with_trigger_commits_per_sec"`
 	WithoutTrigger float64 `json:"without_trigger_commits_per_sec"`
-	CostPercent    float64 `json:"cost_percent"`
-	// The slowest and fastest run on each side.
+	// CostPercent is the median over neighbouring pairs of segments of 1 − with/without.
+	CostPercent   float64    `json:"cost_percent"`
+	PairCostRange [2]float64 `json:"pair_cost_range_percent"`
+	// The slowest and fastest segment on each side.
 	WithRange    [2]float64 `json:"with_trigger_range"`
 	WithoutRange [2]float64 `json:"without_trigger_range"`
+	// The producers' backends' CPU per commit over all segments of each side, in µs (only
+	// when the server runs on this machine).
+	CPUPerCommitWith    float64 `json:"backend_cpu_us_per_commit_with,omitempty"`
+	CPUPerCommitWithout float64 `json:"backend_cpu_us_per_commit_without,omitempty"`
+	// NotifyWakeups is what the busy dispatcher received in the segments with the trigger.
+	NotifyWakeups  float64 `json:"notify_wakeups_with_trigger"`
+	BusyThroughout bool    `json:"dispatcher_busy_throughout"`
 }
 
 type producersResult struct {
@@ -349,26 +360,26 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", s.Lost, s.Duplicates, s.Rejected, verdict("steady", "lost"))
 	}
 	if p := r.Producers; p != nil {
+		busy, notifies := true, 0.0
 		for k, c := range p.Comparisons {
 			name := ""
 			if k == 0 {
 				name = "producers"
 			}
-			fmt.Fprintf(tw, "%s\t%d producers, commits/s with the trigger vs without (dispatcher busy; median of %d)\t%s vs %s: %s%%\t%s\n", name, c.Connections, len(p.Runs)/len(p.Comparisons)/2,
+			fmt.Fprintf(tw, "%s\t%d producers, commits/s with the trigger vs without (dispatcher busy; %d alternating pairs of %s s)\t%s vs %s: %s%%\t%s\n", name, c.Connections, len(p.Runs)/len(p.Comparisons)/2, num(p.DurationSeconds, 1),
 				num(c.WithTrigger, 0), num(c.WithoutTrigger, 0), num(c.CostPercent, 1), verdict("producers", fmt.Sprintf("trigger's cost to %d producers", c.Connections)))
-			fmt.Fprintf(tw, "\t  range with, without\t%s–%s, %s–%s\t\n", num(c.WithRange[0], 0), num(c.WithRange[1], 0), num(c.WithoutRange[0], 0), num(c.WithoutRange[1], 0))
-		}
-		busy, notifies := true, 0.0
-		for _, run := range p.Runs {
-			busy = busy && run.BusyThroughout
-			if run.Trigger {
-				notifies += run.NotifyWakeups
+			fmt.Fprintf(tw, "\t  cost per pair; segments with, without\t%s to %s%%; %s–%s, %s–%s\t\n", num(c.PairCostRange[0], 1), num(c.PairCostRange[1], 1),
+				num(c.WithRange[0], 0), num(c.WithRange[1], 0), num(c.WithoutRange[0], 0), num(c.WithoutRange[1], 0))
+			if c.CPUPerCommitWith > 0 {
+				fmt.Fprintf(tw, "\t  producers' PostgreSQL backends, CPU per commit with, without\t%s, %s µs\t\n", num(c.CPUPerCommitWith, 1), num(c.CPUPerCommitWithout, 1))
 			}
+			busy = busy && c.BusyThroughout
+			notifies += c.NotifyWakeups
 		}
 		if !busy {
 			fmt.Fprintf(tw, "\t  (the dispatcher ran out of backlog in some runs: they compare less than the busy case)\t\t\n")
 		}
-		fmt.Fprintf(tw, "\t  NOTIFYs the busy dispatcher received in the runs with the trigger\t%s\t\n", num(notifies, 0))
+		fmt.Fprintf(tw, "\t  NOTIFYs the busy dispatcher received in the segments with the trigger\t%s\t\n", num(notifies, 0))
 	}
 	if b := r.Backlog; b != nil {
 		fmt.Fprintf(tw, "backlog\t%s events prefilled with COPY, then the dispatcher started\t%s events/s (%.1f s)\t%s\n",

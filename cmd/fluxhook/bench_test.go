@@ -22,8 +22,9 @@ func TestBenchSmoke(t *testing.T) {
 	bin := fluxhookBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "drain,idle",
-		"--drain-events", "200", "--idle-events", "10", "--idle-interval", "10ms", "--json", "--quiet")
+	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "drain,idle,producers",
+		"--drain-events", "200", "--idle-events", "10", "--idle-interval", "10ms",
+		"--producer-connections", "2", "--producer-duration", "300ms", "--producer-reps", "1", "--json", "--quiet")
 	cmd.Env = []string{"DATABASE_URL=" + sqltest.ServerURL(), "GORACE=atexit_sleep_ms=0"}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -84,6 +85,30 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	if budget, ok := field("budget").([]any); !ok || len(budget) == 0 {
 		t.Errorf("budget = %v, want the budget checks", field("budget"))
+	}
+	// One pair of segments for 2 producers: one with the trigger, one without, each counted.
+	var prod struct {
+		Comparisons []struct {
+			Connections int     `json:"connections"`
+			Cost        float64 `json:"cost_percent"`
+			With        float64 `json:"with_trigger_commits_per_sec"`
+			Without     float64 `json:"without_trigger_commits_per_sec"`
+		} `json:"comparisons"`
+		Runs []struct {
+			Trigger bool  `json:"trigger"`
+			Commits int64 `json:"commits"`
+		} `json:"runs"`
+	}
+	if raw, err := json.Marshal(field("producers")); err != nil {
+		t.Fatal(err)
+	} else if err := json.Unmarshal(raw, &prod); err != nil {
+		t.Fatalf("producers: %v", err)
+	}
+	if len(prod.Comparisons) != 1 || prod.Comparisons[0].Connections != 2 || prod.Comparisons[0].With <= 0 || prod.Comparisons[0].Without <= 0 {
+		t.Errorf("producers comparisons = %+v, want one for 2 connections with both rates measured", prod.Comparisons)
+	}
+	if len(prod.Runs) != 2 || !prod.Runs[0].Trigger || prod.Runs[1].Trigger || prod.Runs[0].Commits == 0 || prod.Runs[1].Commits == 0 {
+		t.Errorf("producers segments = %+v, want one with the trigger, then one without, each with commits", prod.Runs)
 	}
 	if _, ok := rep["steady"]; ok {
 		t.Errorf("steady ran although only drain and idle were asked for")

@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -126,6 +127,25 @@ const CursorMaxAge = time.Second
 //
 // Rows are considered from after (the head for the zero Cursor) in claim order.
 func (c *Claimer) Claim(ctx context.Context, limit int, skip []string, arm bool, after Cursor) (Result, error) {
+	rows, err := c.pool.Query(ctx, claimSQL, c.args(limit, skip, arm, after)...)
+	if err != nil {
+		return Result{}, fmt.Errorf("claim: %w", err)
+	}
+	return read(rows)
+}
+
+// Queue adds the claim Claim would run to b, so that it can share a round trip with other
+// statements (BenchmarkSettleThenClaim measures what that saves); *res holds its result once
+// the batch has run. Statements of one pgx.Batch run in one implicit transaction: a failure of
+// any of them undoes them all.
+func (c *Claimer) Queue(b *pgx.Batch, limit int, skip []string, arm bool, after Cursor, res *Result) {
+	b.Queue(claimSQL, c.args(limit, skip, arm, after)...).Query(func(rows pgx.Rows) (err error) {
+		*res, err = read(rows)
+		return err
+	})
+}
+
+func (c *Claimer) args(limit int, skip []string, arm bool, after Cursor) []any {
 	if skip == nil {
 		skip = []string{}
 	}
@@ -133,10 +153,11 @@ func (c *Claimer) Claim(ctx context.Context, limit int, skip []string, arm bool,
 	if after.IsHead() {
 		from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	}
-	rows, err := c.pool.Query(ctx, claimSQL, limit, c.lease.Milliseconds(), skip, c.instance, arm, from, after.ID)
-	if err != nil {
-		return Result{}, fmt.Errorf("claim: %w", err)
-	}
+	return []any{limit, c.lease.Milliseconds(), skip, c.instance, arm, from, after.ID}
+}
+
+// read decodes the claim statement's rows, closing them.
+func read(rows pgx.Rows) (Result, error) {
 	defer rows.Close()
 	var res Result
 	var payload []byte
@@ -154,6 +175,7 @@ func (c *Claimer) Claim(ctx context.Context, limit int, skip []string, arm bool,
 				res.Next, res.HasNext = max(*next, 0), true
 			}
 			if snapshot != nil {
+				var err error
 				if res.Snapshot, err = ParseSnapshot(*snapshot); err != nil {
 					return Result{}, fmt.Errorf("claim: %w", err)
 				}

@@ -18,6 +18,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -95,6 +96,33 @@ func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Resul
 	if len(batch) == 0 {
 		return Result{}, nil
 	}
+	var r Result
+	err := s.pool.QueryRow(ctx, settleSQL, s.args(batch)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Released)
+	if err == nil {
+		return r, nil
+	}
+	if !isStatementError(err) || len(batch) == 1 && ctx.Err() != nil {
+		return Result{}, fmt.Errorf("settle: %w", err)
+	}
+	// The batch was rejected by the database because of (probably) one row: settle each row
+	// on its own so the bad one cannot hold back the rest.
+	return s.settleEach(ctx, batch, err)
+}
+
+// Queue adds the batch statement Settle would run to b (deciding each row's outcome as Settle
+// does), so that it can share a round trip with other statements; *r holds its counts once
+// the batch has run. There is no row-by-row fallback here: statements of one pgx.Batch run in
+// one implicit transaction, and a failure undoes them all (BenchmarkSettleThenClaim in
+// stages/claim measures what sharing the round trip would save).
+func (s *Settler) Queue(b *pgx.Batch, batch []*delivery.Delivery, r *Result) {
+	b.Queue(settleSQL, s.args(batch)...).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Released)
+	})
+}
+
+// args decides each row's outcome and returns the batch statement's arguments: one array per
+// column, a row per element.
+func (s *Settler) args(batch []*delivery.Delivery) []any {
 	n := len(batch)
 	ids := make([]int64, n)
 	kinds := make([]int16, n)
@@ -114,18 +142,7 @@ func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Resul
 		delays[i] = o.Delay.Milliseconds()
 		reasons[i] = o.Reason
 	}
-	var r Result
-	err := s.pool.QueryRow(ctx, settleSQL, ids, kinds, statuses, errs, durations, delays, reasons, s.instance).
-		Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Released)
-	if err == nil {
-		return r, nil
-	}
-	if !isStatementError(err) || n == 1 && ctx.Err() != nil {
-		return Result{}, fmt.Errorf("settle: %w", err)
-	}
-	// The batch was rejected by the database because of (probably) one row: settle each row
-	// on its own so the bad one cannot hold back the rest.
-	return s.settleEach(ctx, batch, err)
+	return []any{ids, kinds, statuses, errs, durations, delays, reasons, s.instance}
 }
 
 // decide turns a Retry outcome into the next attempt's delay or, after the last scheduled
