@@ -81,30 +81,3 @@ func BatchUntil[T any](in <-chan T, max int, linger time.Duration, complete func
 		}
 	}
 }
-
-// Workers runs n goroutines that call fn for every item from in until in is closed, then
-// closes the returned channel. A fixed pool, not a goroutine per item.
-func Workers[T any](n int, in <-chan T, fn func(T)) <-chan struct{} {
-	if n < 1 {
-		n = 1
-	}
-	done := make(chan struct{})
-	remaining := make(chan struct{}, n)
-	for range n {
-		go func() {
-			defer func() {
-				remaining <- struct{}{}
-			}()
-			for item := range in {
-				fn(item)
-			}
-		}()
-	}
-	go func() {
-		for range n {
-			<-remaining
-		}
-		close(done)
-	}()
-	return done
-}

@@ -1,9 +1,6 @@
 package pipeline
 
-import (
-	"context"
-	"sync"
-)
+import "sync"
 
 // Slots is the pipeline's capacity: the number of items that may be between being taken
 // (claimed) and being finished (settled). Claiming only as many items as there are free slots
@@ -14,7 +11,6 @@ type Slots struct {
 	size  int
 	inUse int
 	freed *Signal
-	idle  chan struct{} // closed while inUse == 0
 }
 
 // NewSlots returns capacity for size items, all free.
@@ -22,9 +18,7 @@ func NewSlots(size int) *Slots {
 	if size < 1 {
 		size = 1
 	}
-	idle := make(chan struct{})
-	close(idle)
-	return &Slots{size: size, freed: NewSignal(), idle: idle}
+	return &Slots{size: size, freed: NewSignal()}
 }
 
 // Size is the total capacity.
@@ -51,9 +45,6 @@ func (s *Slots) Take(n int) {
 		return
 	}
 	s.mu.Lock()
-	if s.inUse == 0 {
-		s.idle = make(chan struct{})
-	}
 	s.inUse += n
 	s.mu.Unlock()
 }
@@ -68,25 +59,9 @@ func (s *Slots) Release(n int) {
 	if s.inUse < 0 {
 		panic("pipeline: Slots released more than taken")
 	}
-	if s.inUse == 0 {
-		close(s.idle)
-	}
 	s.mu.Unlock()
 	s.freed.Notify()
 }
 
 // Freed is signalled after every Release; the claiming loop selects on it while full.
 func (s *Slots) Freed() <-chan struct{} { return s.freed.C() }
-
-// WaitIdle blocks until nothing is in flight or ctx ends; it is the drain phase of shutdown.
-func (s *Slots) WaitIdle(ctx context.Context) error {
-	s.mu.Lock()
-	idle := s.idle
-	s.mu.Unlock()
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}

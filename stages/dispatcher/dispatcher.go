@@ -43,13 +43,12 @@ type Dispatcher struct {
 	claimed  chan []*delivery.Delivery
 	toSend   chan *delivery.Delivery
 	toSettle chan *delivery.Delivery
-
-	stopClaiming context.CancelFunc
-	cancelSends  context.CancelFunc
-	cancelSettle context.CancelFunc
-	settleDone   chan struct{}
-	claimDone    chan struct{}
-	maintDone    chan struct{}
+	// stages owns the goroutines of the listener, claiming, housekeeping, prepare, send and
+	// settle, and drains them on Stop.
+	stages pipeline.Group
+	// cutShort is what Stop returns when the drain was cut short, set by stages.OnCutShort
+	// on Stop's goroutine.
+	cutShort error
 
 	stats   Stats
 	metrics *metrics
@@ -214,45 +213,46 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	d.claimed = make(chan []*delivery.Delivery, 2)
 	d.toSend = make(chan *delivery.Delivery, n)
 	d.toSettle = make(chan *delivery.Delivery, n)
-	d.claimDone = make(chan struct{})
-	d.settleDone = make(chan struct{})
-	d.maintDone = make(chan struct{})
 
-	// Each phase of the shutdown has its own context, all detached from ctx's cancellation:
-	// Start's ctx only bounds starting.
-	base := context.WithoutCancel(ctx)
-	claimCtx, stopClaiming := context.WithCancel(base)
-	sendCtx, cancelSends := context.WithCancel(base)
-	settleCtx, cancelSettle := context.WithCancel(base)
-	d.stopClaiming, d.cancelSends, d.cancelSettle = stopClaiming, cancelSends, cancelSettle
-
-	d.waker.Start(claimCtx)
-	go d.claimLoop(claimCtx)
-	go d.maintain(claimCtx)
-	prepared := make(chan struct{})
-	go func() {
-		defer close(prepared)
+	// Sources stop first (claiming, the listener, housekeeping); closing claimed then drains
+	// prepare, whose end closes toSend and drains send, whose end closes toSettle (prepare
+	// writes to it too, but always before it closes toSend), and settle finishes last.
+	d.stages.Source(func(ctx context.Context) {
+		d.waker.Start(ctx)
+		<-ctx.Done()
+		d.waker.Stop()
+	}, nil)
+	d.stages.Source(d.claimLoop, func() { close(d.claimed) })
+	d.stages.Source(d.maintain, nil)
+	d.stages.Stage(1, func(ctx context.Context) {
 		for batch := range d.claimed {
-			d.prepare(sendCtx, batch)
+			d.prepare(ctx, batch)
 		}
-		close(d.toSend)
-	}()
-	sent := pipeline.Workers(n, d.toSend, func(del *delivery.Delivery) {
-		d.sender.Send(sendCtx, del)
-		d.toSettle <- del
-	})
-	go func() {
-		<-prepared
-		<-sent
-		close(d.toSettle)
-	}()
-	go func() {
-		defer close(d.settleDone)
+	}, func() { close(d.toSend) })
+	d.stages.Stage(n, func(ctx context.Context) {
+		for del := range d.toSend {
+			d.sender.Send(ctx, del)
+			d.toSettle <- del
+		}
+	}, func() { close(d.toSettle) })
+	// Settle is abandoned only when the drain was cut short and it is stuck for
+	// pipeline.DefaultSinkBound more (database gone): the leases bring its rows back.
+	d.stages.Sink(func(ctx context.Context) {
 		complete := func(n int) bool { return d.slots.InUse() <= n } // every claimed row is back
 		pipeline.BatchUntil(d.toSettle, max(d.cfg.BatchSize, 64), settleLinger, complete, func(batch []*delivery.Delivery) {
-			d.settle(settleCtx, batch)
+			d.settle(ctx, batch)
 		})
-	}()
+	})
+	d.stages.OnCutShort = func(cause error) {
+		inFlight := d.slots.InUse()
+		d.cutShort = fmt.Errorf("drain cut short (%w): %d rows in flight were cancelled and will be delivered again", cause, inFlight)
+		d.log.Warn("drain cut short: cancelling in-flight requests", zap.Int("in_flight", inFlight),
+			zap.String("cause", cause.Error()))
+	}
+	if err := d.stages.Start(ctx); err != nil {
+		pool.Close()
+		return err
+	}
 	d.log.Info("dispatcher started",
 		zap.String("instance_id", d.cfg.InstanceID),
 		zap.Int("max_in_flight", n),
@@ -322,29 +322,10 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	d.mu.Unlock()
 	defer close(d.stopped)
 
-	d.stopClaiming()
-	d.waker.Stop()
-	<-d.claimDone
-	<-d.maintDone
-
 	var drainErr error
-	select {
-	case <-d.settleDone:
-	case <-ctx.Done():
-		drainErr = fmt.Errorf("drain cut short (%w): %d rows in flight were cancelled and will be delivered again", context.Cause(ctx), d.slots.InUse())
-		d.log.Warn("drain cut short: cancelling in-flight requests", zap.Int("in_flight", d.slots.InUse()),
-			zap.String("cause", context.Cause(ctx).Error()))
-		d.cancelSends()
-		select {
-		case <-d.settleDone:
-		case <-time.After(10 * time.Second):
-			// Settling is stuck (database gone): abandon it; the leases bring the rows back.
-			d.cancelSettle()
-			<-d.settleDone
-		}
+	if d.stages.Stop(ctx) != nil {
+		drainErr = d.cutShort
 	}
-	d.cancelSends()
-	d.cancelSettle()
 
 	unregCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	if err := d.claimer.Unregister(unregCtx); err != nil {
@@ -376,8 +357,6 @@ const idleFollowUp = 100 * time.Millisecond
 // sleeps until a wake-up (NOTIFY, due timer, poll) or freed capacity. Under light traffic it
 // stays armed, so each event costs one claim and arrives on its NOTIFY.
 func (d *Dispatcher) claimLoop(ctx context.Context) {
-	defer close(d.claimDone)
-	defer close(d.claimed)
 	armed := false          // the database's flag for us, as our last claim left it
 	var announced time.Time // when we last set the producers' NOTIFY switch
 	arming := true          // the next claim may arm us (at start we may be idle already)
@@ -682,7 +661,6 @@ func (d *Dispatcher) sleep(ctx context.Context, wait time.Duration) {
 // maintain keeps this instance registered, clears crashed peers' rows, and runs the janitor
 // that deletes old processed rows in small batches.
 func (d *Dispatcher) maintain(ctx context.Context) {
-	defer close(d.maintDone)
 	interval := min(d.cfg.PollInterval, 30*time.Second)
 	stale := max(5*time.Minute, 5*interval)
 	t := time.NewTicker(interval)
