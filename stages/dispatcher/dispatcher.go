@@ -163,7 +163,6 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if d.started {
 		return errors.New("dispatcher: already started")
 	}
-	d.started = true
 
 	poolCfg, err := pgxpool.ParseConfig(d.cfg.DatabaseURL)
 	if err != nil {
@@ -253,6 +252,8 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		pool.Close()
 		return err
 	}
+	// Only now: Stop after a failed Start has nothing to shut down.
+	d.started = true
 	d.log.Info("dispatcher started",
 		zap.String("instance_id", d.cfg.InstanceID),
 		zap.Int("max_in_flight", n),

@@ -13,7 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"go.uber.org/zap/zaptest"
+
 	"github.com/fluxora/fluxhook/sql/outbox"
+	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
 	"github.com/fluxora/fluxhook/stages/sign"
 )
@@ -493,5 +496,29 @@ func TestHostileRowsAreDeadLetteredWithAReason(t *testing.T) {
 	}
 	if !strings.Contains(reasons["big"], "WEBHOOK_MAX_PAYLOAD_BYTES") {
 		t.Errorf("oversize payload: reason %q", reasons["big"])
+	}
+}
+
+// A Start that fails (here: no schema) leaves nothing running, and Stop afterwards, as a
+// caller's deferred clean-up would run it, returns at once instead of shutting down stages
+// that never started.
+func TestStopAfterAFailedStart(t *testing.T) {
+	db := sqltest.New(t) // no migrations
+	d, err := dispatcher.New(dispatcher.Config{
+		DatabaseURL: db.URL,
+		DefaultURL:  "http://127.0.0.1:1/hook",
+		Secret:      testSecret,
+		Logger:      zaptest.NewLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "fluxhook migrate") {
+		t.Fatalf("Start on a database without the schema = %v, want an error saying to run fluxhook migrate", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("Stop after a failed Start = %v, want nil", err)
 	}
 }
