@@ -141,8 +141,15 @@ func startServe(t *testing.T, name string, env map[string]string, flags ...strin
 // flags follow `serve` on the command line.
 func startServeBinary(t *testing.T, bin, name string, env map[string]string, flags ...string) *serveProc {
 	t.Helper()
+	return startCommand(t, bin, name, env, append([]string{"serve"}, flags...)...)
+}
+
+// startCommand runs `fluxhook ARGS...` as startServe runs serve: exactly env as its
+// environment, killed at cleanup, its stderr shown if the test failed.
+func startCommand(t *testing.T, bin, name string, env map[string]string, args ...string) *serveProc {
+	t.Helper()
 	p := &serveProc{t: t, name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, append([]string{"serve"}, flags...)...)
+	p.cmd = exec.Command(bin, args...)
 	keys := make([]string, 0, len(env))
 	for k := range env {
 		keys = append(keys, k)
