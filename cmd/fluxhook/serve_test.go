@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -264,6 +265,14 @@ func TestServeSecondSignalCancels(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "second signal: cancelling in-flight deliveries") {
 		t.Errorf("no log line about the second signal")
 	}
+	requireReleasedAndRedelivered(t, db, env, c, id)
+}
+
+// requireReleasedAndRedelivered checks the row of a request cancelled by a forced stop: not
+// settled (neither processed nor retried nor dead-lettered) but released, so that another
+// instance delivers it at once rather than after the lease.
+func requireReleasedAndRedelivered(t *testing.T, db *sqltest.DB, env map[string]string, c *hookConsumer, id string) {
+	t.Helper()
 	var processed, released bool
 	if err := db.Pool.QueryRow(context.Background(),
 		`SELECT processed, lease_until IS NULL OR lease_until <= now() + interval '1 second'
@@ -273,6 +282,12 @@ func TestServeSecondSignalCancels(t *testing.T) {
 	}
 	if processed || !released {
 		t.Fatalf("row after a forced stop: processed=%v lease released=%v; want unprocessed and released", processed, released)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, id); n != 1 {
+		t.Fatalf("%d rows for the cancelled delivery, want 1: it must not be settled as a failed attempt", n)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1`, id); n != 0 {
+		t.Fatal("the cancelled delivery was dead-lettered")
 	}
 
 	// Released, not left leased for the full lease: another instance delivers it right away.
@@ -284,6 +299,37 @@ func TestServeSecondSignalCancels(t *testing.T) {
 	if n := len(c.requests()); n != 2 {
 		t.Errorf("consumer got %d requests, want 2 (the cancelled one and the redelivery)", n)
 	}
+}
+
+// TestServeDrainTimeoutReleasesInFlightRow sends SIGTERM while a request hangs far beyond
+// WEBHOOK_DRAIN_TIMEOUT_MS: serve must give up on it once the drain timeout passes (not wait
+// for the request's own timeout), exit, and leave the row released for redelivery, neither
+// lost nor settled as a failure.
+func TestServeDrainTimeoutReleasesInFlightRow(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	release := newGate()
+	const drain = 1500 * time.Millisecond
+	env := serveEnv(db.URL, "")
+	env["WEBHOOK_TIMEOUT_MS"] = "60000" // only the drain timeout can end the request in time
+	env["WEBHOOK_DRAIN_TIMEOUT_MS"] = strconv.Itoa(int(drain.Milliseconds()))
+	p, c, id := startHangingOne(t, db, release, env)
+
+	start := time.Now()
+	p.signal(syscall.SIGTERM)
+	code := p.waitExit(30 * time.Second) // half the request timeout: only the drain timeout ends it
+	took := time.Since(start)
+	t.Logf("exited with %d %s after SIGTERM (drain timeout %s)", code, took.Round(time.Millisecond), drain)
+	if took < drain {
+		t.Errorf("serve exited %s after SIGTERM, before the drain timeout of %s", took, drain)
+	}
+	if code != 0 {
+		t.Errorf("serve exited %d after a drain timeout, want 0", code)
+	}
+	if logs := p.stderr.String(); !strings.Contains(logs, "drain cut short") {
+		t.Errorf("no log line saying the drain was cut short")
+	}
+	requireReleasedAndRedelivered(t, db, env, c, id)
 }
 
 // serveInProcess calls run([serve flags...]) in this process with env as the whole
