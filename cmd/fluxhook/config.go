@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -200,16 +201,47 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	if c.logFormat != "json" && c.logFormat != "console" {
 		bad("LOG_FORMAT", "must be json or console, got %q", c.logFormat)
 	}
-	if len(errs) == 0 {
-		// Only once each field parsed: Validate's messages would repeat the ones above.
-		if err := d.WithDefaults().Validate(); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	if c.drainTimeout == 0 {
 		c.drainTimeout = d.WithDefaults().Timeout + 5*time.Second
 	}
 	return c, errors.Join(errs...)
+}
+
+// variableName finds the configuration variables an error message names.
+var variableName = regexp.MustCompile(`\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b`)
+
+// mergeConfigErrors adds to the errors of parseServeConfig those of dispatcher.New (ranges,
+// URLs, secrets, REDIS_URL), so that an operator sees every bad variable in one go. A later
+// error about a variable already reported is left out: a value that did not parse reaches
+// the dispatcher as a zero and would be reported a second time, less clearly.
+func mergeConfigErrors(parsed, built error) error {
+	reported := map[string]bool{}
+	for _, err := range flattenErrors(parsed) {
+		reported[variableName.FindString(err.Error())] = true
+	}
+	errs := []error{parsed}
+	for _, err := range flattenErrors(built) {
+		if !reported[variableName.FindString(err.Error())] {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// flattenErrors lists the leaves of a tree of errors.Join results.
+func flattenErrors(err error) []error {
+	if err == nil {
+		return nil
+	}
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
+	}
+	var out []error
+	for _, e := range joined.Unwrap() {
+		out = append(out, flattenErrors(e)...)
+	}
+	return out
 }
 
 // parseSchedule reads "5s,1m,5m" into durations.

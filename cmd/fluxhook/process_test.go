@@ -132,16 +132,24 @@ type serveProc struct {
 // startServe runs `fluxhook serve` with exactly env as its environment (nothing inherited, so
 // that the developer's own DATABASE_URL or WEBHOOK_* cannot leak in). The process is killed
 // at cleanup if it is still running, and its stderr is printed if the test failed.
-func startServe(t *testing.T, name string, env map[string]string) *serveProc {
+func startServe(t *testing.T, name string, env map[string]string, flags ...string) *serveProc {
 	t.Helper()
-	return startServeBinary(t, fluxhookBinary(t), name, env)
+	return startServeBinary(t, fluxhookBinary(t), name, env, flags...)
 }
 
 // startServeBinary is startServe with another build of fluxhook (see fluxhookBinaryNoRace).
-func startServeBinary(t *testing.T, bin, name string, env map[string]string) *serveProc {
+// flags follow `serve` on the command line.
+func startServeBinary(t *testing.T, bin, name string, env map[string]string, flags ...string) *serveProc {
+	t.Helper()
+	return startCommand(t, bin, name, env, append([]string{"serve"}, flags...)...)
+}
+
+// startCommand runs `fluxhook ARGS...` as startServe runs serve: exactly env as its
+// environment, killed at cleanup, its stderr shown if the test failed.
+func startCommand(t *testing.T, bin, name string, env map[string]string, args ...string) *serveProc {
 	t.Helper()
 	p := &serveProc{t: t, name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, "serve")
+	p.cmd = exec.Command(bin, args...)
 	keys := make([]string, 0, len(env))
 	for k := range env {
 		keys = append(keys, k)

@@ -29,18 +29,28 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := parseServeConfig(values)
-	if err != nil {
-		return usageError("invalid configuration:\n%v", err)
-	}
+	// Every check runs even when an earlier one failed, so that one message names every bad
+	// variable. dispatcher.New opens nothing (no database, no Redis connection until used),
+	// so a dispatcher built from a configuration that is then refused can simply be dropped.
+	cfg, parseErr := parseServeConfig(values)
 	log := newLogger(cfg.logLevel, cfg.logFormat, zapcore.Lock(zapcore.AddSync(env.stderr)))
 	defer func() { _ = log.Sync() }()
 	cfg.dispatcher.Logger = log
-	d, err := dispatcher.New(cfg.dispatcher)
-	if err != nil {
+	d, buildErr := dispatcher.New(cfg.dispatcher)
+	if err := mergeConfigErrors(parseErr, buildErr); err != nil {
 		return usageError("invalid configuration:\n%v", err)
 	}
 	log.Info("starting fluxhook", effectiveConfig(values)...)
+	// The metrics address is bound before the dispatcher starts: an address that cannot be
+	// bound (in use, not local) must stop serve before it registers or claims anything, not
+	// after it has leased rows that a second instance would then wait a lease for.
+	var metricsLn net.Listener
+	if cfg.metricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", cfg.metricsAddr); err != nil {
+			return fmt.Errorf("METRICS_ADDR: cannot listen on %s: %w; choose a free local address or leave it empty", cfg.metricsAddr, err)
+		}
+		defer func() { _ = metricsLn.Close() }()
+	}
 	if cfg.profileDir != "" {
 		stopProfile, err := startProfile(cfg.profileDir)
 		if err != nil {
@@ -60,15 +70,10 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	}
 
 	var metricsSrv *http.Server
-	if cfg.metricsAddr != "" {
-		ln, err := net.Listen("tcp", cfg.metricsAddr)
-		if err != nil {
-			_ = d.Stop(context.Background())
-			return fmt.Errorf("METRICS_ADDR: %w", err)
-		}
+	if metricsLn != nil {
 		metricsSrv = &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = metricsSrv.Serve(ln) }()
-		log.Info("serving /metrics, /livez and /readyz", zap.String("addr", ln.Addr().String()))
+		go func() { _ = metricsSrv.Serve(metricsLn) }()
+		log.Info("serving /metrics, /livez and /readyz", zap.String("addr", metricsLn.Addr().String()))
 	}
 
 	<-ctx.Done()

@@ -6,7 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -263,6 +265,14 @@ func TestServeSecondSignalCancels(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "second signal: cancelling in-flight deliveries") {
 		t.Errorf("no log line about the second signal")
 	}
+	requireReleasedAndRedelivered(t, db, env, c, id)
+}
+
+// requireReleasedAndRedelivered checks the row of a request cancelled by a forced stop: not
+// settled (neither processed nor retried nor dead-lettered) but released, so that another
+// instance delivers it at once rather than after the lease.
+func requireReleasedAndRedelivered(t *testing.T, db *sqltest.DB, env map[string]string, c *hookConsumer, id string) {
+	t.Helper()
 	var processed, released bool
 	if err := db.Pool.QueryRow(context.Background(),
 		`SELECT processed, lease_until IS NULL OR lease_until <= now() + interval '1 second'
@@ -272,6 +282,12 @@ func TestServeSecondSignalCancels(t *testing.T) {
 	}
 	if processed || !released {
 		t.Fatalf("row after a forced stop: processed=%v lease released=%v; want unprocessed and released", processed, released)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, id); n != 1 {
+		t.Fatalf("%d rows for the cancelled delivery, want 1: it must not be settled as a failed attempt", n)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1`, id); n != 0 {
+		t.Fatal("the cancelled delivery was dead-lettered")
 	}
 
 	// Released, not left leased for the full lease: another instance delivers it right away.
@@ -285,10 +301,42 @@ func TestServeSecondSignalCancels(t *testing.T) {
 	}
 }
 
-// serveInProcess calls run([serve]) in this process with env as the whole environment.
-func serveInProcess(env map[string]string) (code int, stderr string) {
+// TestServeDrainTimeoutReleasesInFlightRow sends SIGTERM while a request hangs far beyond
+// WEBHOOK_DRAIN_TIMEOUT_MS: serve must give up on it once the drain timeout passes (not wait
+// for the request's own timeout), exit, and leave the row released for redelivery, neither
+// lost nor settled as a failure.
+func TestServeDrainTimeoutReleasesInFlightRow(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	release := newGate()
+	const drain = 1500 * time.Millisecond
+	env := serveEnv(db.URL, "")
+	env["WEBHOOK_TIMEOUT_MS"] = "60000" // only the drain timeout can end the request in time
+	env["WEBHOOK_DRAIN_TIMEOUT_MS"] = strconv.Itoa(int(drain.Milliseconds()))
+	p, c, id := startHangingOne(t, db, release, env)
+
+	start := time.Now()
+	p.signal(syscall.SIGTERM)
+	code := p.waitExit(30 * time.Second) // half the request timeout: only the drain timeout ends it
+	took := time.Since(start)
+	t.Logf("exited with %d %s after SIGTERM (drain timeout %s)", code, took.Round(time.Millisecond), drain)
+	if took < drain {
+		t.Errorf("serve exited %s after SIGTERM, before the drain timeout of %s", took, drain)
+	}
+	if code != 0 {
+		t.Errorf("serve exited %d after a drain timeout, want 0", code)
+	}
+	if logs := p.stderr.String(); !strings.Contains(logs, "drain cut short") {
+		t.Errorf("no log line saying the drain was cut short")
+	}
+	requireReleasedAndRedelivered(t, db, env, c, id)
+}
+
+// serveInProcess calls run([serve flags...]) in this process with env as the whole
+// environment.
+func serveInProcess(env map[string]string, flags ...string) (code int, stderr string) {
 	var out, errBuf bytes.Buffer
-	code = run([]string{"serve"}, &out, &errBuf, func(k string) string { return env[k] })
+	code = run(append([]string{"serve"}, flags...), &out, &errBuf, func(k string) string { return env[k] })
 	return code, out.String() + errBuf.String()
 }
 
@@ -305,32 +353,50 @@ func TestServeInvalidConfig(t *testing.T) {
 		set  map[string]string
 		want string // the variable the message must name
 		leak string // a value that must not be repeated
+		// flags follow serve on the command line.
+		flags []string
+		// notWant are variables the message must not name: set right by a flag over a
+		// wrong environment value.
+		notWant []string
 	}{
-		{"no database", map[string]string{"DATABASE_URL": ""}, "DATABASE_URL", ""},
-		{"database url does not parse", map[string]string{"DATABASE_URL": "postgres://root:" + dbPassword + "@127.0.0.1:notaport/db"}, "DATABASE_URL", ""},
-		{"no url", map[string]string{"WEBHOOK_URL": ""}, "WEBHOOK_URL", ""},
-		{"ftp url", map[string]string{"WEBHOOK_URL": "ftp://x"}, "WEBHOOK_URL", ""},
-		{"http url", map[string]string{"WEBHOOK_URL": "http://example.com"}, "WEBHOOK_URL", ""},
-		{"url with credentials", map[string]string{"WEBHOOK_URL": "https://u:p4ssw0rd-in-url@example.com"}, "WEBHOOK_URL", "p4ssw0rd-in-url"},
-		{"no secret", map[string]string{"WEBHOOK_SECRET": ""}, "WEBHOOK_SECRET", ""},
-		{"scheme", map[string]string{"WEBHOOK_SIGNATURE_SCHEME": "bogus"}, "WEBHOOK_SIGNATURE_SCHEME", ""},
-		{"poll not a number", map[string]string{"WEBHOOK_POLL_INTERVAL_MS": "abc"}, "WEBHOOK_POLL_INTERVAL_MS", ""},
-		{"poll too short", map[string]string{"WEBHOOK_POLL_INTERVAL_MS": "1"}, "WEBHOOK_POLL_INTERVAL_MS", ""},
-		{"batch size", map[string]string{"WEBHOOK_BATCH_SIZE": "0"}, "WEBHOOK_BATCH_SIZE", ""},
-		{"max in flight", map[string]string{"WEBHOOK_MAX_IN_FLIGHT": "-1"}, "WEBHOOK_MAX_IN_FLIGHT", ""},
-		{"endpoint concurrency", map[string]string{"WEBHOOK_ENDPOINT_CONCURRENCY": "0"}, "WEBHOOK_ENDPOINT_CONCURRENCY", ""},
-		{"timeout", map[string]string{"WEBHOOK_TIMEOUT_MS": "x"}, "WEBHOOK_TIMEOUT_MS", ""},
-		{"lease under timeout", map[string]string{"WEBHOOK_LEASE_MS": "500", "WEBHOOK_TIMEOUT_MS": "30000"}, "WEBHOOK_LEASE_MS", ""},
-		{"schedule word", map[string]string{"WEBHOOK_RETRY_SCHEDULE": "5s,banana"}, "WEBHOOK_RETRY_SCHEDULE", ""},
-		{"schedule zero", map[string]string{"WEBHOOK_RETRY_SCHEDULE": "0s"}, "WEBHOOK_RETRY_SCHEDULE", ""},
-		{"max payload", map[string]string{"WEBHOOK_MAX_PAYLOAD_BYTES": "1"}, "WEBHOOK_MAX_PAYLOAD_BYTES", ""},
-		{"retry rps", map[string]string{"WEBHOOK_RETRY_RPS": "0"}, "WEBHOOK_RETRY_RPS", ""},
-		{"breaker threshold", map[string]string{"WEBHOOK_CIRCUIT_BREAKER_THRESHOLD": "-1"}, "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", ""},
-		{"breaker reset", map[string]string{"WEBHOOK_CIRCUIT_BREAKER_RESET_MS": "0"}, "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", ""},
-		{"retention", map[string]string{"WEBHOOK_RETENTION": "forever"}, "WEBHOOK_RETENTION", ""},
-		{"allowed networks", map[string]string{"WEBHOOK_ALLOWED_NETWORKS": "10.0.0.0/33"}, "WEBHOOK_ALLOWED_NETWORKS", ""},
-		{"log level", map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL", ""},
-		{"log format", map[string]string{"LOG_FORMAT": "xml"}, "LOG_FORMAT", ""},
+		{"no database", map[string]string{"DATABASE_URL": ""}, "DATABASE_URL", "", nil, nil},
+		{"database url does not parse", map[string]string{"DATABASE_URL": "postgres://root:" + dbPassword + "@127.0.0.1:notaport/db"}, "DATABASE_URL", "", nil, nil},
+		{"no url", map[string]string{"WEBHOOK_URL": ""}, "WEBHOOK_URL", "", nil, nil},
+		{"ftp url", map[string]string{"WEBHOOK_URL": "ftp://x"}, "WEBHOOK_URL", "", nil, nil},
+		{"http url", map[string]string{"WEBHOOK_URL": "http://example.com"}, "WEBHOOK_URL", "", nil, nil},
+		{"url with credentials", map[string]string{"WEBHOOK_URL": "https://u:p4ssw0rd-in-url@example.com"}, "WEBHOOK_URL", "p4ssw0rd-in-url", nil, nil},
+		{"no secret", map[string]string{"WEBHOOK_SECRET": ""}, "WEBHOOK_SECRET", "", nil, nil},
+		{"scheme", map[string]string{"WEBHOOK_SIGNATURE_SCHEME": "bogus"}, "WEBHOOK_SIGNATURE_SCHEME", "", nil, nil},
+		{"poll not a number", map[string]string{"WEBHOOK_POLL_INTERVAL_MS": "abc"}, "WEBHOOK_POLL_INTERVAL_MS", "", nil, nil},
+		{"poll too short", map[string]string{"WEBHOOK_POLL_INTERVAL_MS": "1"}, "WEBHOOK_POLL_INTERVAL_MS", "", nil, nil},
+		{"batch size", map[string]string{"WEBHOOK_BATCH_SIZE": "0"}, "WEBHOOK_BATCH_SIZE", "", nil, nil},
+		{"max in flight", map[string]string{"WEBHOOK_MAX_IN_FLIGHT": "-1"}, "WEBHOOK_MAX_IN_FLIGHT", "", nil, nil},
+		{"endpoint concurrency", map[string]string{"WEBHOOK_ENDPOINT_CONCURRENCY": "0"}, "WEBHOOK_ENDPOINT_CONCURRENCY", "", nil, nil},
+		{"timeout", map[string]string{"WEBHOOK_TIMEOUT_MS": "x"}, "WEBHOOK_TIMEOUT_MS", "", nil, nil},
+		{"lease under timeout", map[string]string{"WEBHOOK_LEASE_MS": "500", "WEBHOOK_TIMEOUT_MS": "30000"}, "WEBHOOK_LEASE_MS", "", nil, nil},
+		{"schedule word", map[string]string{"WEBHOOK_RETRY_SCHEDULE": "5s,banana"}, "WEBHOOK_RETRY_SCHEDULE", "", nil, nil},
+		{"schedule zero", map[string]string{"WEBHOOK_RETRY_SCHEDULE": "0s"}, "WEBHOOK_RETRY_SCHEDULE", "", nil, nil},
+		{"max payload", map[string]string{"WEBHOOK_MAX_PAYLOAD_BYTES": "1"}, "WEBHOOK_MAX_PAYLOAD_BYTES", "", nil, nil},
+		{"retry rps", map[string]string{"WEBHOOK_RETRY_RPS": "0"}, "WEBHOOK_RETRY_RPS", "", nil, nil},
+		{"breaker threshold", map[string]string{"WEBHOOK_CIRCUIT_BREAKER_THRESHOLD": "-1"}, "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", "", nil, nil},
+		{"breaker reset", map[string]string{"WEBHOOK_CIRCUIT_BREAKER_RESET_MS": "0"}, "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", "", nil, nil},
+		{"retention", map[string]string{"WEBHOOK_RETENTION": "forever"}, "WEBHOOK_RETENTION", "", nil, nil},
+		{"allowed networks", map[string]string{"WEBHOOK_ALLOWED_NETWORKS": "10.0.0.0/33"}, "WEBHOOK_ALLOWED_NETWORKS", "", nil, nil},
+		{"log level", map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL", "", nil, nil},
+		{"log format", map[string]string{"LOG_FORMAT": "xml"}, "LOG_FORMAT", "", nil, nil},
+		{name: "drain timeout not a number", set: map[string]string{"WEBHOOK_DRAIN_TIMEOUT_MS": "soon"}, want: "WEBHOOK_DRAIN_TIMEOUT_MS"},
+		{name: "drain timeout negative", set: map[string]string{"WEBHOOK_DRAIN_TIMEOUT_MS": "-1"}, want: "WEBHOOK_DRAIN_TIMEOUT_MS"},
+		{name: "metrics addr without port", set: map[string]string{"METRICS_ADDR": "localhost"}, want: "METRICS_ADDR"},
+		{name: "metrics endpoint label", set: map[string]string{"METRICS_ENDPOINT_LABEL": "sometimes"}, want: "METRICS_ENDPOINT_LABEL"},
+		{name: "redis url scheme", set: map[string]string{"REDIS_URL": "http://127.0.0.1:6379"}, want: "REDIS_URL"},
+		{name: "redis url with password does not parse", set: map[string]string{"REDIS_URL": "redis://u:redis-pw-7d1e@127.0.0.1:notaport"}, want: "REDIS_URL", leak: "redis-pw-7d1e"},
+		{name: "previous secret not a standard secret", set: map[string]string{
+			"WEBHOOK_SIGNATURE_SCHEME": "standard", "WEBHOOK_SECRET": "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM=",
+			"WEBHOOK_SECRET_PREVIOUS": "previous-secret-0b3f"}, want: "WEBHOOK_SECRET_PREVIOUS", leak: "previous-secret-0b3f"},
+		// Flags are read, and a flag wins over the environment in both directions.
+		{name: "bad flag over a good variable", flags: []string{"--webhook-batch-size=0"}, want: "WEBHOOK_BATCH_SIZE"},
+		{name: "good flag over a bad variable", set: map[string]string{"WEBHOOK_BATCH_SIZE": "0", "LOG_FORMAT": "xml"},
+			flags: []string{"--webhook-batch-size", "5"}, want: "LOG_FORMAT", notWant: []string{"WEBHOOK_BATCH_SIZE"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -338,12 +404,17 @@ func TestServeInvalidConfig(t *testing.T) {
 			for k, v := range tc.set {
 				env[k] = v
 			}
-			code, stderr := serveInProcess(env)
-			if code == 0 {
-				t.Fatalf("serve exited 0; output:\n%s", stderr)
+			code, stderr := serveInProcess(env, tc.flags...)
+			if code != 2 {
+				t.Fatalf("serve exited %d, want 2; output:\n%s", code, stderr)
 			}
 			if !strings.Contains(stderr, tc.want) {
 				t.Errorf("exit %d, but the message does not name %s:\n%s", code, tc.want, stderr)
+			}
+			for _, v := range tc.notWant {
+				if strings.Contains(stderr, v) {
+					t.Errorf("the message names %s, which a flag set right:\n%s", v, stderr)
+				}
 			}
 			for _, secret := range []string{serveSecret, dbPassword, tc.leak} {
 				if secret != "" && strings.Contains(stderr, secret) {
@@ -364,6 +435,95 @@ func TestServeInvalidConfig(t *testing.T) {
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dispatcher`); n != 0 {
 		t.Errorf("%d dispatchers registered by serves with an invalid configuration", n)
+	}
+	if arrived, _, _ := c.counts(); arrived != 0 {
+		t.Errorf("the consumer got %d requests", arrived)
+	}
+}
+
+// TestServeInvalidConfigNamesEveryVariable sets one bad value of each kind of check at once
+// (a number that does not parse, a range, the consumer URL, a secret, REDIS_URL, a flag):
+// one run must name them all, so an operator fixes them in one go.
+func TestServeInvalidConfigNamesEveryVariable(t *testing.T) {
+	t.Parallel()
+	env := serveEnv("postgres://root@127.0.0.1:5432/none?sslmode=disable", "ftp://consumer.example")
+	env["WEBHOOK_POLL_INTERVAL_MS"] = "often"
+	env["WEBHOOK_LEASE_MS"] = "500"
+	env["WEBHOOK_SIGNATURE_SCHEME"] = "standard"
+	env["WEBHOOK_SECRET"] = "whsec_c2VjcmV0LWtleS1mb3ItdGVzdHM="
+	env["WEBHOOK_SECRET_PREVIOUS"] = "not-a-whsec-secret"
+	env["REDIS_URL"] = "http://127.0.0.1:6379"
+	code, stderr := serveInProcess(env, "--metrics-endpoint-label=sometimes")
+	if code != 2 {
+		t.Fatalf("serve exited %d, want 2:\n%s", code, stderr)
+	}
+	for _, v := range []string{"WEBHOOK_POLL_INTERVAL_MS", "WEBHOOK_LEASE_MS", "WEBHOOK_URL", "WEBHOOK_SECRET_PREVIOUS", "REDIS_URL", "METRICS_ENDPOINT_LABEL"} {
+		if !strings.Contains(stderr, v+":") && !strings.Contains(stderr, v+" ") {
+			t.Errorf("the message does not name %s:\n%s", v, stderr)
+		}
+	}
+	if n := strings.Count(stderr, "WEBHOOK_POLL_INTERVAL_MS"); n != 1 {
+		t.Errorf("WEBHOOK_POLL_INTERVAL_MS reported %d times, want once:\n%s", n, stderr)
+	}
+}
+
+// TestServeFlagsBeatEnvironment runs a real dispatcher configured partly by flags that
+// contradict its environment: the event must go to the flag's consumer, signed with the flag's
+// secret, and the environment's consumer must get nothing.
+func TestServeFlagsBeatEnvironment(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	fromEnv := newHookConsumer(t, nil)
+	fromFlag := newHookConsumer(t, nil)
+	env := serveEnv(db.URL, fromEnv.URL())
+	env["WEBHOOK_SECRET"] = "the-environment-secret-loses"
+	env["WEBHOOK_POLL_INTERVAL_MS"] = "not-a-number" // invalid unless the flag wins
+	p := startServe(t, "serve", env, "--webhook-url="+fromFlag.URL(), "--webhook-secret", serveSecret,
+		"--webhook-poll-interval-ms=1000")
+	id := enqueueOne(t, db, outbox.Event{EventType: "test.flags"})
+	p.waitFor(15*time.Second, "the event delivered", func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
+	})
+	reqs := fromFlag.requests()
+	if len(reqs) != 1 || reqs[0].DeliveryID != id {
+		t.Fatalf("the flag's consumer got %d requests, want the one event", len(reqs))
+	}
+	if reqs[0].VerifyErr != nil {
+		t.Errorf("not signed with the flag's secret: %v", reqs[0].VerifyErr)
+	}
+	if n := len(fromEnv.requests()); n != 0 {
+		t.Errorf("the environment's consumer got %d requests", n)
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.waitExit(15 * time.Second); code != 0 {
+		t.Fatalf("serve exited %d after SIGTERM, want 0", code)
+	}
+}
+
+// TestServeUnbindableMetricsAddrClaimsNothing occupies the metrics address before serve
+// starts: serve must fail naming METRICS_ADDR without having registered or claimed anything,
+// because it binds the address before the dispatcher starts.
+func TestServeUnbindableMetricsAddrClaimsNothing(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	id := enqueueOne(t, db, outbox.Event{})
+	c := newHookConsumer(t, nil)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	env := serveEnv(db.URL, c.URL())
+	env["METRICS_ADDR"] = busy.Addr().String()
+	code, stderr := serveInProcess(env)
+	if code == 0 || !strings.Contains(stderr, "METRICS_ADDR") {
+		t.Fatalf("serve exited %d; want a failure naming METRICS_ADDR:\n%s", code, stderr)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND leased_by IS NULL AND NOT processed`, id); n != 1 {
+		t.Errorf("the pending row was claimed by a serve that could not bind METRICS_ADDR")
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dispatcher`); n != 0 {
+		t.Errorf("%d dispatchers registered by a serve that could not bind METRICS_ADDR", n)
 	}
 	if arrived, _, _ := c.counts(); arrived != 0 {
 		t.Errorf("the consumer got %d requests", arrived)

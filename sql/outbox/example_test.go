@@ -14,8 +14,8 @@ import (
 
 // The event is written with the same transaction as the business change: if the order insert
 // fails or the transaction rolls back, no webhook is sent; if it commits, fluxhook delivers the
-// event at least once. (No Output: it needs a database with fluxhook's schema and an orders
-// table, so it is compiled but not run.)
+// event at least once. (The package's TestMain provides the database, with fluxhook's schema
+// and an orders table, so the example runs as a test.)
 func ExampleEnqueue() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -52,4 +52,15 @@ func ExampleEnqueue() {
 	// The delivery id is what the consumer receives as x-fluxora-delivery-id: log it with the
 	// order to trace the webhook end to end.
 	log.Printf("order %d created, webhook delivery %s", o.ID, sent.DeliveryID)
+
+	// The event committed with the order: it is in the outbox, waiting for fluxhook.
+	var eventType, payload string
+	if err := pool.QueryRow(ctx,
+		"SELECT event_type, payload->>'state' FROM webhook_outbox WHERE delivery_id = $1 AND NOT processed",
+		sent.DeliveryID,
+	).Scan(&eventType, &payload); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("pending:", eventType, payload)
+	// Output: pending: order.created created
 }

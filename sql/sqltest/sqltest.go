@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -47,38 +48,54 @@ func New(t testing.TB) *DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	db, drop, err := Create(ctx)
+	if err != nil {
+		t.Fatalf("sqltest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := drop(); err != nil {
+			t.Errorf("sqltest: %v", err)
+		}
+	})
+	return db
+}
+
+// Create creates an empty database outside any one test and returns the function that drops
+// it. It is for a TestMain whose examples need a database: an Example has no *testing.T to
+// hand to New, so the database is set up around m.Run instead.
+func Create(ctx context.Context) (*DB, func() error, error) {
 	admin, err := pgx.Connect(ctx, ServerURL())
 	if err != nil {
-		t.Fatalf("sqltest: connecting to %s (set FLUXHOOK_TEST_DATABASE_URL, or run the README's test command, which starts PostgreSQL): %v", ServerURL(), err)
+		return nil, nil, fmt.Errorf("connecting to %s (set FLUXHOOK_TEST_DATABASE_URL, or run the README's test command, which starts PostgreSQL): %w", ServerURL(), err)
 	}
 	defer admin.Close(ctx)
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "fluxhook_test_" + hex.EncodeToString(b[:])
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("sqltest: create database: %v", err)
+		return nil, nil, fmt.Errorf("create database: %w", err)
 	}
 	url := withDatabase(ServerURL(), name)
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
-		t.Fatalf("sqltest: pool: %v", err)
+		return nil, nil, fmt.Errorf("pool: %w", err)
 	}
 	db := &DB{Name: name, URL: url, Pool: pool}
-	t.Cleanup(func() {
+	drop := func() error {
 		pool.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		admin, err := pgx.Connect(ctx, ServerURL())
 		if err != nil {
-			t.Errorf("sqltest: cleanup connect: %v", err)
-			return
+			return fmt.Errorf("cleanup connect: %w", err)
 		}
 		defer admin.Close(ctx)
 		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Errorf("sqltest: drop database %s: %v", name, err)
+			return fmt.Errorf("drop database %s: %w", name, err)
 		}
-	})
-	return db
+		return nil
+	}
+	return db, drop, nil
 }
 
 // NewMigrated creates a database for t with fluxhook's schema installed.

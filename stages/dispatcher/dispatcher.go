@@ -757,6 +757,9 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 		if res.Fallback > 0 {
 			d.log.Warn("settle batch rejected; settled rows one by one", zap.Int("rows", res.Fallback))
 		}
+		if res.Unsettled > 0 {
+			d.log.Error("database refused to settle or dead-letter rows; they will be delivered again after their lease", zap.Int("rows", res.Unsettled))
+		}
 		d.cfg.Gate.Record(ctx, batch)
 		d.metrics.settleRows.Observe(float64(len(batch)))
 		now := time.Now()

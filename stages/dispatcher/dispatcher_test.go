@@ -354,7 +354,9 @@ func TestListenerReconnectsAfterBackendKilled(t *testing.T) {
 	b := setup(t)
 	c := newConsumer(t, nil)
 	cfg := b.config(c.URL())
-	cfg.PollInterval = 500 * time.Millisecond // the backstop while the listener is away
+	// The poll is an hour away: every delivery below comes through the listener, by the
+	// backlog claim it makes on reconnecting or by a NOTIFY to the new connection.
+	cfg.PollInterval = time.Hour
 	d := b.start(cfg)
 	ctx := context.Background()
 	listenerPID := func() int {
@@ -367,6 +369,9 @@ func TestListenerReconnectsAfterBackendKilled(t *testing.T) {
 		return pid
 	}
 	eventually(t, 10*time.Second, "listener connected", func() bool { return d.ListenerConnected() && listenerPID() != 0 })
+	if n := counterValue(t, d, "fluxora_webhook_listener_reconnects_total", ""); n != 0 {
+		t.Fatalf("%v reconnects before the backend was killed", n)
+	}
 	old := listenerPID()
 	if _, err := b.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, old); err != nil {
 		t.Fatal(err)
@@ -379,11 +384,46 @@ func TestListenerReconnectsAfterBackendKilled(t *testing.T) {
 		pid := listenerPID()
 		return pid != 0 && pid != old && d.ListenerConnected()
 	})
+	if n := counterValue(t, d, "fluxora_webhook_listener_reconnects_total", ""); n != 1 {
+		t.Errorf("listener_reconnects_total = %v after one killed backend, want 1", n)
+	}
 	// And NOTIFY works again through the new connection: with the poll an hour away, a new
 	// event arrives only by NOTIFY (or the due timer, which has nothing to wait for).
 	b.waitSettled(10 * time.Second)
 	b.enqueue(outbox.Event{})
 	eventually(t, 10*time.Second, "delivery after reconnect", func() bool { return len(c.arrivals()) == 6 })
+	if n := counterValue(t, d, "fluxora_webhook_wakeups_total", "poll"); n != 0 {
+		t.Errorf("the poll woke the dispatcher %v times; the test no longer shows the listener delivering", n)
+	}
+	if n := counterValue(t, d, "fluxora_webhook_wakeups_total", "backlog"); n < 2 {
+		t.Errorf("%v backlog wake-ups, want one per connection (2)", n)
+	}
+}
+
+// counterValue reads a counter of d's registry; source selects the wakeups_total series.
+func counterValue(t *testing.T, d *dispatcher.Dispatcher, name, source string) float64 {
+	t.Helper()
+	fams, err := d.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			match := source == ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "source" && l.GetValue() == source {
+					match = true
+				}
+			}
+			if match {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
 
 func TestStopDrainsInFlightRequest(t *testing.T) {

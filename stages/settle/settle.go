@@ -5,8 +5,11 @@
 //
 // A batch is all-or-nothing in the database, but a bad row must never hold the others back:
 // when the batch statement fails, each row is settled on its own, and a row that still fails
-// is dead-lettered with the error as its reason. Only when the database itself is unreachable
-// do rows stay unsettled; their lease then expires and they are delivered again
+// is dead-lettered with the error as its reason. That includes a row that was delivered: its
+// reason says so, because the alternative, leaving it leased, would send it again after every
+// lease, forever. A row the database refuses even as a dead letter is left leased (counted in
+// Result.Unsettled) and the rest of the batch still settles. Only when the database itself is
+// unreachable do rows stay unsettled; their lease then expires and they are delivered again
 // (at-least-once), never lost.
 package settle
 
@@ -86,6 +89,9 @@ type Result struct {
 	Settled, Requeued, DeadLettered, Released int
 	// Fallback is the number of rows settled one by one after the batch statement failed.
 	Fallback int
+	// Unsettled is the number of rows of the fallback that the database refused both to
+	// settle and to dead-letter: they stay leased and come back after their lease.
+	Unsettled int
 }
 
 // Settle writes the outcomes of batch. Rows whose Outcome is Retry are turned into a retry or,
@@ -220,6 +226,11 @@ func isRowError(err error) bool {
 	return false
 }
 
+// settleEach settles the rows of a rejected batch one at a time. A row error (see isRowError)
+// only ever affects its own row: the loop goes on to the next row whatever the row's kind, so
+// one bad row can neither hold back nor roll back the others. Any other error is about the
+// database, not the row, so the remaining rows are left to their leases rather than tried
+// one by one against a database that is failing.
 func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, batchErr error) (Result, error) {
 	var total Result
 	for _, d := range batch {
@@ -229,24 +240,42 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 			[]string{o.Error}, []int32{int32(o.Duration.Milliseconds())}, []int64{o.Delay.Milliseconds()},
 			[]string{o.Reason}, s.instance).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Released)
 		if err != nil {
-			// A delivered row is never dead-lettered: the consumer has it. Leaving it leased
-			// means at worst one duplicate delivery after the lease.
-			if !isRowError(err) || o.Kind == delivery.Delivered {
+			if !isRowError(err) {
 				return total, fmt.Errorf("settle: %w (after the batch failed: %v)", err, batchErr)
 			}
-			reason := "settle failed: " + err.Error()
-			if _, err := s.pool.Exec(ctx, deadLetterSQL, d.ID, reason, o.Status, o.Error); err != nil {
-				return total, fmt.Errorf("settle: dead-lettering row %d: %w", d.ID, err)
+			if r, err = s.deadLetter(ctx, d, err); err != nil {
+				return total, err
 			}
-			d.Outcome.Kind = delivery.Permanent
-			d.Outcome.Reason = reason
-			r = Result{Settled: 1, DeadLettered: 1}
 		}
 		total.Settled += r.Settled
 		total.Requeued += r.Requeued
 		total.DeadLettered += r.DeadLettered
 		total.Released += r.Released
+		total.Unsettled += r.Unsettled
 		total.Fallback++
 	}
 	return total, nil
+}
+
+// deadLetter is the last resort for a row whose own settlement failed with rowErr. A delivered
+// row is dead-lettered too, with a reason that says the consumer has it (a replay would be a
+// duplicate, which consumers deduplicate on the delivery id): left leased instead, it would be
+// sent again after every lease and fail again, forever. If the database refuses the dead
+// letter as well (a trigger that rejects every update of the row), the row is counted as
+// unsettled and left to its lease; only an error about the database itself is returned.
+func (s *Settler) deadLetter(ctx context.Context, d *delivery.Delivery, rowErr error) (Result, error) {
+	o := d.Outcome
+	reason := "settle failed: " + rowErr.Error()
+	if o.Kind == delivery.Delivered {
+		reason = fmt.Sprintf("delivered (HTTP %d) but could not be marked processed: %v", o.Status, rowErr)
+	}
+	if _, err := s.pool.Exec(ctx, deadLetterSQL, d.ID, reason, o.Status, o.Error); err != nil {
+		if isRowError(err) {
+			return Result{Unsettled: 1}, nil
+		}
+		return Result{}, fmt.Errorf("settle: dead-lettering row %d: %w", d.ID, err)
+	}
+	d.Outcome.Kind = delivery.Permanent
+	d.Outcome.Reason = reason
+	return Result{Settled: 1, DeadLettered: 1}, nil
 }

@@ -2,6 +2,7 @@ package settle_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -191,5 +192,102 @@ func TestTransientErrorsNeverDeadLetter(t *testing.T) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed AND lease_until > now()`); n != 2 {
 		t.Fatalf("%d rows still leased, want 2 (redelivered after the lease)", n)
+	}
+}
+
+// TestBadDeliveredRowDoesNotBlockTheBatch makes the database refuse to settle one delivered
+// row (an operator's trigger), placed first so that an early return would leave every other
+// row unsettled. The other rows of every kind must settle; the bad row is dead-lettered with a
+// reason saying it was delivered when the database allows that, and is otherwise left leased
+// and counted, without holding anything back.
+func TestBadDeliveredRowDoesNotBlockTheBatch(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		// condition is the trigger's condition on the bad row's update, beyond its id.
+		condition    string
+		deadLettered bool
+	}{
+		// Only the normal settle writes duration_ms: the dead letter goes through.
+		{"settle refused", "NEW.duration_ms IS NOT NULL", true},
+		// Every update of the row is refused: it can only stay leased.
+		{"every update refused", "true", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := sqltest.NewMigrated(t)
+			ctx := context.Background()
+			s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+			rows := leased(t, db, "e", 5)
+			bad := rows[0]
+			if _, err := db.Pool.Exec(ctx, `
+				CREATE FUNCTION refuse_row() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN
+					IF NEW.id = `+strconv.FormatInt(bad.ID, 10)+` AND (`+tc.condition+`) THEN
+						RAISE EXCEPTION 'row % refused by the operator', NEW.id;
+					END IF;
+					RETURN NEW;
+				END $$;
+				CREATE TRIGGER refuse_row BEFORE UPDATE ON webhook_outbox FOR EACH ROW EXECUTE FUNCTION refuse_row();`); err != nil {
+				t.Fatal(err)
+			}
+			bad.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200, Duration: 5 * time.Millisecond}
+			rows[1].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 204, Duration: 7 * time.Millisecond}
+			rows[2].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503"}
+			rows[3].Outcome = delivery.Outcome{Kind: delivery.Permanent, Status: 410, Error: "HTTP 410"}
+			rows[4].Outcome = delivery.Outcome{Kind: delivery.Release}
+			res, err := s.Settle(ctx, rows)
+			if err != nil {
+				t.Fatalf("Settle: %v", err)
+			}
+			want := settle.Result{Settled: 3, Requeued: 1, DeadLettered: 1, Released: 1, Fallback: 5}
+			if tc.deadLettered {
+				want.Settled, want.DeadLettered = 4, 2
+			} else {
+				want.Unsettled = 1
+			}
+			if res != want {
+				t.Fatalf("result %+v, want %+v", res, want)
+			}
+			// Every other row is settled as its outcome says.
+			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = ANY($1) AND processed AND lease_until IS NULL`,
+				[]int64{rows[1].ID, rows[2].ID, rows[3].ID}); n != 3 {
+				t.Fatalf("%d of the 3 other settled rows are processed", n)
+			}
+			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND status_code = 204`, rows[1].ID); n != 1 {
+				t.Fatal("the good delivered row was not marked with its status")
+			}
+			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 2 AND NOT processed`, rows[2].DeliveryID); n != 1 {
+				t.Fatal("the retry after the bad row was not enqueued")
+			}
+			if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1`, rows[3].DeliveryID); n != 1 {
+				t.Fatal("the permanent failure after the bad row was not dead-lettered")
+			}
+			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND NOT processed AND lease_until <= now()`, rows[4].ID); n != 1 {
+				t.Fatal("the released row after the bad row is still leased")
+			}
+			if !tc.deadLettered {
+				if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND NOT processed AND lease_until > now()`, bad.ID); n != 1 {
+					t.Fatal("the refused row is no longer leased; it must come back after its lease")
+				}
+				if bad.Outcome.Kind != delivery.Delivered {
+					t.Fatalf("refused row's outcome changed to %v", bad.Outcome.Kind)
+				}
+				return
+			}
+			var reason string
+			if err := db.Pool.QueryRow(ctx, `SELECT reason FROM webhook_dead_letter WHERE delivery_id = $1`, bad.DeliveryID).Scan(&reason); err != nil {
+				t.Fatalf("bad delivered row not dead-lettered: %v", err)
+			}
+			if !strings.Contains(reason, "delivered (HTTP 200)") || !strings.Contains(reason, "refused by the operator") {
+				t.Fatalf("reason %q does not say the row was delivered and why it failed", reason)
+			}
+			if bad.Outcome.Kind != delivery.Permanent || bad.Outcome.Reason != reason {
+				t.Fatalf("bad row's outcome %+v not updated to the dead letter", bad.Outcome)
+			}
+			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND processed AND lease_until IS NULL`, bad.ID); n != 1 {
+				t.Fatal("dead-lettered row still pending")
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package wake
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -64,5 +65,14 @@ func TestDropSeenKeepsWhatTheClaimDidNotSee(t *testing.T) {
 	w.DropSeen(seenUpTo(101))
 	if pending(w) {
 		t.Fatal("an id from before Clear kept the wake-up")
+	}
+}
+
+// The listener's default reconnect delay bounds how long NOTIFYs go unheard after a lost
+// connection (README: "reconnects within ~0.5 s"); the dispatcher relies on the default.
+func TestDefaultReconnectDelayIsAtMostASecond(t *testing.T) {
+	w := New(Config{})
+	if d := w.cfg.ReconnectDelay; d <= 0 || d > time.Second {
+		t.Fatalf("default ReconnectDelay = %s, want (0, 1s]", d)
 	}
 }
