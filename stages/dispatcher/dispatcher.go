@@ -52,6 +52,8 @@ type Dispatcher struct {
 
 	stats   Stats
 	metrics *metrics
+	// release closes what New opened, once: by Stop, or by a Stop without a (successful) Start.
+	release sync.Once
 	// redis is the gate's Redis store when REDIS_URL is set, closed by Stop.
 	redis *redisstore.Store
 	// lastLoop is when the claiming loop last went round (Unix nanoseconds), for /livez.
@@ -100,6 +102,9 @@ func New(cfg Config) (*Dispatcher, error) {
 	if err := errors.Join(errs...); err != nil {
 		if sender != nil {
 			sender.Close()
+		}
+		if store != nil {
+			_ = store.Close()
 		}
 		return nil, err
 	}
@@ -311,6 +316,8 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	d.mu.Lock()
 	if !d.started {
 		d.mu.Unlock()
+		// Never started (or Start failed): only what New opened is left to close.
+		d.release.Do(d.closeClients)
 		return nil
 	}
 	if d.stopping {
@@ -334,12 +341,17 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	}
 	cancel()
 	d.pool.Close()
+	d.release.Do(d.closeClients)
+	d.log.Info("dispatcher stopped", zap.String("instance_id", d.cfg.InstanceID))
+	return drainErr
+}
+
+// closeClients closes the HTTP transport and the Redis client that New opened.
+func (d *Dispatcher) closeClients() {
 	d.sender.Close()
 	if d.redis != nil {
 		_ = d.redis.Close()
 	}
-	d.log.Info("dispatcher stopped", zap.String("instance_id", d.cfg.InstanceID))
-	return drainErr
 }
 
 // settleLinger is how long settling waits for more outcomes once it has one, unless every
