@@ -12,6 +12,7 @@ import (
 
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/dispatcher"
 	"github.com/fluxora/fluxhook/stages/gate"
 	"github.com/fluxora/fluxhook/stages/gate/memstore"
 	"github.com/fluxora/fluxhook/stages/gate/redisstore"
@@ -309,4 +310,138 @@ func TestGateSurvivesRedisOutage(t *testing.T) {
 	if _, ok := trans.first("half_open>closed"); !ok {
 		t.Fatalf("the circuit did not close after the consumer recovered: %v", trans.names())
 	}
+}
+
+// TestRateLimitEndToEnd: several events to one consumer fail their first attempt and succeed
+// on their retry, under a retry rate limit of 2 per second. The refused retries are deferred
+// (counted as rate_limited) with no HTTP request and no attempt used, every event is delivered
+// exactly once after its retry, nothing is dead-lettered, and the consumer never receives more
+// retries than the limit within one window.
+func TestRateLimitEndToEnd(t *testing.T) {
+	t.Parallel()
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		testRateLimitEndToEnd(t, redistest.Open(t, redistest.Prefix(t)))
+	})
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		testRateLimitEndToEnd(t, memstore.New(memstore.Options{}))
+	})
+}
+
+func testRateLimitEndToEnd(t *testing.T, store gate.Store) {
+	const (
+		events = 6
+		rps    = 2
+		window = time.Second
+		// slack bounds how much later than its admission by the gate a request may reach the
+		// consumer (sign, send, a loaded machine under -race). Retries arriving within
+		// window-slack of each other were admitted within one window, so at most rps of them
+		// may do so; the bound is sound for any delay up to slack, and still fails if the
+		// limiter admits one retry too many.
+		slack = 300 * time.Millisecond
+	)
+	b := setup(t)
+	c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		if a.Attempt == "1" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	cfg := b.config(c.URL())
+	cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, 100 * time.Millisecond}
+	g, err := gate.NewBreakerGate(store, gate.Params{RetryRPS: rps, Window: window},
+		gate.Hooks{OnFailOpen: func() { t.Error("gate failed open") }, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	og := &observedGate{Gate: g}
+	cfg.Gate = og
+	d := b.start(cfg)
+
+	var ids []string
+	for i := range events {
+		ids = append(ids, b.enqueue(outbox.Event{Payload: map[string]int{"n": i}}))
+	}
+	eventually(t, 30*time.Second, "every event delivered", func() bool {
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`) == events
+	})
+	b.waitSettled(10 * time.Second)
+
+	// Exactly two requests per event: the failed first attempt and the successful retry. A
+	// refused retry that had been sent anyway would be a third.
+	byID := c.byDelivery()
+	var retries []time.Time
+	for _, id := range ids {
+		got := byID[id]
+		if len(got) != 2 || got[0].Attempt != "1" || got[1].Attempt != "2" {
+			var attempts []string
+			for _, a := range got {
+				attempts = append(attempts, a.Attempt)
+			}
+			t.Errorf("event %s: requests with attempts %v, want [1 2]", id, attempts)
+			continue
+		}
+		retries = append(retries, got[1].At)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+
+	// The limiter refused retries: 6 first attempts fill the window, so at least the first
+	// retries had to wait. Each refusal is a settled row of attempt 2 with no response, and
+	// the next row of the event keeps attempt 2 (no attempt consumed).
+	limited := 0
+	for _, dd := range og.deferrals() {
+		if dd.reason != gate.DeferRateLimit.String() {
+			t.Errorf("row %s deferred for %q, want only rate-limit deferrals", dd.deliveryID, dd.reason)
+		}
+		limited++
+	}
+	if limited == 0 {
+		t.Fatal("no retry was deferred by the rate limiter: the test proves nothing")
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE attempt = 2 AND processed AND status_code IS NULL`); n != limited {
+		t.Errorf("%d settled attempt-2 rows without a response, want one per deferral (%d)", n, limited)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE attempt > 2`); n != 0 {
+		t.Errorf("%d rows beyond attempt 2: a deferral consumed an attempt", n)
+	}
+	if got := counterValue(t, d, "fluxora_webhook_deferrals_total", "reason", "rate_limited"); got != float64(limited) {
+		t.Errorf("fluxora_webhook_deferrals_total{reason=\"rate_limited\"} = %v, want %d", got, limited)
+	}
+
+	slices.SortFunc(retries, func(a, b time.Time) int { return a.Compare(b) })
+	for i := range retries {
+		in := 0
+		for _, at := range retries[i:] {
+			if at.Sub(retries[i]) < window-slack {
+				in++
+			}
+		}
+		if in > rps {
+			t.Errorf("%d retries reached the consumer within %s of %s, want at most %d", in, window-slack, retries[i].Format("15:04:05.000"), rps)
+		}
+	}
+}
+
+// counterValue reads one labelled counter from the dispatcher's registry (0 when absent).
+func counterValue(t *testing.T, d *dispatcher.Dispatcher, name, label, value string) float64 {
+	t.Helper()
+	families, err := d.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
