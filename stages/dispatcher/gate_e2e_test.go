@@ -445,3 +445,106 @@ func counterValue(t *testing.T, d *dispatcher.Dispatcher, name, label, value str
 	}
 	return 0
 }
+
+// TestRestartedDispatcherSeesTheBreaker: dispatcher A opens the circuit against a failing
+// consumer and stops; dispatcher B, a new process on the same Redis, finds the circuit open:
+// it defers the rows for that consumer to the reset time without a request, then probes and
+// closes it. B reports no closed>open transition of its own: the open state came from Redis.
+func TestRestartedDispatcherSeesTheBreaker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	prefix := redistest.Prefix(t)
+	var healthy atomic.Bool
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) {
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	// Long enough for A to stop and B to start and claim well before the reset on a loaded
+	// machine; the assertions below depend on B acting while the circuit is still open.
+	const reset = 4 * time.Second
+	newDispatcher := func(trans *transitions) (*dispatcher.Dispatcher, *observedGate) {
+		cfg := b.config(c.URL())
+		cfg.RetrySchedule = slices.Repeat([]time.Duration{100 * time.Millisecond}, 6)
+		g, err := gate.NewBreakerGate(redistest.Open(t, prefix), gate.Params{
+			Threshold: 2, Reset: reset, RetryRPS: 100, ProbeTimeout: cfg.Timeout + 5*time.Second,
+		}, gate.Hooks{OnTransition: trans.add, OnFailOpen: func() { t.Error("gate failed open") }, Logger: cfg.Logger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		og := &observedGate{Gate: g}
+		cfg.Gate = og
+		d, err := dispatcher.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Stop(context.Background()) })
+		return d, og
+	}
+
+	transA := &transitions{}
+	a, _ := newDispatcher(transA)
+	ids := []string{b.enqueue(outbox.Event{}), b.enqueue(outbox.Event{})}
+	eventually(t, 10*time.Second, "dispatcher A to open the circuit", func() bool { _, ok := transA.first("closed>open"); return ok })
+	opened, _ := transA.first("closed>open")
+	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Stop(stopCtx); err != nil {
+		t.Fatalf("stopping dispatcher A: %v", err)
+	}
+	stoppedA := time.Now()
+	healthy.Store(true) // only a probe may find out
+
+	transB := &transitions{}
+	_, gb := newDispatcher(transB)
+	backlog := []string{b.enqueue(outbox.Event{}), b.enqueue(outbox.Event{}), b.enqueue(outbox.Event{})}
+	ids = append(ids, backlog...)
+	eventually(t, 10*time.Second, "dispatcher B to defer the new rows for the open circuit", func() bool {
+		n := 0
+		for _, d := range gb.deferrals() {
+			if d.reason == gate.DeferOpen.String() && contains(backlog, d.deliveryID) {
+				n++
+			}
+		}
+		return n == len(backlog)
+	})
+	if time.Since(opened) >= reset-500*time.Millisecond {
+		t.Fatalf("dispatcher B deferred the backlog %s after the opening, too close to the reset (%s) to prove anything; raise reset", time.Since(opened), reset)
+	}
+	eventually(t, 30*time.Second, "every event delivered after the probe", func() bool {
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`) == len(ids)
+	})
+	b.waitSettled(10 * time.Second)
+
+	if got := transB.names(); fmt.Sprint(got) != "[open>half_open half_open>closed]" {
+		t.Fatalf("dispatcher B's transitions %v, want it to find the circuit open, probe and close it", got)
+	}
+	for _, d := range gb.deferrals() {
+		if d.reason != gate.DeferOpen.String() {
+			continue // held while B's probe was in flight
+		}
+		// Deferred to the reset time, by the opening A made (generous: a loaded machine).
+		if off := d.at.Add(d.delay).Sub(opened.Add(reset)); off < -500*time.Millisecond || off > 500*time.Millisecond {
+			t.Errorf("row %s deferred by B until %s after the opening, want the reset time (%s)", d.deliveryID, off+reset, reset)
+		}
+	}
+	closed, _ := transB.first("half_open>closed")
+	probes := 0
+	for _, r := range c.arrivals() {
+		switch {
+		case r.At.After(stoppedA) && r.At.Before(opened.Add(reset-100*time.Millisecond)):
+			t.Errorf("request at %s after the opening, before the reset (%s)", r.At.Sub(opened), reset)
+		case r.At.After(stoppedA) && r.At.Before(closed):
+			probes++
+		}
+	}
+	if probes != 1 {
+		t.Errorf("%d requests between the reset and the closing, want exactly one probe", probes)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+}
