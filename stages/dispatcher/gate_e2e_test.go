@@ -548,3 +548,64 @@ func TestRestartedDispatcherSeesTheBreaker(t *testing.T) {
 		t.Errorf("%d dead letters", n)
 	}
 }
+
+// TestGateStoreRoundTripsMetric: a dispatcher on REDIS_URL counts its Redis round trips in
+// fluxora_webhook_gate_store_round_trips_total: one decide per claimed batch and one record per
+// settled batch, plus one each the first time, when the new Redis lacks the scripts
+// (EVALSHA answered NOSCRIPT, then EVAL).
+func TestGateStoreRoundTripsMetric(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	srv := redistest.StartServer(t) // its own server: a fresh script cache
+	c := newConsumer(t, nil)
+	cfg := b.config(c.URL())
+	cfg.RedisURL = srv.URL()
+	cfg.BreakerThreshold = 5 // record runs only with the breaker on
+	d := b.start(cfg)
+	const events = 4
+	for i := range events {
+		b.enqueue(outbox.Event{})
+		eventually(t, 10*time.Second, "the event delivered", func() bool { return int(d.Stats().Delivered.Load()) == i+1 })
+	}
+	b.waitSettled(10 * time.Second)
+
+	claims, empty := histogramCounts(t, d, "fluxora_webhook_claim_batch_rows")
+	settles, _ := histogramCounts(t, d, "fluxora_webhook_settle_batch_rows")
+	batches := claims - empty
+	if batches < 1 || settles < 1 {
+		t.Fatalf("%d claimed batches and %d settles for %d events", batches, settles, events)
+	}
+	if got := counterValue(t, d, "fluxora_webhook_gate_store_round_trips_total", "op", "decide"); got != float64(batches+1) {
+		t.Errorf("decide round trips %v, want one per claimed batch (%d) plus one to load the script", got, batches)
+	}
+	if got := counterValue(t, d, "fluxora_webhook_gate_store_round_trips_total", "op", "record"); got != float64(settles+1) {
+		t.Errorf("record round trips %v, want one per settle (%d) plus one to load the script", got, settles)
+	}
+}
+
+// histogramCounts returns a histogram's sample count and how many samples were 0 (its le="0"
+// bucket, when it has one).
+func histogramCounts(t *testing.T, d *dispatcher.Dispatcher, name string) (count, zero uint64) {
+	t.Helper()
+	families, err := d.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			h := m.GetHistogram()
+			count = h.GetSampleCount()
+			for _, bk := range h.GetBucket() {
+				if bk.GetUpperBound() == 0 {
+					zero = bk.GetCumulativeCount()
+				}
+			}
+		}
+		return count, zero
+	}
+	t.Fatalf("the registry has no %s", name)
+	return 0, 0
+}
