@@ -305,13 +305,15 @@ type dispatcherMetrics struct {
 	Settles      float64 // settle batches
 	SettledRows  float64
 	Released     float64 // rows handed back unattempted (endpoint saturated)
+	GateDecides  float64 // the gate's Redis round trips for claimed batches (counted by its client)
+	GateRecords  float64 // the gate's Redis round trips for settled batches
 	Wakeups      map[string]float64
 	ok           bool
 	scrapeFailed error
 }
 
-// scrape reads the dispatcher's claim and settle counters from /metrics. Each scrape also runs
-// the dispatcher's one backlog query.
+// scrape reads the dispatcher's claim, settle and gate round-trip counters from /metrics. Each
+// scrape also runs the dispatcher's one backlog query.
 func (d *dispatcherProc) scrape(ctx context.Context) dispatcherMetrics {
 	m := dispatcherMetrics{Wakeups: map[string]float64{}}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.metricsAddr+"/metrics", nil)
@@ -345,6 +347,10 @@ func (d *dispatcherProc) scrape(ctx context.Context) dispatcherMetrics {
 			m.SettledRows = value
 		case name == "fluxora_webhook_released_total":
 			m.Released = value
+		case name == `fluxora_webhook_gate_store_round_trips_total{op="decide"}`:
+			m.GateDecides = value
+		case name == `fluxora_webhook_gate_store_round_trips_total{op="record"}`:
+			m.GateRecords = value
 		case strings.HasPrefix(name, "fluxora_webhook_wakeups_total{"):
 			src := strings.TrimSuffix(strings.TrimPrefix(name, `fluxora_webhook_wakeups_total{source="`), `"}`)
 			m.Wakeups[src] = value

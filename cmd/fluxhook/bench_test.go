@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"strings"
 	"testing"
@@ -12,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fluxora/fluxhook/sql/sqltest"
+	"github.com/fluxora/fluxhook/stages/dispatcher"
 )
 
 // TestBenchSmoke runs a tiny `fluxhook bench` against the test server, as a user would run it,
@@ -206,5 +210,64 @@ func TestBenchOptions(t *testing.T) {
 		if _, err := parseBenchOptions(env, args); err == nil {
 			t.Errorf("parseBenchOptions(%q) accepted it", args)
 		}
+	}
+}
+
+// TestBenchGateRoundTrips: the bench reads the gate's Redis round trips from the series a real
+// dispatcher on REDIS_URL exposes, and its budget line "≤ 1 Redis round trip per claimed batch"
+// judges the decide round trips (two EVALSHA in one pipeline are one round trip), with the
+// record round trips per settle checked on a line of their own.
+func TestBenchGateRoundTrips(t *testing.T) {
+	t.Parallel()
+	d, err := dispatcher.New(dispatcher.Config{
+		DatabaseURL: sqltest.ServerURL(), DefaultURL: "http://127.0.0.1:1/hook", Secret: "s",
+		RedisURL: "redis://127.0.0.1:1/0", // never dialled: New does not connect
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Stop(context.Background()) })
+	rec := httptest.NewRecorder()
+	d.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	exposition := rec.Body
+	// The real dispatcher's exposition, with the two counters as a run would leave them.
+	text := strings.NewReplacer(
+		`fluxora_webhook_gate_store_round_trips_total{op="decide"} 0`, `fluxora_webhook_gate_store_round_trips_total{op="decide"} 41`,
+		`fluxora_webhook_gate_store_round_trips_total{op="record"} 0`, `fluxora_webhook_gate_store_round_trips_total{op="record"} 22`,
+	).Replace(exposition.String())
+	if !strings.Contains(text, `op="decide"} 41`) || !strings.Contains(text, `op="record"} 22`) {
+		t.Fatalf("the dispatcher on REDIS_URL does not expose fluxora_webhook_gate_store_round_trips_total{op=decide|record}:\n%s", exposition.String())
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, text) }))
+	t.Cleanup(srv.Close)
+	m := (&dispatcherProc{metricsAddr: strings.TrimPrefix(srv.URL, "http://")}).scrape(context.Background())
+	if m.scrapeFailed != nil || m.GateDecides != 41 || m.GateRecords != 22 {
+		t.Fatalf("scraped decide %v, record %v (%v); want 41 and 22", m.GateDecides, m.GateRecords, m.scrapeFailed)
+	}
+
+	budget := func(c *costReport) map[string]budgetCheck {
+		r := &benchReport{Drain: &drainResult{Events: 1, Received: 1, Cost: c}}
+		r.check()
+		out := map[string]budgetCheck{}
+		for _, b := range r.Budget {
+			out[b.What] = b
+		}
+		return out
+	}
+	const decide, record = "Redis round trips per claimed batch (gate decide)", "Redis round trips per settle transaction (gate record)"
+	// Many commands per batch (one EVALSHA per endpoint) but one round trip: within budget.
+	got := budget(&costReport{RedisServer: true, ClaimedBatches: 40, Settles: 20, RedisCommandsPerBatch: 3, RedisRoundTripsPerBatch: 41.0 / 40, RedisRoundTripsPerSettle: 22.0 / 20})
+	if b, ok := got[decide]; !ok || !b.OK || b.Value != 41.0/40 {
+		t.Errorf("decide budget line %+v (present %v), want 1.025 within budget", b, ok)
+	}
+	if b, ok := got[record]; !ok || b.Value != 22.0/20 || b.OK {
+		t.Errorf("record budget line %+v (present %v), want 1.1 over budget", b, ok)
+	}
+	got = budget(&costReport{RedisServer: true, ClaimedBatches: 40, Settles: 20, RedisRoundTripsPerBatch: 2})
+	if b := got[decide]; b.OK {
+		t.Errorf("two decide round trips per batch passed the budget: %+v", b)
+	}
+	if _, ok := budget(&costReport{ClaimedBatches: 40, Settles: 20})[decide]; ok {
+		t.Error("a Redis budget line without REDIS_URL")
 	}
 }

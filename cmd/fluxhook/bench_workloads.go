@@ -139,6 +139,7 @@ func (s *session) cost(ctx context.Context, events int) (*costReport, error) {
 			c.ClaimsPerBatch = m.Claims / batches
 			c.SettlesPerBatch = m.Settles / batches
 			c.RedisCommandsPerBatch = redisCmds / batches
+			c.RedisRoundTripsPerBatch = m.GateDecides / batches
 			if d.Statements >= 0 {
 				v := float64(d.Statements) / batches
 				c.StatementsPerBatch = &v
@@ -146,6 +147,7 @@ func (s *session) cost(ctx context.Context, events int) (*costReport, error) {
 		}
 		if m.Settles > 0 {
 			c.RowsPerSettle = m.SettledRows / m.Settles
+			c.RedisRoundTripsPerSettle = m.GateRecords / m.Settles
 		}
 	}
 	return c, nil

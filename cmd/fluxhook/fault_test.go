@@ -13,7 +13,8 @@ package main
 // FLUXHOOK_FAULT_BACKLOG=1000000 (measured: 1,000,000 rows inserted in 11 s and drained in
 // 3 min 43 s, about 4,500 events/s, on a 2-core machine; 4 min 20 s in all).
 //
-// Not here: Redis stopped and restarted under load (the gate's own suite covers it).
+// Redis stopped and restarted under load is a case of its own, in fault_redis_test.go
+// (TestFaultRedisRestartUnderLoad).
 
 import (
 	"context"

@@ -122,6 +122,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		if store != nil {
 			gs = store
 			d.redis = store
+			d.metrics.countRoundTrips(store)
 		}
 		g, err := gate.NewBreakerGate(gs, gate.Params{
 			Threshold: cfg.BreakerThreshold,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/dispatcher"
 	"github.com/fluxora/fluxhook/stages/gate"
 	"github.com/fluxora/fluxhook/stages/gate/memstore"
 	"github.com/fluxora/fluxhook/stages/gate/redisstore"
@@ -64,21 +65,25 @@ type observedGate struct {
 	deferred []deferral
 }
 
+// deferral is one row the gate held back. The store computed its delay at some moment between
+// checked and at, so the row is due between checked+delay and at+delay.
 type deferral struct {
 	deliveryID string
+	checked    time.Time
 	at         time.Time
 	delay      time.Duration
 	reason     string
 }
 
 func (o *observedGate) Check(ctx context.Context, batch []*delivery.Delivery) {
+	checked := time.Now()
 	o.Gate.Check(ctx, batch)
 	now := time.Now()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, d := range batch {
 		if d.Outcome.Kind == delivery.Defer {
-			o.deferred = append(o.deferred, deferral{d.DeliveryID, now, d.Outcome.Delay, d.Outcome.Reason})
+			o.deferred = append(o.deferred, deferral{d.DeliveryID, checked, now, d.Outcome.Delay, d.Outcome.Reason})
 		}
 	}
 }
@@ -168,15 +173,22 @@ func testBreakerEndToEnd(t *testing.T, newStore func() gate.Store) {
 		t.Fatalf("transitions %v, want each one exactly once, in order, across both instances", got)
 	}
 	closed, _ := trans.first("half_open>closed")
-	// Deferred to the reset time: every deferral for the open circuit ends when it resets.
+	// Deferred to the reset time: every deferral for the open circuit ends when it resets. The
+	// row is due somewhere in [checked+delay, at+delay] (the store's moment is not observable),
+	// and the opening was reported after the store made it, so the margin covers only the
+	// scheduling of one hook call; 300 ms is generous for a loaded 2-core machine under -race
+	// and still tells the reset time (1.5 s after the opening) from a deferral of one window or
+	// MaxProbeWait (1 s) or of nothing.
+	const margin = 300 * time.Millisecond
 	for _, g := range gates {
 		for _, d := range g.deferrals() {
 			if d.reason != gate.DeferOpen.String() {
 				continue
 			}
-			due := d.at.Add(d.delay)
-			if off := due.Sub(opened.Add(reset)); off < -150*time.Millisecond || off > 150*time.Millisecond {
-				t.Errorf("row %s deferred until %s after the opening, want the reset time (%s)", d.deliveryID, due.Sub(opened), reset)
+			want := opened.Add(reset)
+			if early, late := d.checked.Add(d.delay), d.at.Add(d.delay); late.Before(want.Add(-margin)) || early.After(want.Add(margin)) {
+				t.Errorf("row %s deferred until %s–%s after the opening, want the reset time (%s ± %s)",
+					d.deliveryID, early.Sub(opened), late.Sub(opened), reset, margin)
 			}
 		}
 	}
@@ -309,4 +321,303 @@ func TestGateSurvivesRedisOutage(t *testing.T) {
 	if _, ok := trans.first("half_open>closed"); !ok {
 		t.Fatalf("the circuit did not close after the consumer recovered: %v", trans.names())
 	}
+}
+
+// TestRateLimitEndToEnd: several events to one consumer fail their first attempt and succeed
+// on their retry, under a retry rate limit of 2 per second. The refused retries are deferred
+// (counted as rate_limited) with no HTTP request and no attempt used, every event is delivered
+// exactly once after its retry, nothing is dead-lettered, and the consumer never receives more
+// retries than the limit within one window.
+func TestRateLimitEndToEnd(t *testing.T) {
+	t.Parallel()
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		testRateLimitEndToEnd(t, redistest.Open(t, redistest.Prefix(t)))
+	})
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		testRateLimitEndToEnd(t, memstore.New(memstore.Options{}))
+	})
+}
+
+func testRateLimitEndToEnd(t *testing.T, store gate.Store) {
+	const (
+		events = 6
+		rps    = 2
+		window = time.Second
+		// slack bounds how much later than its admission by the gate a request may reach the
+		// consumer (sign, send, a loaded machine under -race). Retries arriving within
+		// window-slack of each other were admitted within one window, so at most rps of them
+		// may do so; the bound is sound for any delay up to slack, and still fails if the
+		// limiter admits one retry too many.
+		slack = 300 * time.Millisecond
+	)
+	b := setup(t)
+	c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		if a.Attempt == "1" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	cfg := b.config(c.URL())
+	cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, 100 * time.Millisecond}
+	g, err := gate.NewBreakerGate(store, gate.Params{RetryRPS: rps, Window: window},
+		gate.Hooks{OnFailOpen: func() { t.Error("gate failed open") }, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	og := &observedGate{Gate: g}
+	cfg.Gate = og
+	d := b.start(cfg)
+
+	var ids []string
+	for i := range events {
+		ids = append(ids, b.enqueue(outbox.Event{Payload: map[string]int{"n": i}}))
+	}
+	eventually(t, 30*time.Second, "every event delivered", func() bool {
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`) == events
+	})
+	b.waitSettled(10 * time.Second)
+
+	// Exactly two requests per event: the failed first attempt and the successful retry. A
+	// refused retry that had been sent anyway would be a third.
+	byID := c.byDelivery()
+	var retries []time.Time
+	for _, id := range ids {
+		got := byID[id]
+		if len(got) != 2 || got[0].Attempt != "1" || got[1].Attempt != "2" {
+			var attempts []string
+			for _, a := range got {
+				attempts = append(attempts, a.Attempt)
+			}
+			t.Errorf("event %s: requests with attempts %v, want [1 2]", id, attempts)
+			continue
+		}
+		retries = append(retries, got[1].At)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+
+	// The limiter refused retries: 6 first attempts fill the window, so at least the first
+	// retries had to wait. Each refusal is a settled row of attempt 2 with no response, and
+	// the next row of the event keeps attempt 2 (no attempt consumed).
+	limited := 0
+	for _, dd := range og.deferrals() {
+		if dd.reason != gate.DeferRateLimit.String() {
+			t.Errorf("row %s deferred for %q, want only rate-limit deferrals", dd.deliveryID, dd.reason)
+		}
+		limited++
+	}
+	if limited == 0 {
+		t.Fatal("no retry was deferred by the rate limiter: the test proves nothing")
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE attempt = 2 AND processed AND status_code IS NULL`); n != limited {
+		t.Errorf("%d settled attempt-2 rows without a response, want one per deferral (%d)", n, limited)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE attempt > 2`); n != 0 {
+		t.Errorf("%d rows beyond attempt 2: a deferral consumed an attempt", n)
+	}
+	if got := counterValue(t, d, "fluxora_webhook_deferrals_total", "reason", "rate_limited"); got != float64(limited) {
+		t.Errorf("fluxora_webhook_deferrals_total{reason=\"rate_limited\"} = %v, want %d", got, limited)
+	}
+
+	slices.SortFunc(retries, func(a, b time.Time) int { return a.Compare(b) })
+	for i := range retries {
+		in := 0
+		for _, at := range retries[i:] {
+			if at.Sub(retries[i]) < window-slack {
+				in++
+			}
+		}
+		if in > rps {
+			t.Errorf("%d retries reached the consumer within %s of %s, want at most %d", in, window-slack, retries[i].Format("15:04:05.000"), rps)
+		}
+	}
+}
+
+// counterValue reads one labelled counter from the dispatcher's registry (0 when absent).
+func counterValue(t *testing.T, d *dispatcher.Dispatcher, name, label, value string) float64 {
+	t.Helper()
+	families, err := d.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestRestartedDispatcherSeesTheBreaker: dispatcher A opens the circuit against a failing
+// consumer and stops; dispatcher B, a new process on the same Redis, finds the circuit open:
+// it defers the rows for that consumer to the reset time without a request, then probes and
+// closes it. B reports no closed>open transition of its own: the open state came from Redis.
+func TestRestartedDispatcherSeesTheBreaker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	prefix := redistest.Prefix(t)
+	var healthy atomic.Bool
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) {
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	// Long enough for A to stop and B to start and claim well before the reset on a loaded
+	// machine; the assertions below depend on B acting while the circuit is still open.
+	const reset = 4 * time.Second
+	newDispatcher := func(trans *transitions) (*dispatcher.Dispatcher, *observedGate) {
+		cfg := b.config(c.URL())
+		cfg.RetrySchedule = slices.Repeat([]time.Duration{100 * time.Millisecond}, 6)
+		g, err := gate.NewBreakerGate(redistest.Open(t, prefix), gate.Params{
+			Threshold: 2, Reset: reset, RetryRPS: 100, ProbeTimeout: cfg.Timeout + 5*time.Second,
+		}, gate.Hooks{OnTransition: trans.add, OnFailOpen: func() { t.Error("gate failed open") }, Logger: cfg.Logger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		og := &observedGate{Gate: g}
+		cfg.Gate = og
+		d, err := dispatcher.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.Stop(context.Background()) })
+		return d, og
+	}
+
+	transA := &transitions{}
+	a, _ := newDispatcher(transA)
+	ids := []string{b.enqueue(outbox.Event{}), b.enqueue(outbox.Event{})}
+	eventually(t, 10*time.Second, "dispatcher A to open the circuit", func() bool { _, ok := transA.first("closed>open"); return ok })
+	opened, _ := transA.first("closed>open")
+	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Stop(stopCtx); err != nil {
+		t.Fatalf("stopping dispatcher A: %v", err)
+	}
+	stoppedA := time.Now()
+	healthy.Store(true) // only a probe may find out
+
+	transB := &transitions{}
+	_, gb := newDispatcher(transB)
+	backlog := []string{b.enqueue(outbox.Event{}), b.enqueue(outbox.Event{}), b.enqueue(outbox.Event{})}
+	ids = append(ids, backlog...)
+	eventually(t, 10*time.Second, "dispatcher B to defer the new rows for the open circuit", func() bool {
+		n := 0
+		for _, d := range gb.deferrals() {
+			if d.reason == gate.DeferOpen.String() && contains(backlog, d.deliveryID) {
+				n++
+			}
+		}
+		return n == len(backlog)
+	})
+	if time.Since(opened) >= reset-500*time.Millisecond {
+		t.Fatalf("dispatcher B deferred the backlog %s after the opening, too close to the reset (%s) to prove anything; raise reset", time.Since(opened), reset)
+	}
+	eventually(t, 30*time.Second, "every event delivered after the probe", func() bool {
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`) == len(ids)
+	})
+	b.waitSettled(10 * time.Second)
+
+	if got := transB.names(); fmt.Sprint(got) != "[open>half_open half_open>closed]" {
+		t.Fatalf("dispatcher B's transitions %v, want it to find the circuit open, probe and close it", got)
+	}
+	for _, d := range gb.deferrals() {
+		if d.reason != gate.DeferOpen.String() {
+			continue // held while B's probe was in flight
+		}
+		// Deferred to the reset time, by the opening A made (generous: a loaded machine).
+		want := opened.Add(reset)
+		if early, late := d.checked.Add(d.delay), d.at.Add(d.delay); late.Before(want.Add(-500*time.Millisecond)) || early.After(want.Add(500*time.Millisecond)) {
+			t.Errorf("row %s deferred by B until %s–%s after the opening, want the reset time (%s)", d.deliveryID, early.Sub(opened), late.Sub(opened), reset)
+		}
+	}
+	closed, _ := transB.first("half_open>closed")
+	probes := 0
+	for _, r := range c.arrivals() {
+		switch {
+		case r.At.After(stoppedA) && r.At.Before(opened.Add(reset-100*time.Millisecond)):
+			t.Errorf("request at %s after the opening, before the reset (%s)", r.At.Sub(opened), reset)
+		case r.At.After(stoppedA) && r.At.Before(closed):
+			probes++
+		}
+	}
+	if probes != 1 {
+		t.Errorf("%d requests between the reset and the closing, want exactly one probe", probes)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+}
+
+// TestGateStoreRoundTripsMetric: a dispatcher on REDIS_URL counts its Redis round trips in
+// fluxora_webhook_gate_store_round_trips_total: one decide per claimed batch and one record per
+// settled batch, plus one each the first time, when the new Redis lacks the scripts
+// (EVALSHA answered NOSCRIPT, then EVAL).
+func TestGateStoreRoundTripsMetric(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	srv := redistest.StartServer(t) // its own server: a fresh script cache
+	c := newConsumer(t, nil)
+	cfg := b.config(c.URL())
+	cfg.RedisURL = srv.URL()
+	cfg.BreakerThreshold = 5 // record runs only with the breaker on
+	d := b.start(cfg)
+	const events = 4
+	for i := range events {
+		b.enqueue(outbox.Event{})
+		eventually(t, 10*time.Second, "the event delivered", func() bool { return int(d.Stats().Delivered.Load()) == i+1 })
+	}
+	b.waitSettled(10 * time.Second)
+
+	claims, empty := histogramCounts(t, d, "fluxora_webhook_claim_batch_rows")
+	settles, _ := histogramCounts(t, d, "fluxora_webhook_settle_batch_rows")
+	batches := claims - empty
+	if batches < 1 || settles < 1 {
+		t.Fatalf("%d claimed batches and %d settles for %d events", batches, settles, events)
+	}
+	if got := counterValue(t, d, "fluxora_webhook_gate_store_round_trips_total", "op", "decide"); got != float64(batches+1) {
+		t.Errorf("decide round trips %v, want one per claimed batch (%d) plus one to load the script", got, batches)
+	}
+	if got := counterValue(t, d, "fluxora_webhook_gate_store_round_trips_total", "op", "record"); got != float64(settles+1) {
+		t.Errorf("record round trips %v, want one per settle (%d) plus one to load the script", got, settles)
+	}
+}
+
+// histogramCounts returns a histogram's sample count and how many samples were 0 (its le="0"
+// bucket, when it has one).
+func histogramCounts(t *testing.T, d *dispatcher.Dispatcher, name string) (count, zero uint64) {
+	t.Helper()
+	families, err := d.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			h := m.GetHistogram()
+			count = h.GetSampleCount()
+			for _, bk := range h.GetBucket() {
+				if bk.GetUpperBound() == 0 {
+					zero = bk.GetCumulativeCount()
+				}
+			}
+		}
+		return count, zero
+	}
+	t.Fatalf("the registry has no %s", name)
+	return 0, 0
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/gate/redisstore"
 	"github.com/fluxora/fluxhook/stages/wake"
 )
 
@@ -28,6 +29,7 @@ type metrics struct {
 	deferrals       *prometheus.CounterVec
 	released        prometheus.Counter
 	failOpen        prometheus.Counter
+	storeRoundTrips *prometheus.CounterVec
 	transitions     *prometheus.CounterVec
 	reconnects      prometheus.Counter
 	wakeups         *prometheus.CounterVec
@@ -63,6 +65,8 @@ func newMetrics(d *Dispatcher) *metrics {
 		Help: "Claimed rows released without an attempt (endpoint saturated, shutdown)."})
 	m.failOpen = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "gate_fail_open_total",
 		Help: "Rows allowed because the gate's store (Redis) could not be reached."})
+	m.storeRoundTrips = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "gate_store_round_trips_total",
+		Help: "Round trips to the gate's Redis, by op: decide (one per claimed batch), record (one per settled batch), inspect, other. Stays 0 without REDIS_URL."}, []string{"op"})
 	m.transitions = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "circuit_breaker_transitions_total",
 		Help: "Real changes of a circuit breaker's state."}, []string{"from_state", "to_state"})
 	m.reconnects = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "listener_reconnects_total",
@@ -82,13 +86,30 @@ func newMetrics(d *Dispatcher) *metrics {
 	capacity := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "capacity",
 		Help: "The most rows this instance holds in flight (WEBHOOK_MAX_IN_FLIGHT)."}, func() float64 { return float64(d.slots.Size()) })
 	m.reg.MustRegister(m.deliveries, m.attemptSeconds, m.endToEndSeconds, m.retries, m.deadLetters, m.deferrals,
-		m.released, m.failOpen, m.transitions, m.reconnects, m.wakeups, m.claimRows, m.settleRows, m.settleErrors,
+		m.released, m.failOpen, m.storeRoundTrips, m.transitions, m.reconnects, m.wakeups, m.claimRows, m.settleRows, m.settleErrors,
 		m.claimErrors, inFlight, capacity, &backlogCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, s := range []wake.Source{wake.Notify, wake.Poll, wake.Timer, wake.Backlog} {
 		m.wakeups.WithLabelValues(string(s))
 	}
+	for _, op := range redisstore.Ops {
+		m.storeRoundTrips.WithLabelValues(string(op))
+	}
 	return m
+}
+
+// countRoundTrips feeds fluxora_webhook_gate_store_round_trips_total from store's client. The
+// counters are looked up once here: the hook runs on every Redis call, in the gate's path.
+func (m *metrics) countRoundTrips(store *redisstore.Store) {
+	byOp := make(map[redisstore.Op]prometheus.Counter, len(redisstore.Ops))
+	for _, op := range redisstore.Ops {
+		byOp[op] = m.storeRoundTrips.WithLabelValues(string(op))
+	}
+	store.CountRoundTrips(func(op redisstore.Op) {
+		if c, ok := byOp[op]; ok {
+			c.Inc()
+		}
+	})
 }
 
 // observe records one settled row.

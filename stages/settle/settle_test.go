@@ -51,7 +51,8 @@ func TestSettleWritesEveryKindInOneBatch(t *testing.T) {
 	rows[0].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200, Duration: 12 * time.Millisecond}
 	rows[1].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503"}
 	rows[2].Outcome = delivery.Outcome{Kind: delivery.Permanent, Status: 410, Error: "HTTP 410"}
-	rows[3].Outcome = delivery.Outcome{Kind: delivery.Defer, Delay: 2 * time.Second, Reason: "circuit open"}
+	const deferral = 2345 * time.Millisecond // not a whole second, so a truncated delay shows
+	rows[3].Outcome = delivery.Outcome{Kind: delivery.Defer, Delay: deferral, Reason: "circuit open"}
 	rows[4].Outcome = delivery.Outcome{Kind: delivery.Release, Delay: 0}
 	res, err := s.Settle(context.Background(), rows)
 	if err != nil {
@@ -68,6 +69,23 @@ func TestSettleWritesEveryKindInOneBatch(t *testing.T) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 1 AND NOT processed`, rows[3].DeliveryID); n != 1 {
 		t.Fatal("deferred row not re-enqueued with the same attempt")
+	}
+	// The deferred row is due at the deferral time by the database's clock: the settled row's
+	// processed_at and the new row's created_at come from the same statement's now().
+	var due time.Duration
+	var sameEvent bool
+	if err := db.Pool.QueryRow(context.Background(), `
+		SELECT n.created_at - o.processed_at,
+		       n.payload = o.payload AND n.enqueued_at = o.enqueued_at AND n.event_type = o.event_type
+		FROM webhook_outbox o JOIN webhook_outbox n ON n.delivery_id = o.delivery_id AND n.id <> o.id
+		WHERE o.id = $1 AND o.processed AND NOT n.processed`, rows[3].ID).Scan(&due, &sameEvent); err != nil {
+		t.Fatalf("deferred row and its settled original: %v", err)
+	}
+	if off := due - deferral; off < -time.Millisecond || off > time.Millisecond {
+		t.Fatalf("deferred row due %s after settling, want the deferral's %s", due, deferral)
+	}
+	if !sameEvent {
+		t.Fatal("deferred row does not carry the original's payload, event type and enqueued_at")
 	}
 	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1 AND last_status = 410`, rows[2].DeliveryID); n != 1 {
 		t.Fatal("permanent failure not dead-lettered")

@@ -44,8 +44,7 @@ func benchGate(b *testing.B, srv *redistest.Server, op string, endpoints, rps in
 		b.Fatal(err)
 	}
 	defer s.Close()
-	c := &counter{}
-	s.Client().AddHook(c)
+	c := countRoundTrips(s)
 	// A threshold that never trips, so that every batch reads the breaker and counts its
 	// attempts: with the default limit (10 per second, most retries refused) and with a limit
 	// that is never reached (every attempt added to the window).

@@ -131,7 +131,7 @@ func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }
 // Decide implements gate.Store: one pipeline of one decide.lua call per endpoint.
 func (s *Store) Decide(ctx context.Context, p gate.Params, checks []gate.EndpointCheck) ([]gate.EndpointDecision, error) {
 	limit := max(p.RetryRPS, 0)
-	cmds, err := s.run(ctx, decideScript, len(checks), func(i int) ([]string, []any) {
+	cmds, err := s.run(ctx, OpDecide, decideScript, len(checks), func(i int) ([]string, []any) {
 		c := checks[i]
 		cb, probe, rl := s.Keys(c.Hash)
 		flags := make([]byte, len(c.Retry))
@@ -196,7 +196,7 @@ func (s *Store) Record(ctx context.Context, p gate.Params, results []gate.Endpoi
 	if !p.Breaker() || len(results) == 0 {
 		return nil, nil
 	}
-	cmds, err := s.run(ctx, recordScript, len(results), func(i int) ([]string, []any) {
+	cmds, err := s.run(ctx, OpRecord, recordScript, len(results), func(i int) ([]string, []any) {
 		r := results[i]
 		cb, probe, _ := s.Keys(r.Hash)
 		kinds := make([]byte, len(r.Rows))
@@ -237,7 +237,7 @@ func (s *Store) Record(ctx context.Context, p gate.Params, results []gate.Endpoi
 
 // Inspect implements gate.Store.
 func (s *Store) Inspect(ctx context.Context, hashes []string) ([]gate.Snapshot, error) {
-	cmds, err := s.run(ctx, inspectScript, len(hashes), func(i int) ([]string, []any) {
+	cmds, err := s.run(ctx, OpInspect, inspectScript, len(hashes), func(i int) ([]string, []any) {
 		cb, probe, _ := s.Keys(hashes[i])
 		return []string{cb, probe}, []any{ms(gate.StateTTL)}
 	})
@@ -263,13 +263,14 @@ func (s *Store) Inspect(ctx context.Context, hashes []string) ([]gate.Snapshot, 
 	return out, nil
 }
 
-// run sends n calls of script as one pipeline of EVALSHA (one round trip) and, for the calls
+// run sends n calls of script, for op, as one pipeline of EVALSHA (one round trip) and, for the calls
 // Redis answers NOSCRIPT (its script cache is empty after a restart), once more as EVAL. It
 // returns an error only when every call failed; a call that failed alone carries its error.
-func (s *Store) run(ctx context.Context, script *redis.Script, n int, call func(i int) ([]string, []any)) ([]*redis.Cmd, error) {
+func (s *Store) run(ctx context.Context, op Op, script *redis.Script, n int, call func(i int) ([]string, []any)) ([]*redis.Cmd, error) {
 	if n == 0 {
 		return nil, nil
 	}
+	ctx = withOp(ctx, op)
 	keys := make([][]string, n)
 	args := make([][]any, n)
 	for i := range n {

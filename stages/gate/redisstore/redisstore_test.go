@@ -10,14 +10,15 @@ import (
 	"github.com/fluxora/fluxhook/stages/gate/redisstore/redistest"
 )
 
-// backend is one key prefix on the shared test Redis; each NewStore is a new client, as a
+// backend is one key prefix on a test Redis (url); each NewStore is a new client, as a
 // separate fluxhook instance would have.
 type backend struct {
+	url    string
 	prefix string
 	clock  *redisstore.Store // reads Redis's TIME for Advance
 }
 
-func (b *backend) NewStore(t testing.TB) gate.Store { return redistest.Open(t, b.prefix) }
+func (b *backend) NewStore(t testing.TB) gate.Store { return redistest.OpenURL(t, b.url, b.prefix) }
 
 func (b *backend) Advance(t testing.TB, d time.Duration) {
 	redistest.WaitFor(t, b.clock.Client(), d)
@@ -29,8 +30,13 @@ func (b *backend) Slack() time.Duration { return 500 * time.Millisecond }
 
 func TestContract(t *testing.T) {
 	t.Parallel()
-	gatetest.Run(t, func(t testing.TB) gatetest.Backend {
+	gatetest.Run(t, contractBackend(redistest.URL()))
+}
+
+// contractBackend gives each contract test a key prefix of its own on the Redis at url.
+func contractBackend(url string) func(t testing.TB) gatetest.Backend {
+	return func(t testing.TB) gatetest.Backend {
 		prefix := redistest.Prefix(t)
-		return &backend{prefix: prefix, clock: redistest.Open(t, prefix)}
-	})
+		return &backend{url: url, prefix: prefix, clock: redistest.OpenURL(t, url, prefix)}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,46 +21,46 @@ import (
 	"github.com/fluxora/fluxhook/stages/gate/redisstore/redistest"
 )
 
-// counter is a go-redis hook counting round trips: one per command sent alone, one per
-// pipeline. The handshake of a new connection (HELLO, CLIENT ...) also passes through hooks;
-// it is the connection's cost, paid once, not a batch's, so it is not counted.
+// counter counts the store's round trips by op, through the hook the dispatcher's
+// fluxora_webhook_gate_store_round_trips_total is fed by (Store.CountRoundTrips).
 type counter struct {
-	cmds, pipelines atomic.Int64
+	mu  sync.Mutex
+	ops map[redisstore.Op]int64
 }
 
-func handshake(cmd redis.Cmder) bool {
-	switch cmd.Name() {
-	case "hello", "client", "auth", "select":
-		return true
+// countRoundTrips installs a counter on s.
+func countRoundTrips(s *redisstore.Store) *counter {
+	c := &counter{ops: map[redisstore.Op]int64{}}
+	s.CountRoundTrips(func(op redisstore.Op) {
+		c.mu.Lock()
+		c.ops[op]++
+		c.mu.Unlock()
+	})
+	return c
+}
+
+// of returns the round trips made for op since the last reset.
+func (c *counter) of(op redisstore.Op) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ops[op]
+}
+
+// roundTrips returns every round trip since the last reset, whatever its op.
+func (c *counter) roundTrips() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n int64
+	for _, v := range c.ops {
+		n += v
 	}
-	return false
+	return n
 }
-
-func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !handshake(cmd) {
-			c.cmds.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && !handshake(cmds[0]) {
-			c.pipelines.Add(1)
-		}
-		return next(ctx, cmds)
-	}
-}
-
-func (c *counter) roundTrips() int64 { return c.cmds.Load() + c.pipelines.Load() }
 
 func (c *counter) reset() {
-	c.cmds.Store(0)
-	c.pipelines.Store(0)
+	c.mu.Lock()
+	clear(c.ops)
+	c.mu.Unlock()
 }
 
 func endpoint(url string) *delivery.Endpoint {
@@ -97,8 +98,7 @@ func TestOneRoundTripPerBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	c := &counter{}
-	s.Client().AddHook(c)
+	c := countRoundTrips(s)
 	g := newGate(t, s, gate.Params{Threshold: 5, RetryRPS: 1000, Reset: time.Minute})
 	eps := []*delivery.Endpoint{endpoint("https://a.example/"), endpoint("https://b.example/"), endpoint("https://c.example/")}
 	ctx := context.Background()
@@ -108,14 +108,17 @@ func TestOneRoundTripPerBatch(t *testing.T) {
 		rows := batch(100, eps...)
 		c.reset()
 		g.Check(ctx, rows)
-		if got := c.roundTrips(); got != want {
-			t.Fatalf("%s: Check of 100 rows over 3 endpoints took %d round trips, want %d", when, got, want)
+		if got := c.roundTrips(); got != want || c.of(redisstore.OpDecide) != want {
+			t.Fatalf("%s: Check of 100 rows over 3 endpoints took %d round trips (%d counted as decide), want %d", when, got, c.of(redisstore.OpDecide), want)
 		}
 		return rows
 	}
 	// Warm up the connection (its handshake is not a batch's cost).
 	if err := s.Ping(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if got := c.of(redisstore.OpOther); got != 1 || c.roundTrips() != 1 {
+		t.Fatalf("a PING on a new connection counted as %d round trips (%d other), want 1 other: the handshake is not a round trip of ours", c.roundTrips(), got)
 	}
 	check(2, "first batch after start (EVALSHA answered NOSCRIPT, then EVAL)")
 	rows := check(1, "cached scripts")
@@ -127,13 +130,13 @@ func TestOneRoundTripPerBatch(t *testing.T) {
 	}
 	c.reset()
 	g.Record(ctx, rows)
-	if got := c.roundTrips(); got != 2 {
+	if got := c.of(redisstore.OpRecord); got != 2 || c.roundTrips() != got {
 		// record.lua is not cached yet either
 		t.Fatalf("first Record took %d round trips, want 2 (EVALSHA, then EVAL)", got)
 	}
 	c.reset()
 	g.Record(ctx, rows)
-	if got := c.roundTrips(); got != 1 {
+	if got := c.of(redisstore.OpRecord); got != 1 || c.roundTrips() != got {
 		t.Fatalf("Record of 100 rows over 3 endpoints took %d round trips, want 1", got)
 	}
 	// The breakers are open now: every row is deferred, still in one round trip.
@@ -148,6 +151,13 @@ func TestOneRoundTripPerBatch(t *testing.T) {
 	}
 	check(2, "after SCRIPT FLUSH")
 	check(1, "scripts cached again")
+	c.reset()
+	if _, err := s.Inspect(ctx, []string{eps[0].Hash, eps[1].Hash}); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.of(redisstore.OpInspect); got < 1 || c.roundTrips() != got {
+		t.Fatalf("Inspect counted %d round trips of %d as inspect, want all of them", got, c.roundTrips())
+	}
 }
 
 // TestKeys checks the key names, that every key expires, and that no URL is stored.

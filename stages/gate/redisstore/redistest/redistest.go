@@ -62,14 +62,21 @@ func Prefix(t testing.TB) string {
 // makes a new client, as a separate fluxhook instance would have.
 func Open(t testing.TB, prefix string) *redisstore.Store {
 	t.Helper()
-	s, err := redisstore.Open(URL(), redisstore.Options{KeyPrefix: prefix})
+	return OpenURL(t, URL(), prefix)
+}
+
+// OpenURL is Open on the server (or Sentinel, or Cluster) named by redisURL, parsed as the
+// daemon parses REDIS_URL.
+func OpenURL(t testing.TB, redisURL, prefix string) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.Open(redisURL, redisstore.Options{KeyPrefix: prefix})
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := s.Ping(ctx); err != nil {
-		t.Fatalf("redistest: Redis at %s does not answer (set FLUXHOOK_TEST_REDIS_URL, or run the README's test command, which starts Redis): %v", URL(), err)
+		t.Fatalf("redistest: Redis at %s does not answer (set FLUXHOOK_TEST_REDIS_URL, or run the README's test command, which starts Redis): %v", redisURL, err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
@@ -108,6 +115,8 @@ type Server struct {
 	t    testing.TB
 	bin  string
 	Port int
+	// args returns the command line for a port (nil: a plain server without persistence).
+	args func(port int) []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -118,6 +127,20 @@ type Server struct {
 // killed when t ends.
 func StartServer(t testing.TB) *Server {
 	t.Helper()
+	return startServer(t, nil)
+}
+
+// plainArgs is a standalone server without persistence.
+func plainArgs(port int) []string {
+	return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning"}
+}
+
+func startServer(t testing.TB, args func(port int) []string) *Server {
+	t.Helper()
+	if args == nil {
+		args = plainArgs
+	}
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		for _, p := range []string{"/usr/bin/redis-server", "/usr/local/bin/redis-server"} {
@@ -128,9 +151,9 @@ func StartServer(t testing.TB) *Server {
 		}
 	}
 	if err != nil {
-		t.Fatalf("redistest: redis-server not found (install Redis, or run the README's test command): %v", err)
+		t.Fatalf("redistest: redis-server not found: install redis-server (the package of that name; .ci/services installs it in CI) so that tests can start private, Cluster and Sentinel servers: %v", err)
 	}
-	s := &Server{t: t, bin: bin}
+	s := &Server{t: t, bin: bin, args: args}
 	t.Cleanup(s.Stop)
 	var lastErr error
 	for range 5 { // another process may take the free port before redis-server binds it
@@ -165,8 +188,7 @@ func (s *Server) start() error {
 	if s.cmd != nil {
 		return nil
 	}
-	cmd := exec.Command(s.bin, "--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning")
+	cmd := exec.Command(s.bin, s.args(s.Port)...)
 	if err := cmd.Start(); err != nil {
 		return err
 	}
