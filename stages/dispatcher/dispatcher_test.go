@@ -369,7 +369,7 @@ func TestListenerReconnectsAfterBackendKilled(t *testing.T) {
 		return pid
 	}
 	eventually(t, 10*time.Second, "listener connected", func() bool { return d.ListenerConnected() && listenerPID() != 0 })
-	if n := counterValue(t, d, "fluxora_webhook_listener_reconnects_total", ""); n != 0 {
+	if n := counterValue(t, d, "fluxora_webhook_listener_reconnects_total", "", ""); n != 0 {
 		t.Fatalf("%v reconnects before the backend was killed", n)
 	}
 	old := listenerPID()
@@ -384,7 +384,7 @@ func TestListenerReconnectsAfterBackendKilled(t *testing.T) {
 		pid := listenerPID()
 		return pid != 0 && pid != old && d.ListenerConnected()
 	})
-	if n := counterValue(t, d, "fluxora_webhook_listener_reconnects_total", ""); n != 1 {
+	if n := counterValue(t, d, "fluxora_webhook_listener_reconnects_total", "", ""); n != 1 {
 		t.Errorf("listener_reconnects_total = %v after one killed backend, want 1", n)
 	}
 	// And NOTIFY works again through the new connection: with the poll an hour away, a new
@@ -392,39 +392,14 @@ func TestListenerReconnectsAfterBackendKilled(t *testing.T) {
 	b.waitSettled(10 * time.Second)
 	b.enqueue(outbox.Event{})
 	eventually(t, 10*time.Second, "delivery after reconnect", func() bool { return len(c.arrivals()) == 6 })
-	if n := counterValue(t, d, "fluxora_webhook_wakeups_total", "poll"); n != 0 {
+	if n := counterValue(t, d, "fluxora_webhook_wakeups_total", "source", "poll"); n != 0 {
 		t.Errorf("the poll woke the dispatcher %v times; the test no longer shows the listener delivering", n)
 	}
-	if n := counterValue(t, d, "fluxora_webhook_wakeups_total", "backlog"); n < 2 {
+	if n := counterValue(t, d, "fluxora_webhook_wakeups_total", "source", "backlog"); n < 2 {
 		t.Errorf("%v backlog wake-ups, want one per connection (2)", n)
 	}
 }
 
-// counterValue reads a counter of d's registry; source selects the wakeups_total series.
-func counterValue(t *testing.T, d *dispatcher.Dispatcher, name, source string) float64 {
-	t.Helper()
-	fams, err := d.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			match := source == ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "source" && l.GetValue() == source {
-					match = true
-				}
-			}
-			if match {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
-}
 
 func TestStopDrainsInFlightRequest(t *testing.T) {
 	t.Parallel()

@@ -435,7 +435,8 @@ func testRateLimitEndToEnd(t *testing.T, store gate.Store) {
 	}
 }
 
-// counterValue reads one labelled counter from the dispatcher's registry (0 when absent).
+// counterValue reads the series of a counter in the dispatcher's registry whose label has value
+// (any series when label is empty, for unlabelled counters); 0 when there is none.
 func counterValue(t *testing.T, d *dispatcher.Dispatcher, name, label, value string) float64 {
 	t.Helper()
 	families, err := d.Registry().Gather()
@@ -447,6 +448,9 @@ func counterValue(t *testing.T, d *dispatcher.Dispatcher, name, label, value str
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			if label == "" { // an unlabelled counter
+				return m.GetCounter().GetValue()
+			}
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
 					return m.GetCounter().GetValue()
