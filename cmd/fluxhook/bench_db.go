@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
 	fluxsql "github.com/fluxora/fluxhook/sql"
+	"github.com/fluxora/fluxhook/stages/gate/redisstore"
 )
 
 // benchMark starts every statement the bench itself runs, so that pg_stat_statements tells
@@ -376,18 +378,20 @@ func sortStatements(s []pgStatement) {
 	}
 }
 
-// redisCounter reads total_commands_processed from a Redis server (nil client: no Redis).
-type redisCounter struct{ client *redis.Client }
+// redisCounter reads total_commands_processed from a Redis server, or from every master of a
+// cluster (nil client: no Redis).
+type redisCounter struct{ client redis.UniversalClient }
 
+// newRedisCounter connects to REDIS_URL in any form the dispatcher accepts (single node,
+// Sentinel, Cluster).
 func newRedisCounter(ctx context.Context, rawURL string) (*redisCounter, error) {
 	if rawURL == "" {
 		return &redisCounter{}, nil
 	}
-	opts, err := redis.ParseURL(rawURL)
+	c, err := redisstore.NewClient(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("REDIS_URL %s: %w", redactURL(rawURL), err)
+		return nil, err
 	}
-	c := redis.NewClient(opts)
 	if err := c.Ping(ctx).Err(); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("connecting to Redis at %s: %w", redactURL(rawURL), err)
@@ -401,7 +405,25 @@ func (r *redisCounter) commands(ctx context.Context) (int64, error) {
 	if r.client == nil {
 		return -1, nil
 	}
-	info, err := r.client.Info(ctx, "stats").Result()
+	cluster, ok := r.client.(*redis.ClusterClient)
+	if !ok {
+		return commandsProcessed(ctx, r.client)
+	}
+	var mu sync.Mutex
+	var total int64
+	err := cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		n, err := commandsProcessed(ctx, node)
+		mu.Lock()
+		total += n
+		mu.Unlock()
+		return err
+	})
+	return total, err
+}
+
+// commandsProcessed is one server's total_commands_processed.
+func commandsProcessed(ctx context.Context, c redis.Cmdable) (int64, error) {
+	info, err := c.Info(ctx, "stats").Result()
 	if err != nil {
 		return 0, fmt.Errorf("redis INFO stats: %w", err)
 	}
