@@ -40,7 +40,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return usageError("invalid configuration:\n%v", err)
 	}
-	log.Info("starting fluxhook", effectiveConfig(values)...)
+	log.Info("starting fluxhook", effectiveConfig(withComputedDefaults(values, d.Config(), cfg.drainTimeout))...)
 	if cfg.profileDir != "" {
 		stopProfile, err := startProfile(cfg.profileDir)
 		if err != nil {
