@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +16,9 @@ import (
 	"github.com/fluxora/fluxhook/stages/dispatcher"
 )
 
-// lockedBuffer is a log destination safe for the dispatcher's goroutines and the test.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) Sync() error { return nil }
-
-func (b *lockedBuffer) lines() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Split(strings.TrimRight(b.buf.String(), "\n"), "\n")
+// logLines returns the lines written to logs.
+func logLines(logs *syncBuffer) []string {
+	return strings.Split(strings.TrimRight(logs.String(), "\n"), "\n")
 }
 
 // countMsgs counts the JSON log lines by message.
@@ -75,8 +58,8 @@ func TestLogLevelsAndLinesPerFailure(t *testing.T) {
 				}
 				return http.StatusOK
 			})
-			var logs lockedBuffer
-			log := newLogger(tc.level, "json", &logs)
+			var logs syncBuffer
+			log := newLogger(tc.level, "json", zapcore.AddSync(&logs))
 			d, err := dispatcher.New(dispatcher.Config{
 				DatabaseURL:   db.URL,
 				DefaultURL:    c.URL(),
@@ -110,7 +93,7 @@ func TestLogLevelsAndLinesPerFailure(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			n := countMsgs(t, logs.lines())
+			n := countMsgs(t, logLines(&logs))
 			if n["delivery attempt failed"] != 2 || n["delivery dead-lettered"] != 1 {
 				t.Errorf("%d failed-attempt and %d dead-letter lines, want 2 and 1 (three attempts)",
 					n["delivery attempt failed"], n["delivery dead-lettered"])
@@ -129,11 +112,11 @@ func TestLogLevelsAndLinesPerFailure(t *testing.T) {
 // with the level, the message and the fields.
 func TestLogFormatConsole(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
-	log := newLogger(zapcore.InfoLevel, "console", &logs)
+	var logs syncBuffer
+	log := newLogger(zapcore.InfoLevel, "console", zapcore.AddSync(&logs))
 	log.Info("delivery attempt failed", zap.String("delivery_id", "d-1"), zap.Int("status", 503))
 	log.Debug("delivered", zap.String("delivery_id", "d-2"))
-	lines := logs.lines()
+	lines := logLines(&logs)
 	if len(lines) != 1 {
 		t.Fatalf("%d lines, want the info line only: %q", len(lines), lines)
 	}
@@ -153,15 +136,15 @@ func TestLogFormatConsole(t *testing.T) {
 // then every 10th; another message is counted on its own.
 func TestLogSamplingOfRepeatedLines(t *testing.T) {
 	t.Parallel()
-	var logs lockedBuffer
-	log := newLogger(zapcore.InfoLevel, "json", &logs)
+	var logs syncBuffer
+	log := newLogger(zapcore.InfoLevel, "json", zapcore.AddSync(&logs))
 	start := time.Now()
 	for i := range 300 {
 		log.Warn("delivery attempt failed", zap.Int("n", i))
 	}
 	log.Error("delivery dead-lettered")
 	elapsed := time.Since(start)
-	n := countMsgs(t, logs.lines())
+	n := countMsgs(t, logLines(&logs))
 	if n["delivery dead-lettered"] != 1 {
 		t.Errorf("%d dead-letter lines, want 1: sampling of one message must not drop another", n["delivery dead-lettered"])
 	}
