@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"regexp"
 	"strconv"
@@ -276,6 +277,20 @@ func newLogger(level zapcore.Level, format string, w zapcore.WriteSyncer) *zap.L
 	core := zapcore.NewCore(enc, w, level)
 	core = zapcore.NewSamplerWithOptions(core, time.Second, 100, 10)
 	return zap.New(core)
+}
+
+// withComputedDefaults returns a copy of v with the settings whose defaults derive from others
+// (the lease and the drain timeout, from the request timeout) set to the values in force, so
+// that the startup line shows what this process runs with instead of a gap to work out.
+func withComputedDefaults(v map[string]string, d dispatcher.Config, drain time.Duration) map[string]string {
+	out := maps.Clone(v)
+	if out["WEBHOOK_LEASE_MS"] == "" {
+		out["WEBHOOK_LEASE_MS"] = strconv.FormatInt(d.Lease.Milliseconds(), 10)
+	}
+	if out["WEBHOOK_DRAIN_TIMEOUT_MS"] == "" {
+		out["WEBHOOK_DRAIN_TIMEOUT_MS"] = strconv.FormatInt(drain.Milliseconds(), 10)
+	}
+	return out
 }
 
 // effectiveConfig lists the configuration for the startup log line, secrets redacted.

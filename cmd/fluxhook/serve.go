@@ -40,7 +40,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	if err := mergeConfigErrors(parseErr, buildErr); err != nil {
 		return usageError("invalid configuration:\n%v", err)
 	}
-	log.Info("starting fluxhook", effectiveConfig(values)...)
+	log.Info("starting fluxhook", effectiveConfig(withComputedDefaults(values, d.Config(), cfg.drainTimeout))...)
 	// The metrics address is bound before the dispatcher starts: an address that cannot be
 	// bound (in use, not local) must stop serve before it registers or claims anything, not
 	// after it has leased rows that a second instance would then wait a lease for.

@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,6 +18,8 @@ import (
 
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/sql/sqltest"
+	"github.com/fluxora/fluxhook/stages/gate/redisstore"
+	"github.com/fluxora/fluxhook/stages/gate/redisstore/redistest"
 )
 
 // dbPassword is put in DATABASE_URL by the tests that check logs and errors for secrets; the
@@ -566,44 +570,110 @@ func TestServeRefusesOutdatedSchema(t *testing.T) {
 	}
 }
 
-// TestServeLogsNoSecrets runs serve through deliveries, a failing endpoint and a shutdown, and
-// checks that every log line is JSON with stable fields and no secret in it.
+// redisUserURL creates a Redis ACL user with password on the shared test server, for t only,
+// and returns a REDIS_URL that authenticates as it. The user is deleted at cleanup.
+func redisUserURL(t *testing.T, password string) (redisURL, user string) {
+	t.Helper()
+	client, err := redisstore.NewClient(redistest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	user = "fluxhook_test_" + hex.EncodeToString(b[:])
+	ctx := context.Background()
+	if err := client.Do(ctx, "ACL", "SETUSER", user, "on", ">"+password, "~*", "+@all").Err(); err != nil {
+		t.Fatalf("creating a Redis user (Redis 6 or later is needed for ACLs): %v", err)
+	}
+	t.Cleanup(func() { _ = client.Do(context.Background(), "ACL", "DELUSER", user).Err() })
+	u, err := url.Parse(redistest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(user, password)
+	return u.String(), user
+}
+
+// redisClientsOf returns how many connections user has open on the shared test server.
+func redisClientsOf(t *testing.T, user string) int {
+	t.Helper()
+	client, err := redisstore.NewClient(redistest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	list, err := client.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("CLIENT LIST: %v", err)
+	}
+	return strings.Count(list, " user="+user+" ")
+}
+
+// TestServeLogsNoSecrets runs serve with every secret set (both signing secrets, a database
+// and a Redis password, tokens in endpoint URLs) through deliveries, retries, dead letters and
+// a shutdown, and checks that every log line is JSON with stable fields, that the startup line
+// shows the effective configuration, and that no secret appears anywhere in the output.
 func TestServeLogsNoSecrets(t *testing.T) {
 	t.Parallel()
+	const (
+		previousSecret = "whsec-previous-7d3e1b-never-logged"
+		redisPassword  = "redis-pass-0c8f5a-never-logged"
+		endpointPass   = "endpoint-pass-2b6d9e-never-logged"
+	)
 	db := sqltest.NewMigrated(t)
 	ok := newHookConsumer(t, nil)
 	failing := newHookConsumer(t, func(context.Context, *hookRequest) int { return http.StatusInternalServerError })
 	const hookToken, failToken = "hook-query-token-5e1d", "fail-query-token-9b7c"
 	hookURL := ok.URL() + "?token=" + hookToken
 	failURL := failing.URL() + "?token=" + failToken
+	// Credentials in an endpoint URL make the row invalid: dead-lettered with a reason that
+	// must not repeat them.
+	credURL := "https://shop:" + endpointPass + "@example.com/hook"
+	redisURL, redisUser := redisUserURL(t, redisPassword)
 
 	env := serveEnv(withPassword(t, db.URL, dbPassword), hookURL)
 	env["WEBHOOK_RETRY_SCHEDULE"] = "100ms" // two attempts, then a dead letter
+	env["WEBHOOK_SECRET_PREVIOUS"] = previousSecret
+	env["REDIS_URL"] = redisURL
 	p := startServe(t, "serve", env)
 	enqueueOne(t, db, outbox.Event{EventType: "test.ok"})
 	enqueueOne(t, db, outbox.Event{EventType: "test.ok"})
 	failID := enqueueOne(t, db, outbox.Event{EventType: "test.fail", EndpointURL: failURL})
-	p.waitFor(15*time.Second, "every row settled and the failing one dead-lettered", func() bool {
-		return unprocessed(t, db) == 0 && queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter`) == 1
+	credID := enqueueOne(t, db, outbox.Event{EventType: "test.cred", EndpointURL: credURL})
+	p.waitFor(15*time.Second, "every row settled and two dead-lettered", func() bool {
+		return unprocessed(t, db) == 0 && queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter`) == 2
 	})
 	p.waitLog(5*time.Second, `"msg":"delivery dead-lettered"`)
+	// The gate really used Redis, authenticated as the user: a wrong or mangled password
+	// would have it fail open instead.
+	if n := redisClientsOf(t, redisUser); n == 0 {
+		t.Errorf("serve has no Redis connection as %s", redisUser)
+	}
 	p.signal(syscall.SIGTERM)
 	if code := p.waitExit(10 * time.Second); code != 0 {
 		t.Fatalf("serve exited with %d after SIGTERM, want 0", code)
 	}
 
 	logs := p.stderr.String()
+	output := p.stdout.String() + logs
 	for _, secret := range []string{
-		serveSecret, dbPassword, hookToken, failToken,
+		serveSecret, previousSecret, dbPassword, redisPassword, endpointPass, hookToken, failToken,
 		ok.srv.Listener.Addr().String(), failing.srv.Listener.Addr().String(), // endpoints appear as hashes only
 	} {
-		if strings.Contains(logs, secret) {
-			t.Errorf("the logs show %q", secret)
+		if strings.Contains(output, secret) {
+			t.Errorf("the output shows %q", secret)
 		}
+	}
+	if strings.Contains(logs, "gate store unavailable") {
+		t.Errorf("the gate failed open: serve could not use Redis with the password in REDIS_URL")
 	}
 	sum := sha256.Sum256([]byte(failURL))
 	failHash := hex.EncodeToString(sum[:])
-	failures := map[string]bool{}
+	sum = sha256.Sum256([]byte(hookURL))
+	hookHash := "sha256:" + hex.EncodeToString(sum[:])
+	failures := map[string]int{}
+	var startup map[string]any
 	for i, line := range strings.Split(strings.TrimRight(logs, "\n"), "\n") {
 		var entry map[string]any
 		if err := json.Unmarshal([]byte(line), &entry); err != nil {
@@ -616,10 +686,19 @@ func TestServeLogsNoSecrets(t *testing.T) {
 			}
 		}
 		msg, _ := entry["msg"].(string)
+		if msg == "starting fluxhook" {
+			startup = entry
+		}
 		if msg != "delivery attempt failed" && msg != "delivery dead-lettered" {
 			continue
 		}
-		failures[msg] = true
+		failures[msg]++
+		if entry["delivery_id"] == credID {
+			if msg != "delivery dead-lettered" || entry["event_type"] != "test.cred" {
+				t.Errorf("the row with credentials in its URL: %s", line)
+			}
+			continue
+		}
 		want := map[string]any{
 			"delivery_id": failID,
 			"event_type":  "test.fail",
@@ -637,10 +716,35 @@ func TestServeLogsNoSecrets(t *testing.T) {
 			}
 		}
 	}
-	for _, msg := range []string{"delivery attempt failed", "delivery dead-lettered"} {
-		if !failures[msg] {
-			t.Errorf("no %q line in the logs", msg)
+	// One line per failed attempt and per dead letter: the failing row's first attempt is
+	// retried, its second dead-lettered, and the invalid row dead-lettered without an attempt.
+	if failures["delivery attempt failed"] != 1 || failures["delivery dead-lettered"] != 2 {
+		t.Errorf("failure lines %v, want 1 failed attempt and 2 dead letters", failures)
+	}
+
+	// The startup line: the effective configuration, computed defaults included, every
+	// secret redacted and the consumer URL as a hash.
+	if startup == nil {
+		t.Fatalf("no \"starting fluxhook\" line")
+	}
+	redisRedacted := strings.Replace(redisURL, redisPassword, "xxxxx", 1)
+	for k, v := range map[string]string{
+		"webhook_secret":           "[redacted]",
+		"webhook_secret_previous":  "[redacted]",
+		"redis_url":                redisRedacted,
+		"webhook_url":              hookHash,
+		"webhook_timeout_ms":       "15000",
+		"webhook_lease_ms":         "60000", // 2×timeout + 30 s
+		"webhook_drain_timeout_ms": "20000", // timeout + 5 s
+		"webhook_retry_schedule":   "100ms",
+		"log_level":                "debug",
+	} {
+		if startup[k] != v {
+			t.Errorf("startup line: %s = %#v, want %q", k, startup[k], v)
 		}
+	}
+	if dbURL, _ := startup["database_url"].(string); !strings.Contains(dbURL, "root:xxxxx@127.0.0.1") {
+		t.Errorf("startup line: database_url = %q, want the URL with its password masked", dbURL)
 	}
 	for _, r := range append(ok.requests(), failing.requests()...) {
 		if r.VerifyErr != nil {

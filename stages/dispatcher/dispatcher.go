@@ -58,6 +58,9 @@ type Dispatcher struct {
 	redis *redisstore.Store
 	// lastLoop is when the claiming loop last went round (Unix nanoseconds), for /livez.
 	lastLoop atomic.Int64
+	// now is the clock /livez compares lastLoop with: time.Now, but a test's own so that it
+	// can reach the liveness limit without waiting for it.
+	now func() time.Time
 	// draining is set as soon as Stop begins, for /readyz.
 	draining atomic.Bool
 
@@ -115,6 +118,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		sender:  sender,
 		slots:   pipeline.NewSlots(cfg.MaxInFlight),
 		stopped: make(chan struct{}),
+		now:     time.Now,
 	}
 	d.metrics = newMetrics(d)
 	if d.cfg.Gate == nil {

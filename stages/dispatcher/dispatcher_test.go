@@ -400,7 +400,6 @@ func TestListenerReconnectsAfterBackendKilled(t *testing.T) {
 	}
 }
 
-
 func TestStopDrainsInFlightRequest(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -18,8 +18,9 @@ import (
 // Handler serves /metrics (Prometheus), /livez and /readyz for this dispatcher. It is meant
 // for METRICS_ADDR: an operator's port, not the internet.
 //
-//   - /livez answers 200 while the claiming loop keeps going round; a loop stuck for several
-//     poll intervals (a deadlock) answers 503 so that a supervisor restarts the process.
+//   - /livez answers 200 while the claiming loop keeps going round; a loop stuck for longer
+//     than three poll intervals plus the request timeout plus 30 s (a deadlock) answers 503
+//     so that a supervisor restarts the process.
 //   - /readyz answers 200 when PostgreSQL answers, the NOTIFY listener is connected and the
 //     schema is current, and 503 from the moment shutdown begins, so a load balancer or
 //     orchestrator stops counting on this instance before it goes away.
@@ -61,11 +62,20 @@ func (d *Dispatcher) Live() error {
 		return nil // draining is alive; readiness says it is going away
 	}
 	last := time.Unix(0, d.lastLoop.Load())
-	limit := 3*d.cfg.PollInterval + 30*time.Second
-	if since := time.Since(last); since > limit {
+	limit := d.liveLimit()
+	if since := d.now().Sub(last); since > limit {
 		return fmt.Errorf("claiming loop has not run for %s (limit %s)", since.Round(time.Second), limit)
 	}
 	return nil
+}
+
+// liveLimit is how long the claiming loop may go without a round before /livez fails. A
+// healthy loop waits at most a poll interval when idle, and, with every slot taken, until a
+// request finishes, which the request timeout bounds: a limit without the timeout would
+// restart a healthy process whose consumers are merely slow. The 30 s cover a slow claim or
+// settle statement.
+func (d *Dispatcher) liveLimit() time.Duration {
+	return 3*d.cfg.PollInterval + d.cfg.Timeout + 30*time.Second
 }
 
 // Ready returns nil when this instance can deliver: not shutting down, PostgreSQL reachable,

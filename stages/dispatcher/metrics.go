@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/gate"
 	"github.com/fluxora/fluxhook/stages/gate/redisstore"
 	"github.com/fluxora/fluxhook/stages/wake"
 )
@@ -89,13 +90,49 @@ func newMetrics(d *Dispatcher) *metrics {
 		m.released, m.failOpen, m.storeRoundTrips, m.transitions, m.reconnects, m.wakeups, m.claimRows, m.settleRows, m.settleErrors,
 		m.claimErrors, inFlight, capacity, &backlogCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, s := range []wake.Source{wake.Notify, wake.Poll, wake.Timer, wake.Backlog} {
+	m.preinitialise()
+	return m
+}
+
+// Label values known in advance. A labelled series is exported only once it has a value, and
+// an alert such as increase(...{to_state="open"}[10m]) > 0 cannot fire on the first event of
+// a series that did not exist before it: every known series starts at zero instead.
+var (
+	outcomes        = []string{"delivered", "retry", "dead_letter", "deferred", "released"}
+	attemptOutcomes = []string{"delivered", "retry", "dead_letter"}
+	deadLetterKinds = []string{"permanent", "exhausted", "invalid", "settle_failed"}
+	deferralReasons = []string{"circuit_open", "rate_limited", "other"}
+	breakerMoves    = [][2]gate.State{{gate.Closed, gate.Open}, {gate.Open, gate.HalfOpen}, {gate.HalfOpen, gate.Closed}, {gate.HalfOpen, gate.Open}}
+	wakeSources     = []wake.Source{wake.Notify, wake.Poll, wake.Timer, wake.Backlog}
+)
+
+// preinitialise creates every series whose labels are known in advance at zero. The
+// endpoint-labelled deliveries series are not: their label values are only known as rows
+// arrive.
+func (m *metrics) preinitialise() {
+	if !m.endpointLabel {
+		for _, o := range outcomes {
+			m.deliveries.WithLabelValues(o)
+		}
+	}
+	for _, o := range attemptOutcomes {
+		m.attemptSeconds.WithLabelValues(o)
+	}
+	for _, r := range deadLetterKinds {
+		m.deadLetters.WithLabelValues(r)
+	}
+	for _, r := range deferralReasons {
+		m.deferrals.WithLabelValues(r)
+	}
+	for _, mv := range breakerMoves {
+		m.transitions.WithLabelValues(string(mv[0]), string(mv[1]))
+	}
+	for _, s := range wakeSources {
 		m.wakeups.WithLabelValues(string(s))
 	}
 	for _, op := range redisstore.Ops {
 		m.storeRoundTrips.WithLabelValues(string(op))
 	}
-	return m
 }
 
 // countRoundTrips feeds fluxora_webhook_gate_store_round_trips_total from store's client. The
