@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -93,10 +92,7 @@ func TestScriptInstallsThroughPsql(t *testing.T) {
 		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox
 			WHERE delivery_id::text = ANY($1) AND processed AND status_code = 200`, []string{deliveryID, second}) == 2
 	})
-	p.signal(syscall.SIGTERM)
-	if code := p.waitExit(15 * time.Second); code != 0 {
-		t.Fatalf("serve exited %d after SIGTERM, want 0", code)
-	}
+	p.stopCleanly()
 }
 
 // TestServeRefusesOlderSchema installs only the first migration, as an older fluxhook left

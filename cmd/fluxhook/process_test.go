@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -210,6 +211,16 @@ func (p *serveProc) kill() {
 	p.t.Helper()
 	if err := p.cmd.Process.Kill(); err != nil {
 		p.t.Fatalf("%s: kill: %v", p.name, err)
+	}
+}
+
+// stopCleanly sends SIGTERM and fails the test unless the process exits 0 within 15 s: a
+// graceful shutdown.
+func (p *serveProc) stopCleanly() {
+	p.t.Helper()
+	p.signal(syscall.SIGTERM)
+	if code := p.waitExit(15 * time.Second); code != 0 {
+		p.t.Fatalf("%s exited %d after SIGTERM, want 0", p.name, code)
 	}
 }
 

@@ -498,10 +498,7 @@ func TestServeFlagsBeatEnvironment(t *testing.T) {
 	if n := len(fromEnv.requests()); n != 0 {
 		t.Errorf("the environment's consumer got %d requests", n)
 	}
-	p.signal(syscall.SIGTERM)
-	if code := p.waitExit(15 * time.Second); code != 0 {
-		t.Fatalf("serve exited %d after SIGTERM, want 0", code)
-	}
+	p.stopCleanly()
 }
 
 // TestServeUnbindableMetricsAddrClaimsNothing occupies the metrics address before serve
@@ -650,10 +647,7 @@ func TestServeLogsNoSecrets(t *testing.T) {
 	if n := redisClientsOf(t, redisUser); n == 0 {
 		t.Errorf("serve has no Redis connection as %s", redisUser)
 	}
-	p.signal(syscall.SIGTERM)
-	if code := p.waitExit(10 * time.Second); code != 0 {
-		t.Fatalf("serve exited with %d after SIGTERM, want 0", code)
-	}
+	p.stopCleanly()
 
 	logs := p.stderr.String()
 	output := p.stdout.String() + logs

@@ -39,31 +39,8 @@ func BenchmarkClaimSettle(b *testing.B) {
 }
 
 func benchClaimSettle(b *testing.B, planMode string, batch int) {
-	db := sqltest.NewMigrated(b)
 	ctx := context.Background()
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload)
-		SELECT 'bench', jsonb_build_object('i', i, 'pad', repeat('x', 200)) FROM generate_series(1, $1) i`, b.N+batch); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, `VACUUM ANALYZE webhook_outbox`); err != nil {
-		b.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = planMode
-	dispatcher.SessionParams(cfg.ConnConfig.RuntimeParams, false)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pool.Close()
-	c := claim.New(pool, "bench", time.Minute)
-	if err := c.Register(ctx); err != nil {
-		b.Fatal(err)
-	}
-	s := settle.New(pool, settle.Config{InstanceID: "bench"})
+	_, c, s := benchDatabase(b, b.N+batch, 0, map[string]string{"plan_cache_mode": planMode})
 	var claimT, settleT time.Duration
 	b.ResetTimer()
 	var cursor claim.Cursor // as the dispatcher drains: from the previous batch's last row
@@ -108,36 +85,12 @@ func BenchmarkSettleThenClaim(b *testing.B) {
 }
 
 func benchSettleThenClaim(b *testing.B, batch int, together bool) {
-	db := sqltest.NewMigrated(b)
 	ctx := context.Background()
-	rows := b.N * batch
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload)
-		SELECT 'bench', jsonb_build_object('i', i, 'pad', repeat('x', 200)) FROM generate_series(1, $1) i`, rows+batch); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, `VACUUM ANALYZE webhook_outbox`); err != nil {
-		b.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	dispatcher.SessionParams(cfg.ConnConfig.RuntimeParams, false)
-	cfg.MaxConns = 1 // one backend, whose CPU time is measured
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer pool.Close()
+	pool, c, s := benchDatabase(b, (b.N+1)*batch, 1, nil) // one backend, whose CPU time is measured
 	var backend int
 	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
 		b.Fatal(err)
 	}
-	c := claim.New(pool, "bench", time.Minute)
-	if err := c.Register(ctx); err != nil {
-		b.Fatal(err)
-	}
-	s := settle.New(pool, settle.Config{InstanceID: "bench"})
 	res, err := c.Claim(ctx, batch, nil, false, claim.Cursor{})
 	if err != nil {
 		b.Fatal(err)
@@ -203,4 +156,40 @@ func cpuTimes(b *testing.B, backend int) (client, server time.Duration) {
 		return client, -1
 	}
 	return client, time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// benchDatabase makes a migrated database holding rows pending events, vacuumed and analyzed,
+// and a pool on the dispatcher's session settings (plus params; maxConns 0 keeps pgxpool's
+// default) with a registered claimer and a settler on it.
+func benchDatabase(b *testing.B, rows int, maxConns int32, params map[string]string) (*pgxpool.Pool, *claim.Claimer, *settle.Settler) {
+	db := sqltest.NewMigrated(b)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload)
+		SELECT 'bench', jsonb_build_object('i', i, 'pad', repeat('x', 200)) FROM generate_series(1, $1) i`, rows); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `VACUUM ANALYZE webhook_outbox`); err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	dispatcher.SessionParams(cfg.ConnConfig.RuntimeParams, false)
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	c := claim.New(pool, "bench", time.Minute)
+	if err := c.Register(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return pool, c, settle.New(pool, settle.Config{InstanceID: "bench"})
 }

@@ -193,18 +193,7 @@ func testBreakerEndToEnd(t *testing.T, newStore func() gate.Store) {
 		}
 	}
 	// While open the consumer got nothing; from the reset to the closing, only the probe.
-	probes := 0
-	for _, a := range c.arrivals() {
-		switch {
-		case a.At.After(opened) && a.At.Before(opened.Add(reset-100*time.Millisecond)):
-			t.Errorf("request at %s after the circuit opened, before its reset (%s)", a.At.Sub(opened), reset)
-		case a.At.After(opened) && a.At.Before(closed):
-			probes++
-		}
-	}
-	if probes != 1 {
-		t.Errorf("%d requests between the reset and the closing, want exactly one probe", probes)
-	}
+	checkOnlyTheProbe(t, c, opened, opened, reset, closed)
 	// Nothing was dropped: the tripping events were retried and delivered.
 	for _, id := range ids[:3] {
 		if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND status_code = 200`, id); n != 1 {
@@ -548,18 +537,7 @@ func TestRestartedDispatcherSeesTheBreaker(t *testing.T) {
 		}
 	}
 	closed, _ := transB.first("half_open>closed")
-	probes := 0
-	for _, r := range c.arrivals() {
-		switch {
-		case r.At.After(stoppedA) && r.At.Before(opened.Add(reset-100*time.Millisecond)):
-			t.Errorf("request at %s after the opening, before the reset (%s)", r.At.Sub(opened), reset)
-		case r.At.After(stoppedA) && r.At.Before(closed):
-			probes++
-		}
-	}
-	if probes != 1 {
-		t.Errorf("%d requests between the reset and the closing, want exactly one probe", probes)
-	}
+	checkOnlyTheProbe(t, c, stoppedA, opened, reset, closed)
 	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
 		t.Errorf("%d dead letters", n)
 	}
@@ -624,4 +602,23 @@ func histogramCounts(t *testing.T, d *dispatcher.Dispatcher, name string) (count
 	}
 	t.Fatalf("the registry has no %s", name)
 	return 0, 0
+}
+
+// checkOnlyTheProbe checks the requests c received after since: none before the circuit that
+// opened at opened could reset, and exactly one (the half-open probe) from then until it
+// closed at closed.
+func checkOnlyTheProbe(t *testing.T, c *consumer, since, opened time.Time, reset time.Duration, closed time.Time) {
+	t.Helper()
+	probes := 0
+	for _, a := range c.arrivals() {
+		switch {
+		case a.At.After(since) && a.At.Before(opened.Add(reset-100*time.Millisecond)):
+			t.Errorf("request at %s after the circuit opened, before its reset (%s)", a.At.Sub(opened), reset)
+		case a.At.After(since) && a.At.Before(closed):
+			probes++
+		}
+	}
+	if probes != 1 {
+		t.Errorf("%d requests between the reset and the closing, want exactly one probe", probes)
+	}
 }
