@@ -16,24 +16,47 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// toggleSettle is how long after switching the trigger a segment starts counting: ALTER TABLE
-// waits for the producers' open transactions and holds the next ones back for a moment, and
-// every producer re-plans its insert once; none of that is the trigger's cost.
-const toggleSettle = 200 * time.Millisecond
+// How long after switching the trigger a segment starts counting. Switched per session (SET
+// session_replication_role) a producer follows the switch before its next insert, so a few
+// milliseconds; switched for the table, ALTER TABLE waits for the producers' open transactions,
+// holds the next ones back for a moment, and every producer re-plans its insert once. None of
+// that is the trigger's cost.
+const (
+	sessionSwitchSettle = 30 * time.Millisecond
+	tableSwitchSettle   = 200 * time.Millisecond
+)
 
-// producers: commit throughput of C concurrent single-row producers with the trigger enabled
-// and disabled while a dispatcher is busy draining a backlog. By design a busy dispatcher is
-// not armed, so no insert should NOTIFY, and the comparison is the trigger's own cost under
-// load. The NOTIFYs the dispatcher received anyway are reported.
+// producers: commit throughput of C concurrent single-row producers with the trigger firing and
+// not, while a dispatcher is busy draining a backlog. By design a busy dispatcher is not armed,
+// so no insert should NOTIFY, and the comparison is the trigger's own cost under load. The
+// NOTIFYs the dispatcher received anyway are reported.
 //
-// The two sides are not separate runs but alternating segments of one run: the producers keep
-// inserting and the trigger is switched between segments (ABBA order), so each segment with
-// the trigger has a neighbour without it, measured under the same dispatcher, backlog and
-// machine load. Session 3 compared separate 3-second runs, each with its own prefill and
-// dispatcher; on this shared 2-core VM their commit rates spread by 25% on either side, and
-// the medians of 5 pairs swung between 2.5% and 15% for one binary. The cost reported is the
-// median over the pairs of (1 − with/without). Where PostgreSQL runs on this machine the
-// producers' backends' CPU per commit is reported too, which moves less with other load.
+// The two sides are not separate runs but segments of one run: the producers keep inserting
+// and the trigger is switched between segments, so each segment with the trigger has a
+// neighbour without it under the same dispatcher, backlog and machine load. Two designs, each
+// reported:
+//
+//   - whole: every producer with the trigger, then every producer without (ABBA order); the
+//     cost is the median over neighbouring pairs of (1 − with/without). This is the budget's
+//     own question, but on a shared 2-core VM neighbouring segments still differ by the
+//     machine's load at the time: single pairs spread ±10–50%.
+//   - split: half of the producers with the trigger and half without at the same moment,
+//     the halves swapped every segment; the cost is the median over segments of
+//     (1 − commits per producer with / commits per producer without). Both sides see exactly
+//     the same load, so the machine's swings cancel. Under CPU saturation every producer
+//     backend gets an equal share, so the ratio is the one a whole run with the trigger would
+//     have; the whole design checks that without relying on it.
+//
+// The trigger is switched per producer session with session_replication_role (a trigger in
+// its default ENABLE state does not fire for a session in replica mode: exactly a disabled
+// trigger, without a lock on the table). That needs a superuser or, from PostgreSQL 15, GRANT
+// SET ON PARAMETER session_replication_role; without it the bench switches the table's
+// trigger with ALTER TABLE and runs the whole design only. Session 4 switched with ALTER TABLE
+// in 2-second segments; the lock and re-planning after each switch made short segments
+// impossible.
+//
+// Where PostgreSQL runs on this machine the producers' backends' CPU per commit is reported
+// for each side too, read from /proc.
 func (b *bench) producers(ctx context.Context) (*producersResult, error) {
 	r := &producersResult{DurationSeconds: b.opts.producerDuration.Seconds()}
 	defer func() {
@@ -51,13 +74,53 @@ func (b *bench) producers(ctx context.Context) (*producersResult, error) {
 		if cmp.CPUPerCommitWith > 0 {
 			cpu = fmt.Sprintf("; backend CPU %.1f vs %.1f µs per commit", cmp.CPUPerCommitWith, cmp.CPUPerCommitWithout)
 		}
-		b.logf("  %d producers: %.0f commits/s with the trigger, %.0f without: cost %.1f%% (pairs %.1f%% to %.1f%%)%s",
-			c, cmp.WithTrigger, cmp.WithoutTrigger, cmp.CostPercent, cmp.PairCostRange[0], cmp.PairCostRange[1], cpu)
+		split := ""
+		if cmp.Split != nil {
+			split = fmt.Sprintf("; split: cost %.1f%% (segments %.1f%% to %.1f%%), backend CPU %.1f vs %.1f µs per commit",
+				cmp.Split.CostPercent, cmp.Split.CostRange[0], cmp.Split.CostRange[1], cmp.Split.CPUPerCommitWith, cmp.Split.CPUPerCommitWithout)
+		}
+		b.logf("  %d producers: %.0f commits/s with the trigger, %.0f without: cost %.1f%% (pairs %.1f%% to %.1f%%)%s%s",
+			c, cmp.WithTrigger, cmp.WithoutTrigger, cmp.CostPercent, cmp.PairCostRange[0], cmp.PairCostRange[1], cpu, split)
 	}
 	return r, nil
 }
 
-// producerComparison runs nconns producers through producerReps pairs of segments.
+// producerSegment is what one segment asks of each producer: whether its inserts fire the
+// trigger.
+type producerSegment struct {
+	split   bool
+	trigger []bool // by producer
+}
+
+// producerSegments lays out reps rounds for n producers: a whole pair (ABBA across rounds) and,
+// when the trigger can be switched per session, a split pair (each half with the trigger once).
+func producerSegments(n, reps int, perSession bool) []producerSegment {
+	all := func(on bool) producerSegment {
+		s := producerSegment{trigger: make([]bool, n)}
+		for i := range s.trigger {
+			s.trigger[i] = on
+		}
+		return s
+	}
+	half := func(parity int) producerSegment {
+		s := producerSegment{split: true, trigger: make([]bool, n)}
+		for i := range s.trigger {
+			s.trigger[i] = i%2 == parity
+		}
+		return s
+	}
+	var segs []producerSegment
+	for r := range reps {
+		first := r%2 == 0 // ABBA: with, without, without, with, ...
+		segs = append(segs, all(first), all(!first))
+		if perSession && n >= 2 {
+			segs = append(segs, half(r%2), half(1-r%2))
+		}
+	}
+	return segs
+}
+
+// producerComparison runs nconns producers through the segments of producerSegments.
 func (b *bench) producerComparison(ctx context.Context, nconns int) (producerComparison, []producerRun, error) {
 	cmp := producerComparison{Connections: nconns}
 	var runs []producerRun
@@ -67,8 +130,19 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 	if err := b.db.exec(ctx, `ALTER TABLE webhook_outbox ENABLE TRIGGER webhook_outbox_notify`); err != nil {
 		return cmp, nil, err
 	}
-	segments := 2 * b.opts.producerReps
-	total := time.Duration(segments) * (b.opts.producerDuration + toggleSettle)
+	// Whether this role may set session_replication_role: a local setting, gone with the
+	// statement's own transaction.
+	perSession := b.db.exec(ctx, `SELECT set_config('session_replication_role', 'replica', true)`) == nil
+	if !perSession {
+		b.logf("  this role may not set session_replication_role: switching the trigger with ALTER TABLE, whole segments only")
+	}
+	cmp.SwitchedPerSession = perSession
+	settle := tableSwitchSettle
+	if perSession {
+		settle = sessionSwitchSettle
+	}
+	segs := producerSegments(nconns, b.opts.producerReps, perSession)
+	total := time.Duration(len(segs)) * (b.opts.producerDuration + settle)
 	// Enough backlog that the dispatcher stays busy through the run at a generous drain rate.
 	if err := b.prefill(ctx, max(20000, int(8000*(total.Seconds()+2)))); err != nil {
 		return cmp, nil, err
@@ -91,21 +165,39 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 		return cmp, nil, err
 	}
 
-	var commits, failures atomic.Int64
+	commits := make([]atomic.Int64, nconns)
+	var current atomic.Pointer[producerSegment]
+	var failure atomic.Pointer[error]
 	runCtx, stopProducers := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	for _, conn := range conns {
+	for i, conn := range conns {
 		wg.Go(func() {
 			pad := b.payload(0)
 			var id pgtype.UUID
+			firing := true
 			for runCtx.Err() == nil {
-				if err := conn.QueryRow(runCtx, benchInsert, "bench.producers", pad).Scan(&id); err != nil {
-					if runCtx.Err() == nil {
-						failures.Add(1)
+				if seg := current.Load(); perSession && seg != nil && seg.trigger[i] != firing {
+					if err := setReplicationRole(runCtx, conn, !seg.trigger[i]); err != nil {
+						if runCtx.Err() == nil {
+							err = fmt.Errorf("switching a producer's trigger: %w", err)
+							failure.CompareAndSwap(nil, &err)
+							stopProducers()
+						}
+						return
 					}
-					continue
+					firing = seg.trigger[i]
 				}
-				commits.Add(1)
+				if err := conn.QueryRow(runCtx, benchInsert, "bench.producers", pad).Scan(&id); err != nil {
+					// One failed insert ends the run: a broken connection would fail every
+					// later one at once and spin on a CPU the other producers need.
+					if runCtx.Err() == nil {
+						err = fmt.Errorf("a producer's insert: %w", err)
+						failure.CompareAndSwap(nil, &err)
+						stopProducers()
+					}
+					return
+				}
+				commits[i].Add(1)
 			}
 		})
 	}
@@ -115,65 +207,107 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 	}
 	defer stop()
 
-	var with, without, pairCosts []float64
-	var cpuWith, cpuWithout, commitsWith, commitsWithout int64
+	var with, without, pairCosts, splitCosts []float64
+	var whole, split runTotals
 	cpuOK := backends != nil
-	for seg := range segments {
-		// ABBA: with, without, without, with, ...
-		trigger := seg%4 == 0 || seg%4 == 3
-		state := "DISABLE"
-		if trigger {
-			state = "ENABLE"
+	tableFiring := true
+	for k, seg := range segs {
+		if !perSession && seg.trigger[0] != tableFiring {
+			state := "DISABLE"
+			if seg.trigger[0] {
+				state = "ENABLE"
+			}
+			if err := b.db.exec(ctx, `ALTER TABLE webhook_outbox `+state+` TRIGGER webhook_outbox_notify`); err != nil {
+				return cmp, runs, err
+			}
+			tableFiring = seg.trigger[0]
 		}
-		if err := b.db.exec(ctx, `ALTER TABLE webhook_outbox `+state+` TRIGGER webhook_outbox_notify`); err != nil {
-			return cmp, runs, err
-		}
-		if err := sleepCtx(ctx, toggleSettle); err != nil {
-			return cmp, runs, err
+		current.Store(&seg)
+		if err := sleepCtx(runCtx, settle); err != nil {
+			break
 		}
 		m0 := s.disp.scrape(ctx)
-		n0, t0 := commits.Load(), time.Now()
-		cpu0, ok0 := ticksOf(backends)
-		if err := sleepCtx(ctx, b.opts.producerDuration); err != nil {
-			return cmp, runs, err
+		c0, t0 := snapshotCommits(commits), time.Now()
+		cpu0, ok0 := ticksEach(backends)
+		if err := sleepCtx(runCtx, b.opts.producerDuration); err != nil {
+			break
 		}
-		n1, t1 := commits.Load(), time.Now()
-		cpu1, ok1 := ticksOf(backends)
+		c1, t1 := snapshotCommits(commits), time.Now()
+		cpu1, ok1 := ticksEach(backends)
 		m1 := s.disp.scrape(ctx)
 		cpuOK = cpuOK && ok0 && ok1
-		run := producerRun{Connections: nconns, Trigger: trigger, Commits: n1 - n0}
-		run.CommitsPerSecond = float64(run.Commits) / t1.Sub(t0).Seconds()
-		if m0.ok && m1.ok {
-			run.NotifyWakeups = m1.Wakeups["notify"] - m0.Wakeups["notify"]
-			run.EmptyClaims = m1.EmptyClaims - m0.EmptyClaims
-			run.Released = m1.Released - m0.Released
+		secs := t1.Sub(t0).Seconds()
+
+		// Each side of the segment: its producers, their commits and their backends' CPU.
+		var side [2]sideTotals // [without, with]
+		for i := range conns {
+			on := 0
+			if seg.trigger[i] {
+				on = 1
+			}
+			side[on].producers++
+			side[on].commits += c1[i] - c0[i]
+			if cpuOK {
+				side[on].ticks += cpu1[i] - cpu0[i]
+			}
 		}
-		if cpuOK && run.Commits > 0 {
-			run.BackendCPUPerCommit = float64(cpu1-cpu0) * 1e6 / clockTicks / float64(run.Commits)
+		for on, sd := range side {
+			if sd.producers == 0 {
+				continue
+			}
+			run := producerRun{Connections: nconns, Producers: sd.producers, Trigger: on == 1, Split: seg.split, Commits: sd.commits}
+			run.CommitsPerSecond = float64(sd.commits) / secs
+			if cpuOK && sd.commits > 0 {
+				run.BackendCPUPerCommit = float64(sd.ticks) * 1e6 / clockTicks / float64(sd.commits)
+			}
+			if m0.ok && m1.ok {
+				run.NotifyWakeups = m1.Wakeups["notify"] - m0.Wakeups["notify"]
+				run.EmptyClaims = m1.EmptyClaims - m0.EmptyClaims
+				run.Released = m1.Released - m0.Released
+			}
+			runs = append(runs, run)
 		}
-		runs = append(runs, run)
-		if trigger {
-			with = append(with, run.CommitsPerSecond)
-			cpuWith += cpu1 - cpu0
-			commitsWith += run.Commits
-			cmp.NotifyWakeups += run.NotifyWakeups
+		if m0.ok && m1.ok && slices.Contains(seg.trigger, true) {
+			cmp.NotifyWakeups += m1.Wakeups["notify"] - m0.Wakeups["notify"]
+		}
+		if seg.split {
+			split.add(side)
+			perWith := float64(side[1].commits) / float64(side[1].producers)
+			perWithout := float64(side[0].commits) / float64(side[0].producers)
+			if perWithout > 0 {
+				splitCosts = append(splitCosts, 100*(1-perWith/perWithout))
+			}
+			b.logf("  %d producers, segment %d split: %.0f commits/s per producer with the trigger, %.0f without",
+				nconns, k+1, perWith/secs, perWithout/secs)
+			continue
+		}
+		whole.add(side)
+		rate := float64(side[0].commits+side[1].commits) / secs
+		if seg.trigger[0] {
+			with = append(with, rate)
 		} else {
-			without = append(without, run.CommitsPerSecond)
-			cpuWithout += cpu1 - cpu0
-			commitsWithout += run.Commits
+			without = append(without, rate)
 		}
-		if seg%2 == 1 && without[len(without)-1] > 0 {
-			// The pair just completed: its two segments are neighbours.
+		if len(with) == len(without) && without[len(without)-1] > 0 {
+			// A whole pair just completed: its two segments are neighbours.
 			pairCosts = append(pairCosts, 100*(1-with[len(with)-1]/without[len(without)-1]))
 		}
 		b.logf("  %d producers, segment %d %s the trigger: %.0f commits/s (%.0f NOTIFY wake-ups, %.0f empty claims)",
-			nconns, seg+1, map[bool]string{true: "with", false: "without"}[trigger], run.CommitsPerSecond, run.NotifyWakeups, run.EmptyClaims)
+			nconns, k+1, map[bool]string{true: "with", false: "without"}[seg.trigger[0]], rate,
+			m1.Wakeups["notify"]-m0.Wakeups["notify"], m1.EmptyClaims-m0.EmptyClaims)
 	}
 	stop()
-	if f := failures.Load(); f > 0 {
-		return cmp, runs, fmt.Errorf("%d producer inserts failed", f)
+	if err := failure.Load(); err != nil {
+		return cmp, runs, *err
 	}
-	b.db.stmts.Add(commits.Load())
+	if err := ctx.Err(); err != nil {
+		return cmp, runs, err
+	}
+	var n int64
+	for i := range commits {
+		n += commits[i].Load()
+	}
+	b.db.stmts.Add(n)
 	left, err := b.db.queryInt64(ctx, `SELECT count(*) FROM webhook_outbox WHERE NOT processed`)
 	if err != nil {
 		return cmp, runs, err
@@ -185,15 +319,70 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 	}
 
 	cmp.WithTrigger, cmp.WithoutTrigger = median(with), median(without)
-	cmp.WithRange = [2]float64{slices.Min(with), slices.Max(with)}
-	cmp.WithoutRange = [2]float64{slices.Min(without), slices.Max(without)}
+	cmp.WithRange = minMax(with)
+	cmp.WithoutRange = minMax(without)
 	cmp.CostPercent = median(pairCosts)
-	cmp.PairCostRange = [2]float64{slices.Min(pairCosts), slices.Max(pairCosts)}
-	if cpuOK && commitsWith > 0 && commitsWithout > 0 {
-		cmp.CPUPerCommitWith = float64(cpuWith) * 1e6 / clockTicks / float64(commitsWith)
-		cmp.CPUPerCommitWithout = float64(cpuWithout) * 1e6 / clockTicks / float64(commitsWithout)
+	cmp.PairCostRange = minMax(pairCosts)
+	cmp.Pairs = len(pairCosts)
+	if cpuOK {
+		cmp.CPUPerCommitWith, cmp.CPUPerCommitWithout = whole.cpuPerCommit()
+	}
+	if len(splitCosts) > 0 {
+		sp := &splitComparison{
+			CostPercent: median(splitCosts),
+			CostRange:   minMax(splitCosts),
+			Segments:    len(splitCosts),
+		}
+		if cpuOK {
+			sp.CPUPerCommitWith, sp.CPUPerCommitWithout = split.cpuPerCommit()
+		}
+		cmp.Split = sp
 	}
 	return cmp, runs, nil
+}
+
+// sideTotals is one side (with or without the trigger) of a segment.
+type sideTotals struct {
+	producers      int
+	commits, ticks int64
+}
+
+// runTotals adds up both sides over a run's segments of one design: [without, with].
+type runTotals [2]sideTotals
+
+func (t *runTotals) add(side [2]sideTotals) {
+	for i := range t {
+		t[i].commits += side[i].commits
+		t[i].ticks += side[i].ticks
+	}
+}
+
+// cpuPerCommit is each side's backend CPU per commit in µs, or zeros when a side has none.
+func (t *runTotals) cpuPerCommit() (with, without float64) {
+	if t[0].commits == 0 || t[1].commits == 0 {
+		return 0, 0
+	}
+	per := func(s sideTotals) float64 { return float64(s.ticks) * 1e6 / clockTicks / float64(s.commits) }
+	return per(t[1]), per(t[0])
+}
+
+// setReplicationRole puts a producer's session in replica mode (its inserts do not fire the
+// trigger) or back to origin.
+func setReplicationRole(ctx context.Context, conn *pgx.Conn, replica bool) error {
+	role := "origin"
+	if replica {
+		role = "replica"
+	}
+	_, err := conn.Exec(ctx, "SET session_replication_role = "+role)
+	return err
+}
+
+func snapshotCommits(c []atomic.Int64) []int64 {
+	out := make([]int64, len(c))
+	for i := range c {
+		out[i] = c[i].Load()
+	}
+	return out
 }
 
 // backendPIDs returns the PostgreSQL backend processes serving conns, or nil when they are not
@@ -218,20 +407,28 @@ func backendPIDs(ctx context.Context, conns []*pgx.Conn) ([]int, error) {
 	return pids, nil
 }
 
-// ticksOf sums the CPU ticks of pids; false when any of them cannot be read.
-func ticksOf(pids []int) (int64, bool) {
+// ticksEach reads the CPU ticks of each of pids; false when any of them cannot be read.
+func ticksEach(pids []int) ([]int64, bool) {
 	if pids == nil {
-		return 0, false
+		return nil, false
 	}
-	var sum int64
-	for _, pid := range pids {
+	out := make([]int64, len(pids))
+	for i, pid := range pids {
 		t, err := procTicks(pid, false)
 		if err != nil {
-			return 0, false
+			return nil, false
 		}
-		sum += t
+		out[i] = t
 	}
-	return sum, true
+	return out, true
+}
+
+// minMax is the smallest and largest of v, or zeros when v is empty (a run cut short).
+func minMax(v []float64) [2]float64 {
+	if len(v) == 0 {
+		return [2]float64{}
+	}
+	return [2]float64{slices.Min(v), slices.Max(v)}
 }
 
 func median(v []float64) float64 {

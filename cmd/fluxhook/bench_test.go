@@ -90,17 +90,26 @@ func TestBenchSmoke(t *testing.T) {
 	if budget, ok := field("budget").([]any); !ok || len(budget) == 0 {
 		t.Errorf("budget = %v, want the budget checks", field("budget"))
 	}
-	// One pair of segments for 2 producers: one with the trigger, one without, each counted.
+	// One round for 2 producers: a whole pair (both with the trigger, then both without) and,
+	// where the trigger is switched per session, a split pair (one producer with it and one
+	// without, then swapped), each side counted.
 	var prod struct {
 		Comparisons []struct {
 			Connections int     `json:"connections"`
 			Cost        float64 `json:"cost_percent"`
+			Pairs       int     `json:"pairs"`
 			With        float64 `json:"with_trigger_commits_per_sec"`
 			Without     float64 `json:"without_trigger_commits_per_sec"`
+			PerSession  bool    `json:"switched_per_session"`
+			Split       *struct {
+				Segments int `json:"segments"`
+			} `json:"split"`
 		} `json:"comparisons"`
 		Runs []struct {
-			Trigger bool  `json:"trigger"`
-			Commits int64 `json:"commits"`
+			Producers int   `json:"producers"`
+			Split     bool  `json:"split"`
+			Trigger   bool  `json:"trigger"`
+			Commits   int64 `json:"commits"`
 		} `json:"runs"`
 	}
 	if raw, err := json.Marshal(field("producers")); err != nil {
@@ -108,11 +117,36 @@ func TestBenchSmoke(t *testing.T) {
 	} else if err := json.Unmarshal(raw, &prod); err != nil {
 		t.Fatalf("producers: %v", err)
 	}
-	if len(prod.Comparisons) != 1 || prod.Comparisons[0].Connections != 2 || prod.Comparisons[0].With <= 0 || prod.Comparisons[0].Without <= 0 {
-		t.Errorf("producers comparisons = %+v, want one for 2 connections with both rates measured", prod.Comparisons)
+	if len(prod.Comparisons) != 1 {
+		t.Fatalf("producers comparisons = %+v, want one for 2 connections", prod.Comparisons)
 	}
-	if len(prod.Runs) != 2 || !prod.Runs[0].Trigger || prod.Runs[1].Trigger || prod.Runs[0].Commits == 0 || prod.Runs[1].Commits == 0 {
-		t.Errorf("producers segments = %+v, want one with the trigger, then one without, each with commits", prod.Runs)
+	c := prod.Comparisons[0]
+	if c.Connections != 2 || c.Pairs != 1 || c.With <= 0 || c.Without <= 0 {
+		t.Errorf("producers comparison = %+v, want 2 connections, one whole pair, both rates measured", c)
+	}
+	wantRuns := 2
+	if c.PerSession {
+		// The bench's role here is a superuser: it may set session_replication_role.
+		wantRuns = 6
+		if c.Split == nil || c.Split.Segments != 2 {
+			t.Errorf("producers split = %+v, want 2 split segments", c.Split)
+		}
+	} else if c.Split != nil {
+		t.Errorf("producers split = %+v without per-session switching, want none", c.Split)
+	}
+	if len(prod.Runs) != wantRuns {
+		t.Fatalf("producers runs = %+v, want %d", prod.Runs, wantRuns)
+	}
+	if r := prod.Runs; !r[0].Trigger || r[1].Trigger || r[0].Split || r[1].Split || r[0].Producers != 2 || r[1].Producers != 2 {
+		t.Errorf("producers whole segments = %+v, want both producers with the trigger, then both without", r[:2])
+	}
+	for i, r := range prod.Runs {
+		if r.Commits == 0 {
+			t.Errorf("producers run %d = %+v, want commits", i, r)
+		}
+		if i >= 2 && (!r.Split || r.Producers != 1 || r.Trigger != (i%2 == 1)) {
+			t.Errorf("producers run %d = %+v, want a split side of 1 producer, %v the trigger", i, r, i%2 == 1)
+		}
 	}
 	if _, ok := rep["steady"]; ok {
 		t.Errorf("steady ran although only drain and idle were asked for")

@@ -30,13 +30,21 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	// Every check runs even when an earlier one failed, so that one message names every bad
-	// variable. dispatcher.New opens nothing (no database, no Redis connection until used),
-	// so a dispatcher built from a configuration that is then refused can simply be dropped.
+	// variable. dispatcher.New opens no connection (no database, no Redis until used), so a
+	// dispatcher built from a configuration that is then refused is only closed.
 	cfg, parseErr := parseServeConfig(values)
 	log := newLogger(cfg.logLevel, cfg.logFormat, zapcore.Lock(zapcore.AddSync(env.stderr)))
 	defer func() { _ = log.Sync() }()
 	cfg.dispatcher.Logger = log
 	d, buildErr := dispatcher.New(cfg.dispatcher)
+	// Until Start succeeds, every way out closes what New made (the HTTP transport, a Redis
+	// client): serve also runs inside tests' processes, which go on after it returns.
+	running := false
+	defer func() {
+		if d != nil && !running {
+			_ = d.Stop(context.Background())
+		}
+	}()
 	if err := mergeConfigErrors(parseErr, buildErr); err != nil {
 		return usageError("invalid configuration:\n%v", err)
 	}
@@ -68,6 +76,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
+	running = true
 
 	var metricsSrv *http.Server
 	if metricsLn != nil {

@@ -67,6 +67,7 @@ type Dispatcher struct {
 	mu       sync.Mutex
 	started  bool
 	stopping bool
+	closed   bool // Stop ran before a successful Start
 	stopped  chan struct{}
 }
 
@@ -172,6 +173,11 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	defer d.mu.Unlock()
 	if d.started {
 		return errors.New("dispatcher: already started")
+	}
+	if d.closed {
+		// Stop closed the HTTP transport and the Redis client: started now, the gate would
+		// fail open on every row and the breaker and rate limit would be silently off.
+		return errors.New("dispatcher: Start after Stop; create a new Dispatcher with New")
 	}
 
 	poolCfg, err := pgxpool.ParseConfig(d.cfg.DatabaseURL)
@@ -320,8 +326,10 @@ func SessionParams(params map[string]string, durableCommit bool) {
 func (d *Dispatcher) Stop(ctx context.Context) error {
 	d.mu.Lock()
 	if !d.started {
+		// Never started (or Start failed): only what New opened is left to close, and a
+		// later Start is refused (it would run on closed clients).
+		d.closed = true
 		d.mu.Unlock()
-		// Never started (or Start failed): only what New opened is left to close.
 		d.release.Do(d.closeClients)
 		return nil
 	}
@@ -752,10 +760,25 @@ func (d *Dispatcher) validate(del *delivery.Delivery) string {
 func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 	res, err := d.settler.Settle(ctx, batch)
 	d.stats.Settles.Add(1)
+	if err != nil {
+		d.stats.SettleErrors.Add(1)
+		d.metrics.settleErrors.Inc()
+		d.log.Error("settle failed; rows will be delivered again after their lease", zap.Error(err),
+			zap.Int("rows", len(batch)-res.Fallback))
+	}
+	if res.Fallback > 0 {
+		d.log.Warn("settle batch rejected; settled rows one by one", zap.Int("rows", res.Fallback))
+	}
+	// What was settled, all of the batch or (after an error in the one-by-one fallback) its
+	// first res.Fallback rows, is reported; the rest is left to its lease.
+	settled := batch
+	if err != nil {
+		settled = batch[:min(res.Fallback, len(batch))]
+	}
 	// Rows this instance re-enqueued or released come due again after their delay; set the
 	// due timer now instead of waiting for the next empty claim or the poll to notice them.
 	var soonest time.Duration = -1
-	for _, del := range batch {
+	for _, del := range settled {
 		switch del.Outcome.Kind {
 		case delivery.Retry, delivery.Defer, delivery.Release:
 			if soonest < 0 || del.Outcome.Delay < soonest {
@@ -763,24 +786,14 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 			}
 		}
 	}
-	if err == nil && soonest >= 0 {
+	if soonest >= 0 {
 		d.waker.DueIn(soonest)
 	}
-	if err != nil {
-		d.stats.SettleErrors.Add(1)
-		d.metrics.settleErrors.Inc()
-		d.log.Error("settle failed; rows will be delivered again after their lease", zap.Error(err), zap.Int("rows", len(batch)))
-	} else {
-		if res.Fallback > 0 {
-			d.log.Warn("settle batch rejected; settled rows one by one", zap.Int("rows", res.Fallback))
-		}
-		if res.Unsettled > 0 {
-			d.log.Error("database refused to settle or dead-letter rows; they will be delivered again after their lease", zap.Int("rows", res.Unsettled))
-		}
-		d.cfg.Gate.Record(ctx, batch)
-		d.metrics.settleRows.Observe(float64(len(batch)))
+	if len(settled) > 0 {
+		d.cfg.Gate.Record(ctx, settled)
+		d.metrics.settleRows.Observe(float64(len(settled)))
 		now := time.Now()
-		for _, del := range batch {
+		for _, del := range settled {
 			d.metrics.observe(del, now)
 			d.logOutcome(del)
 		}
@@ -823,6 +836,12 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 		}
 	case delivery.Release:
 		d.stats.Released.Add(1)
+	case delivery.Undecided:
+		// Settle could neither settle nor dead-letter the row (see settle.Result.Unsettled):
+		// it will be sent again after its lease, until the database accepts an update of it.
+		d.metrics.settleErrors.Inc()
+		d.log.Error("delivery could not be settled; it will be delivered again after its lease",
+			append(fields(), zap.Int64("row_id", del.ID), zap.String("reason", o.Reason))...)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -13,8 +14,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
+	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
@@ -534,5 +538,61 @@ func TestStopAfterAFailedStart(t *testing.T) {
 	defer cancel()
 	if err := d.Stop(ctx); err != nil {
 		t.Fatalf("Stop after a failed Start = %v, want nil", err)
+	}
+	// Stop closed the HTTP transport and any Redis client: a retried Start would deliver
+	// through a gate that fails open on every row, so it is refused, even once the schema is
+	// there.
+	if _, err := fluxsql.Migrate(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err == nil || !strings.Contains(err.Error(), "Start after Stop") {
+		t.Fatalf("Start after Stop = %v, want it refused", err)
+	}
+}
+
+// A row the database refuses to mark processed, and then to dead-letter (here a trigger an
+// operator added), is logged at Error with its delivery id and counted as a settle error,
+// not reported as delivered; a row settled alongside it is unaffected.
+func TestRowTheDatabaseRefusesToSettleIsLoggedByDeliveryID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `
+		CREATE FUNCTION refuse_stuck() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.event_type = 'stuck' AND NEW.processed THEN
+				RAISE EXCEPTION 'row % refused by the operator', NEW.id;
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_stuck BEFORE UPDATE ON webhook_outbox FOR EACH ROW EXECUTE FUNCTION refuse_stuck();`); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := b.config(c.URL())
+	cfg.Logger = zap.New(core)
+	d := b.start(cfg)
+	stuck := b.enqueue(outbox.Event{EventType: "stuck"})
+	fine := b.enqueue(outbox.Event{EventType: "fine"})
+	eventually(t, 10*time.Second, "the fine row settled and the stuck row reported", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed`, fine) == 1 &&
+			logs.FilterMessageSnippet("could not be settled").Len() > 0
+	})
+	entries := logs.FilterMessageSnippet("could not be settled").All()
+	fields := entries[0].ContextMap()
+	if entries[0].Level != zap.ErrorLevel || fields["delivery_id"] != stuck || !strings.Contains(fmt.Sprint(fields["reason"]), "refused by the operator") {
+		t.Errorf("log = %v %q %v, want an Error with the stuck row's delivery id and the database's reason", entries[0].Level, entries[0].Message, fields)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND NOT processed AND lease_until > now()`, stuck); n != 1 {
+		t.Errorf("the stuck row is not left leased (%d rows)", n)
+	}
+	if v := counterValue(t, d, "fluxora_webhook_settle_errors_total", "", ""); v < 1 {
+		t.Errorf("settle_errors_total = %v, want the refused row counted", v)
+	}
+	for _, e := range logs.FilterField(zap.String("delivery_id", stuck)).All() {
+		if e.Message == "delivered" {
+			t.Errorf("the stuck row was logged as delivered")
+		}
 	}
 }

@@ -90,7 +90,8 @@ type Result struct {
 	// Fallback is the number of rows settled one by one after the batch statement failed.
 	Fallback int
 	// Unsettled is the number of rows of the fallback that the database refused both to
-	// settle and to dead-letter: they stay leased and come back after their lease.
+	// settle and to dead-letter: they stay leased and come back after their lease. Their
+	// Outcome is set to Undecided, with both errors in its Reason.
 	Unsettled int
 }
 
@@ -265,12 +266,17 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 // unsettled and left to its lease; only an error about the database itself is returned.
 func (s *Settler) deadLetter(ctx context.Context, d *delivery.Delivery, rowErr error) (Result, error) {
 	o := d.Outcome
+	// Every reason starts "settle failed" so that the metrics file it under that class.
 	reason := "settle failed: " + rowErr.Error()
 	if o.Kind == delivery.Delivered {
-		reason = fmt.Sprintf("delivered (HTTP %d) but could not be marked processed: %v", o.Status, rowErr)
+		reason = fmt.Sprintf("settle failed: delivered (HTTP %d) but could not be marked processed: %v", o.Status, rowErr)
 	}
 	if _, err := s.pool.Exec(ctx, deadLetterSQL, d.ID, reason, o.Status, o.Error); err != nil {
 		if isRowError(err) {
+			// Undecided says so to the caller: the row is neither delivered, retried nor
+			// dead-lettered as far as the outbox knows, and comes back after its lease.
+			d.Outcome.Kind = delivery.Undecided
+			d.Outcome.Reason = fmt.Sprintf("settle and dead letter refused: %v; then %v", rowErr, err)
 			return Result{Unsettled: 1}, nil
 		}
 		return Result{}, fmt.Errorf("settle: dead-lettering row %d: %w", d.ID, err)

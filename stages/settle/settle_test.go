@@ -288,8 +288,8 @@ func TestBadDeliveredRowDoesNotBlockTheBatch(t *testing.T) {
 				if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND NOT processed AND lease_until > now()`, bad.ID); n != 1 {
 					t.Fatal("the refused row is no longer leased; it must come back after its lease")
 				}
-				if bad.Outcome.Kind != delivery.Delivered {
-					t.Fatalf("refused row's outcome changed to %v", bad.Outcome.Kind)
+				if bad.Outcome.Kind != delivery.Undecided || !strings.Contains(bad.Outcome.Reason, "refused by the operator") {
+					t.Fatalf("refused row's outcome = %+v, want Undecided with the database's reason", bad.Outcome)
 				}
 				return
 			}
@@ -297,7 +297,7 @@ func TestBadDeliveredRowDoesNotBlockTheBatch(t *testing.T) {
 			if err := db.Pool.QueryRow(ctx, `SELECT reason FROM webhook_dead_letter WHERE delivery_id = $1`, bad.DeliveryID).Scan(&reason); err != nil {
 				t.Fatalf("bad delivered row not dead-lettered: %v", err)
 			}
-			if !strings.Contains(reason, "delivered (HTTP 200)") || !strings.Contains(reason, "refused by the operator") {
+			if !strings.HasPrefix(reason, "settle failed: delivered (HTTP 200)") || !strings.Contains(reason, "refused by the operator") {
 				t.Fatalf("reason %q does not say the row was delivered and why it failed", reason)
 			}
 			if bad.Outcome.Kind != delivery.Permanent || bad.Outcome.Reason != reason {
