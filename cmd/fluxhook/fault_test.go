@@ -274,7 +274,14 @@ func TestFaultConsumerNeverAnswers(t *testing.T) {
 	}
 
 	waitSettled(t, db, faultWait, procs, []*hookConsumer{healthy}, healthyEvents)
-	tally := checkNoneLost(t, db, nil, []*hookConsumer{healthy, stuck}, faultExpect{DeadLettered: stuckIDs})
+	// A healthy event may be delivered twice only when its first answer came after the 500 ms
+	// timeout (a machine loaded by the race detector and the rest of the suite): the attempt
+	// counted as failed and was retried, as at-least-once delivery must. Its retry row says so.
+	late := idSet(queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_outbox WHERE event_type = 'test.healthy' AND attempt > 1`))
+	if len(late) > 0 {
+		t.Logf("%d healthy events were retried after their first answer came too late", len(late))
+	}
+	tally := checkNoneLost(t, db, nil, []*hookConsumer{healthy, stuck}, faultExpect{DeadLettered: stuckIDs, InFlight: late})
 	for _, reason := range queryStrings(t, db, `SELECT reason || ' / ' || coalesce(last_error, '') FROM webhook_dead_letter`) {
 		if !strings.Contains(reason, "attempts exhausted") || !strings.Contains(reason, "timeout") {
 			t.Errorf("dead letter reason %q: want attempts exhausted after timeouts", reason)
