@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -292,9 +293,14 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 			// A whole pair just completed: its two segments are neighbours.
 			pairCosts = append(pairCosts, 100*(1-with[len(with)-1]/without[len(without)-1]))
 		}
-		b.logf("  %d producers, segment %d %s the trigger: %.0f commits/s (%.0f NOTIFY wake-ups, %.0f empty claims)",
-			nconns, k+1, map[bool]string{true: "with", false: "without"}[seg.trigger[0]], rate,
-			m1.Wakeups["notify"]-m0.Wakeups["notify"], m1.EmptyClaims-m0.EmptyClaims)
+		dispatcher := "dispatcher's metrics not scraped"
+		if m0.ok && m1.ok {
+			dispatcher = fmt.Sprintf("%.0f NOTIFY wake-ups, %.0f empty claims", m1.Wakeups["notify"]-m0.Wakeups["notify"], m1.EmptyClaims-m0.EmptyClaims)
+		} else if err := errors.Join(m0.scrapeFailed, m1.scrapeFailed); err != nil {
+			dispatcher += ": " + err.Error()
+		}
+		b.logf("  %d producers, segment %d %s the trigger: %.0f commits/s (%s)",
+			nconns, k+1, map[bool]string{true: "with", false: "without"}[seg.trigger[0]], rate, dispatcher)
 	}
 	stop()
 	if err := failure.Load(); err != nil {
