@@ -130,3 +130,25 @@ func NewRole(t testing.TB, db *DB) string {
 	})
 	return role
 }
+
+// RefuseUpdates installs a trigger in db that refuses every update of webhook_outbox whose new
+// row satisfies condition (an SQL boolean over NEW), as an operator's own trigger might. The
+// error is a row error (P0001, "row N refused by the operator"): what the settle fallback
+// must keep to its own row.
+func RefuseUpdates(t testing.TB, db *DB, condition string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.Pool.Exec(ctx, `
+		CREATE FUNCTION fluxhook_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF `+condition+` THEN
+				RAISE EXCEPTION 'row % refused by the operator', NEW.id;
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER fluxhook_test_refuse BEFORE UPDATE ON webhook_outbox
+			FOR EACH ROW EXECUTE FUNCTION fluxhook_test_refuse();`); err != nil {
+		t.Fatalf("sqltest: installing the refusing trigger: %v", err)
+	}
+}

@@ -557,18 +557,7 @@ func TestRowTheDatabaseRefusesToSettleIsLoggedByDeliveryID(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := newConsumer(t, nil)
-	ctx := context.Background()
-	if _, err := b.pool.Exec(ctx, `
-		CREATE FUNCTION refuse_stuck() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.event_type = 'stuck' AND NEW.processed THEN
-				RAISE EXCEPTION 'row % refused by the operator', NEW.id;
-			END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_stuck BEFORE UPDATE ON webhook_outbox FOR EACH ROW EXECUTE FUNCTION refuse_stuck();`); err != nil {
-		t.Fatal(err)
-	}
+	sqltest.RefuseUpdates(t, b.db, `NEW.event_type = 'stuck' AND NEW.processed`)
 	core, logs := observer.New(zap.InfoLevel)
 	cfg := b.config(c.URL())
 	cfg.Logger = zap.New(core)

@@ -238,17 +238,7 @@ func TestBadDeliveredRowDoesNotBlockTheBatch(t *testing.T) {
 			s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
 			rows := leased(t, db, "e", 5)
 			bad := rows[0]
-			if _, err := db.Pool.Exec(ctx, `
-				CREATE FUNCTION refuse_row() RETURNS trigger LANGUAGE plpgsql AS $$
-				BEGIN
-					IF NEW.id = `+strconv.FormatInt(bad.ID, 10)+` AND (`+tc.condition+`) THEN
-						RAISE EXCEPTION 'row % refused by the operator', NEW.id;
-					END IF;
-					RETURN NEW;
-				END $$;
-				CREATE TRIGGER refuse_row BEFORE UPDATE ON webhook_outbox FOR EACH ROW EXECUTE FUNCTION refuse_row();`); err != nil {
-				t.Fatal(err)
-			}
+			sqltest.RefuseUpdates(t, db, `NEW.id = `+strconv.FormatInt(bad.ID, 10)+` AND (`+tc.condition+`)`)
 			bad.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200, Duration: 5 * time.Millisecond}
 			rows[1].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 204, Duration: 7 * time.Millisecond}
 			rows[2].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503"}
