@@ -114,4 +114,9 @@ type Outcome struct {
 	// Delay is, for Retry, the minimum wait the consumer asked for with Retry-After (0 when
 	// it did not); for Defer and Release, the wait before the row is due again.
 	Delay time.Duration
+	// Unsettled says settle could not write this outcome: the database refused both the
+	// row's settlement and its dead letter (settle.Result.Unsettled), and the row comes back
+	// after its lease. Kind still says what the attempt did, for the breaker; Reason says why
+	// it could not be written.
+	Unsettled bool
 }

@@ -779,6 +779,9 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 	// due timer now instead of waiting for the next empty claim or the poll to notice them.
 	var soonest time.Duration = -1
 	for _, del := range settled {
+		if del.Outcome.Unsettled {
+			continue // not re-enqueued: its lease brings it back
+		}
 		switch del.Outcome.Kind {
 		case delivery.Retry, delivery.Defer, delivery.Release:
 			if soonest < 0 || del.Outcome.Delay < soonest {
@@ -817,6 +820,15 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 			zap.String("endpoint", endpoint),
 		}
 	}
+	if o.Unsettled {
+		// Settle could neither settle nor dead-letter the row (see settle.Result.Unsettled):
+		// it will be sent again after its lease, until the database accepts an update of it.
+		d.stats.SettleErrors.Add(1)
+		d.metrics.settleErrors.Inc()
+		d.log.Error("delivery could not be settled; it will be delivered again after its lease",
+			append(fields(), zap.Int64("row_id", del.ID), zap.String("outcome", o.Kind.String()), zap.String("reason", o.Reason))...)
+		return
+	}
 	switch o.Kind {
 	case delivery.Delivered:
 		d.stats.Delivered.Add(1)
@@ -836,12 +848,6 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 		}
 	case delivery.Release:
 		d.stats.Released.Add(1)
-	case delivery.Undecided:
-		// Settle could neither settle nor dead-letter the row (see settle.Result.Unsettled):
-		// it will be sent again after its lease, until the database accepts an update of it.
-		d.metrics.settleErrors.Inc()
-		d.log.Error("delivery could not be settled; it will be delivered again after its lease",
-			append(fields(), zap.Int64("row_id", del.ID), zap.String("reason", o.Reason))...)
 	}
 }
 

@@ -558,7 +558,7 @@ func TestRowTheDatabaseRefusesToSettleIsLoggedByDeliveryID(t *testing.T) {
 	b := setup(t)
 	c := newConsumer(t, nil)
 	sqltest.RefuseUpdates(t, b.db, `NEW.event_type = 'stuck' AND NEW.processed`)
-	core, logs := observer.New(zap.InfoLevel)
+	core, logs := observer.New(zap.DebugLevel) // "delivered" is a debug line
 	cfg := b.config(c.URL())
 	cfg.Logger = zap.New(core)
 	d := b.start(cfg)
@@ -579,9 +579,13 @@ func TestRowTheDatabaseRefusesToSettleIsLoggedByDeliveryID(t *testing.T) {
 	if v := counterValue(t, d, "fluxora_webhook_settle_errors_total", "", ""); v < 1 {
 		t.Errorf("settle_errors_total = %v, want the refused row counted", v)
 	}
-	for _, e := range logs.FilterField(zap.String("delivery_id", stuck)).All() {
-		if e.Message == "delivered" {
-			t.Errorf("the stuck row was logged as delivered")
-		}
+	if logs.FilterMessage("delivered").FilterField(zap.String("delivery_id", fine)).Len() != 1 {
+		t.Errorf("the fine row was not logged as delivered; the check below would not see a stuck one either")
+	}
+	if logs.FilterMessage("delivered").FilterField(zap.String("delivery_id", stuck)).Len() != 0 {
+		t.Errorf("the stuck row was logged as delivered")
+	}
+	if v := counterValue(t, d, "fluxora_webhook_deliveries_total", "outcome", "delivered"); v != 1 {
+		t.Errorf("deliveries_total{outcome=delivered} = %v, want 1 (the fine row only)", v)
 	}
 }

@@ -79,7 +79,7 @@ func newMetrics(d *Dispatcher) *metrics {
 	m.settleRows = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "settle_batch_rows",
 		Help: "Rows written per settle statement.", Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000}})
 	m.settleErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "settle_errors_total",
-		Help: "Settle batches that could not be written (their rows are redelivered after the lease)."})
+		Help: "Settle batches that could not be written, and rows the database refused to settle or dead-letter (both are redelivered after the lease)."})
 	m.claimErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "claim_errors_total",
 		Help: "Claim statements that failed."})
 	inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "in_flight",
@@ -152,6 +152,9 @@ func (m *metrics) countRoundTrips(store *redisstore.Store) {
 // observe records one settled row.
 func (m *metrics) observe(del *delivery.Delivery, now time.Time) {
 	o := del.Outcome
+	if o.Unsettled {
+		return // counted as a settle error by logOutcome; no outcome was written
+	}
 	var outcome string
 	switch o.Kind {
 	case delivery.Delivered:

@@ -91,7 +91,7 @@ type Result struct {
 	Fallback int
 	// Unsettled is the number of rows of the fallback that the database refused both to
 	// settle and to dead-letter: they stay leased and come back after their lease. Their
-	// Outcome is set to Undecided, with both errors in its Reason.
+	// Outcome is marked Unsettled, with both errors in its Reason.
 	Unsettled int
 }
 
@@ -273,9 +273,9 @@ func (s *Settler) deadLetter(ctx context.Context, d *delivery.Delivery, rowErr e
 	}
 	if _, err := s.pool.Exec(ctx, deadLetterSQL, d.ID, reason, o.Status, o.Error); err != nil {
 		if isRowError(err) {
-			// Undecided says so to the caller: the row is neither delivered, retried nor
-			// dead-lettered as far as the outbox knows, and comes back after its lease.
-			d.Outcome.Kind = delivery.Undecided
+			// The outcome keeps its Kind (what the attempt told about the endpoint, which the
+			// breaker still learns) and says it was not written.
+			d.Outcome.Unsettled = true
 			d.Outcome.Reason = fmt.Sprintf("settle and dead letter refused: %v; then %v", rowErr, err)
 			return Result{Unsettled: 1}, nil
 		}

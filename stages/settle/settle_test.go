@@ -278,8 +278,8 @@ func TestBadDeliveredRowDoesNotBlockTheBatch(t *testing.T) {
 				if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND NOT processed AND lease_until > now()`, bad.ID); n != 1 {
 					t.Fatal("the refused row is no longer leased; it must come back after its lease")
 				}
-				if bad.Outcome.Kind != delivery.Undecided || !strings.Contains(bad.Outcome.Reason, "refused by the operator") {
-					t.Fatalf("refused row's outcome = %+v, want Undecided with the database's reason", bad.Outcome)
+				if !bad.Outcome.Unsettled || bad.Outcome.Kind != delivery.Delivered || !strings.Contains(bad.Outcome.Reason, "refused by the operator") {
+					t.Fatalf("refused row's outcome = %+v, want still Delivered (for the breaker), marked Unsettled with the database's reason", bad.Outcome)
 				}
 				return
 			}
