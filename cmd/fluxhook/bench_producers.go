@@ -170,6 +170,14 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 	var current atomic.Pointer[producerSegment]
 	var failure atomic.Pointer[error]
 	runCtx, stopProducers := context.WithCancel(ctx)
+	// One failure ends the run with its error: a broken connection would fail every later
+	// statement at once and spin on a CPU the other producers need.
+	fail := func(err error) {
+		if runCtx.Err() == nil {
+			failure.CompareAndSwap(nil, &err)
+			stopProducers()
+		}
+	}
 	var wg sync.WaitGroup
 	for i, conn := range conns {
 		wg.Go(func() {
@@ -179,23 +187,13 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 			for runCtx.Err() == nil {
 				if seg := current.Load(); perSession && seg != nil && seg.trigger[i] != firing {
 					if err := setReplicationRole(runCtx, conn, !seg.trigger[i]); err != nil {
-						if runCtx.Err() == nil {
-							err = fmt.Errorf("switching a producer's trigger: %w", err)
-							failure.CompareAndSwap(nil, &err)
-							stopProducers()
-						}
+						fail(fmt.Errorf("switching a producer's trigger: %w", err))
 						return
 					}
 					firing = seg.trigger[i]
 				}
 				if err := conn.QueryRow(runCtx, benchInsert, "bench.producers", pad).Scan(&id); err != nil {
-					// One failed insert ends the run: a broken connection would fail every
-					// later one at once and spin on a CPU the other producers need.
-					if runCtx.Err() == nil {
-						err = fmt.Errorf("a producer's insert: %w", err)
-						failure.CompareAndSwap(nil, &err)
-						stopProducers()
-					}
+					fail(fmt.Errorf("a producer's insert: %w", err))
 					return
 				}
 				commits[i].Add(1)
