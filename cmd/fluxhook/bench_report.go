@@ -100,7 +100,23 @@ type backlogResult struct {
 	Seconds         float64        `json:"seconds"`
 	EventsPerSecond float64        `json:"events_per_sec"`
 	Slices          []backlogSlice `json:"slices"`
-	Cost            *costReport    `json:"cost"`
+	// The fitted trends of the slices' throughput and claim time (see sliceTrend): what
+	// "flat" is judged on; nil with too few slices.
+	ThroughputTrend *float64    `json:"throughput_trend,omitempty"`
+	ClaimTimeTrend  *float64    `json:"claim_time_trend,omitempty"`
+	Cost            *costReport `json:"cost"`
+}
+
+// setTrends computes the trends of r's slices, once, for the budget and the table.
+func (r *backlogResult) setTrends() {
+	trend := func(v func(backlogSlice) float64) *float64 {
+		if tr, ok := sliceTrend(r.Slices, v); ok {
+			return &tr
+		}
+		return nil
+	}
+	r.ThroughputTrend = trend(func(s backlogSlice) float64 { return s.EventsPerSecond })
+	r.ClaimTimeTrend = trend(func(s backlogSlice) float64 { return s.ClaimMeanMS })
 }
 
 // percentiles are latencies in milliseconds.
@@ -292,11 +308,11 @@ func (r *benchReport) check() {
 		}
 		// Flat is judged on the trend, not on the spread: a slice that ran while the machine
 		// was busy elsewhere is noise, a claim that grows with the backlog is a trend.
-		if tr, ok := sliceTrend(b.Slices, func(s backlogSlice) float64 { return s.EventsPerSecond }); ok {
-			add("backlog", "throughput trend, last slice / first", tr, "", "0.8–1.25 (flat)", tr >= 0.8 && tr <= 1.25)
+		if tr := b.ThroughputTrend; tr != nil {
+			add("backlog", "throughput trend, last slice / first", *tr, "", "0.8–1.25 (flat)", *tr >= 0.8 && *tr <= 1.25)
 		}
-		if tr, ok := sliceTrend(b.Slices, func(s backlogSlice) float64 { return s.ClaimMeanMS }); ok {
-			add("backlog", "claim time trend, last slice / first", tr, "", "0.8–1.25 (flat)", tr >= 0.8 && tr <= 1.25)
+		if tr := b.ClaimTimeTrend; tr != nil {
+			add("backlog", "claim time trend, last slice / first", *tr, "", "0.8–1.25 (flat)", *tr >= 0.8 && *tr <= 1.25)
 		}
 		add("backlog", "lost", float64(b.Lost), "", "0", b.Lost == 0 && b.Rejected == 0)
 		perBatch("backlog", b.Cost)
@@ -482,11 +498,11 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		if lo, hi, ok := sliceSpread(b.Slices); ok {
 			fmt.Fprintf(tw, "\t  slowest slice / fastest (the machine's noise and any trend)\t%.2f\t\n", lo/hi)
 		}
-		if tr, ok := sliceTrend(b.Slices, func(s backlogSlice) float64 { return s.EventsPerSecond }); ok {
-			fmt.Fprintf(tw, "\t  throughput trend: fitted last slice / fitted first\t%.2f\t%s\n", tr, verdict("backlog", "throughput trend, last slice / first"))
+		if tr := b.ThroughputTrend; tr != nil {
+			fmt.Fprintf(tw, "\t  throughput trend: fitted last slice / fitted first\t%.2f\t%s\n", *tr, verdict("backlog", "throughput trend, last slice / first"))
 		}
-		if tr, ok := sliceTrend(b.Slices, func(s backlogSlice) float64 { return s.ClaimMeanMS }); ok {
-			fmt.Fprintf(tw, "\t  claim time trend: fitted last slice / fitted first\t%.2f\t%s\n", tr, verdict("backlog", "claim time trend, last slice / first"))
+		if tr := b.ClaimTimeTrend; tr != nil {
+			fmt.Fprintf(tw, "\t  claim time trend: fitted last slice / fitted first\t%.2f\t%s\n", *tr, verdict("backlog", "claim time trend, last slice / first"))
 		}
 		if b.Cost != nil {
 			fmt.Fprintf(tw, "\t  dispatcher peak RSS\t%.0f MB\t%s\n", b.Cost.PeakRSSMB, verdict("backlog", "dispatcher peak RSS"))

@@ -435,6 +435,7 @@ func (b *bench) backlog(ctx context.Context) (*backlogResult, error) {
 		r.Slices = append(r.Slices, sl)
 		prev = end
 	}
+	r.setTrends()
 	if r.Cost, err = s.cost(ctx, len(times)); err != nil {
 		return nil, err
 	}
