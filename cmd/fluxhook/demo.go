@@ -136,6 +136,12 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	}()
 	fmt.Fprintln(out, "dispatcher running; enqueueing sample events (Ctrl-C to stop)")
 
+	// stopping is the one exit for Ctrl-C, whether it lands while an insert is in flight or
+	// while the loop waits for the next tick, so the person always sees what happens next.
+	stopping := func() error {
+		fmt.Fprintln(out, "\nstopping: draining in-flight deliveries, removing what the demo started")
+		return nil
+	}
 	kinds := []string{"stream.created", "stream.updated", "order.paid", "user.signed_up"}
 	tick := time.NewTicker(*interval)
 	defer tick.Stop()
@@ -158,22 +164,20 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 			mu.Unlock()
 			if err != nil {
 				if ctx.Err() != nil {
-					break
+					return stopping()
 				}
 				return fmt.Errorf("enqueue: %w", err)
 			}
 		}
 		select {
 		case <-ctx.Done():
-			fmt.Fprintln(out, "\nstopping: draining in-flight deliveries, removing what the demo started")
-			return nil
+			return stopping()
 		case <-done:
 			fmt.Fprintf(out, "%d events delivered; done\n", *events)
 			return nil
 		case <-tick.C:
 		}
 	}
-	return nil
 }
 
 func randomSecret() string {
