@@ -422,7 +422,9 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		if after.IsHead() {
 			headAt = now
 		}
-		res, err := d.claimer.Claim(ctx, limit, skip, arming, after)
+		claimCtx, claimDone := withGrace(ctx, claimGrace)
+		res, err := d.claimer.Claim(claimCtx, limit, skip, arming, after)
+		claimDone()
 		rows := res.Rows
 		if err == nil {
 			skipped = append(skipped[:0], skip...)
@@ -528,6 +530,22 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			armed = false // the switch could not be kept up: re-arm with a confirming claim
 		}
 	}
+}
+
+// claimGrace is how long a claim statement already sent may run on once Stop begins. It is
+// not cancelled at once because its UPDATE commits on the server whether or not the client
+// still reads the answer: a claim cancelled in flight leaves its rows leased to an instance
+// that is gone, undelivered until the lease ends (2×timeout + 30 s by default; CI saw it).
+// Rows a finished claim returns are handed on and drained like any other. The bound only
+// matters when the database does not answer at all.
+const claimGrace = 5 * time.Second
+
+// withGrace returns a context that ends grace after ctx does (or when the returned cancel is
+// called), for a statement that must not be cut off the moment a stop begins.
+func withGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(grace, cancel) })
+	return c, func() { stop(); cancel() }
 }
 
 // notifyTTL is how far ahead an idle dispatcher sets the producers' NOTIFY switch; it renews

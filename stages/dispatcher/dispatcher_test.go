@@ -467,6 +467,53 @@ func TestStopTimeoutReleasesInFlightRows(t *testing.T) {
 	}
 }
 
+// TestStopLetsAClaimInFlightFinish: a claim statement already sent when Stop begins commits
+// its lease on the server whether or not the client still reads the answer. Cancelling it
+// lost the answer and left the row leased to a stopped instance for the whole lease (CI saw
+// a 30 s stall in TestRestartedDispatcherSeesTheBreaker). The claim is held in flight by a
+// lock on webhook_dispatcher, which every claim statement updates; Stop begins; the lock is
+// released: the row must be delivered and settled before Stop returns.
+func TestStopLetsAClaimInFlightFinish(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, func(arrival, http.ResponseWriter) {})
+	d := b.start(b.config(c.URL()))
+	eventually(t, 10*time.Second, "the dispatcher to be ready", func() bool { return d.Ready(context.Background()) == nil })
+
+	ctx := context.Background()
+	lock, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `LOCK TABLE webhook_dispatcher IN EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the dispatcher's claim to wait on the lock", func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '-- Lease up to%'`) == 1 // the claim's opening comment
+	})
+
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		stopped <- d.Stop(ctx)
+	}()
+	eventually(t, 10*time.Second, "Stop to begin", func() bool { return d.Ready(context.Background()) != nil })
+	if err := lock.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed AND status_code = 200`, id); n != 1 {
+		t.Fatalf("the row claimed while Stop began was not delivered before Stop returned (%d arrivals); leased: %d",
+			c.received(), b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND lease_until > now()`, id))
+	}
+}
+
 // hang blocks a consumer's answer until the test releases it or the dispatcher gives up.
 func hang(a arrival, release <-chan struct{}) {
 	select {
