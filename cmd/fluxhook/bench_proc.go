@@ -323,6 +323,10 @@ func (d *dispatcherProc) scrape(ctx context.Context) dispatcherMetrics {
 		return m
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		m.scrapeFailed = fmt.Errorf("GET /metrics: %s", resp.Status)
+		return m
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -356,7 +360,14 @@ func (d *dispatcherProc) scrape(ctx context.Context) dispatcherMetrics {
 			m.Wakeups[src] = value
 		}
 	}
-	m.ok = m.Claims > 0
+	switch {
+	case sc.Err() != nil:
+		m.scrapeFailed = fmt.Errorf("reading /metrics: %w", sc.Err())
+	case m.Claims == 0:
+		m.scrapeFailed = fmt.Errorf("/metrics has no claim yet")
+	default:
+		m.ok = true
+	}
 	return m
 }
 

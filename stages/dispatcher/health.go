@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
 
 	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/stages/wake"
@@ -26,7 +27,11 @@ import (
 //     orchestrator stops counting on this instance before it goes away.
 func (d *Dispatcher) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{Registry: d.metrics.reg}))
+	// ContinueOnError: the backlog gauges come from a query that can time out under load;
+	// with the default (HTTP 500) that blanked every counter of the scrape with it.
+	mux.Handle("/metrics", promhttp.HandlerFor(d.metrics.reg, promhttp.HandlerOpts{
+		Registry: d.metrics.reg, ErrorHandling: promhttp.ContinueOnError, ErrorLog: metricsErrorLog{d.log},
+	}))
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, r *http.Request) {
 		if err := d.Live(); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -103,4 +108,13 @@ func (d *Dispatcher) handles() (*pgxpool.Pool, *wake.Waker) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.pool, d.waker
+}
+
+// metricsErrorLog reports a metric that could not be collected (the backlog query failed)
+// once per scrape, as one fixed message.
+type metricsErrorLog struct{ log *zap.Logger }
+
+// Println is promhttp.Logger's one method.
+func (l metricsErrorLog) Println(v ...any) {
+	l.log.Warn("metrics collection incomplete", zap.String("error", fmt.Sprint(v...)))
 }

@@ -216,6 +216,46 @@ func TestMetricsScrapedFromARunningDispatcher(t *testing.T) {
 // does: its endpoint is saturated (one request allowed, and it hangs). The row counts as
 // backlog and its age, set a minute in the past, is what oldest_due_age_seconds reports.
 // With METRICS_ENDPOINT_LABEL, the deliveries counter names the endpoint by its URL's SHA-256.
+// TestMetricsServedWhenTheBacklogQueryFails: the backlog gauges come from a query with a 2 s
+// limit, which a locked or overloaded table makes fail. The scrape must still serve every
+// other metric with 200 (it answered 500 with nothing, which also lost the bench its claim
+// counters), say what is missing and count the failure.
+func TestMetricsServedWhenTheBacklogQueryFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, func(arrival, http.ResponseWriter) {})
+	d := b.start(b.config(c.URL()))
+	srv := httptest.NewServer(d.Handler())
+	t.Cleanup(srv.Close)
+	b.enqueue(outbox.Event{})
+	b.waitSettled(10 * time.Second)
+
+	ctx := context.Background()
+	lock, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `LOCK TABLE webhook_outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	status, body := get(t, srv.URL+"/metrics")
+	if status != http.StatusOK {
+		t.Fatalf("/metrics answered %d while the backlog query could not run, want 200; body:\n%s", status, body)
+	}
+	if !strings.Contains(body, `fluxora_webhook_deliveries_total{outcome="delivered"} 1`) {
+		t.Errorf("/metrics lacks the delivery counter while the backlog query failed:\n%s", body)
+	}
+	if strings.Contains(body, "fluxora_webhook_backlog ") {
+		t.Errorf("/metrics reports a backlog it could not count:\n%s", body)
+	}
+	_ = lock.Rollback(ctx)
+	_, body = get(t, srv.URL+"/metrics")
+	if !strings.Contains(body, `promhttp_metric_handler_errors_total{cause="gathering"} 1`) || !strings.Contains(body, "fluxora_webhook_backlog 0") {
+		t.Errorf("after the lock: want one gathering error counted and the backlog back at 0:\n%s", body)
+	}
+}
+
 func TestMetricsOldestDueRowOfASaturatedEndpoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
