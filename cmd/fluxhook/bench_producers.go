@@ -296,6 +296,8 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 			dispatcher = fmt.Sprintf("%.0f NOTIFY wake-ups, %.0f empty claims", m1.Wakeups["notify"]-m0.Wakeups["notify"], m1.EmptyClaims-m0.EmptyClaims)
 		} else if err := errors.Join(m0.scrapeFailed, m1.scrapeFailed); err != nil {
 			dispatcher += ": " + err.Error()
+		} else {
+			dispatcher += ": no claim counted yet"
 		}
 		b.logf("  %d producers, segment %d %s the trigger: %.0f commits/s (%s)",
 			nconns, k+1, map[bool]string{true: "with", false: "without"}[seg.trigger[0]], rate, dispatcher)

@@ -397,10 +397,13 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	var skipped []string // the previous claim's skip list
 	var hold skipHoldback
 	backoff := time.Duration(0)
+	claimCtx, cancelClaims := withGrace(ctx, claimGrace) // see claimGrace
+	defer cancelClaims()
 	for ctx.Err() == nil {
 		d.lastLoop.Store(time.Now().UnixNano())
 		free := d.slots.Free()
 		if free == 0 {
+			hold.unseen() // saturations that begin while we wait are not watched
 			select {
 			case <-d.slots.Freed():
 			case <-ctx.Done():
@@ -410,7 +413,9 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		limit := min(free, d.cfg.BatchSize)
 		skip = d.sender.Saturated(skip[:0])
 		now := time.Now()
-		if until, held := hold.hold(now, skip); held {
+		var until time.Time
+		var held bool
+		if skip, until, held = hold.hold(now, skip); held {
 			d.holdBack(ctx, until)
 			continue
 		}
@@ -422,9 +427,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		if after.IsHead() {
 			headAt = now
 		}
-		claimCtx, claimDone := withGrace(ctx, claimGrace)
 		res, err := d.claimer.Claim(claimCtx, limit, skip, arming, after)
-		claimDone()
 		rows := res.Rows
 		if err == nil {
 			skipped = append(skipped[:0], skip...)
@@ -541,7 +544,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 const claimGrace = 5 * time.Second
 
 // withGrace returns a context that ends grace after ctx does (or when the returned cancel is
-// called), for a statement that must not be cut off the moment a stop begins.
+// called), for statements that must not be cut off the moment a stop begins.
 func withGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
 	c, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(grace, cancel) })
@@ -561,16 +564,20 @@ const (
 const minDueWait = 20 * time.Millisecond
 
 // armAfterSaturated is how long claims may come back short only because every endpoint with
-// due rows is saturated before the dispatcher arms anyway (see claimLoop).
+// due rows is saturated before the dispatcher arms anyway (see claimLoop). Such claims start
+// only once the endpoints have been saturated for skipAfter, so an idle dispatcher behind an
+// endpoint that hangs arms about skipAfter + armAfterSaturated after the hang began.
 const armAfterSaturated = 50 * time.Millisecond
 
-// skipAfter is how long endpoints must stay saturated before claims skip them. A fast
+// skipAfter is how long an endpoint must stay saturated before claims skip it. A fast
 // consumer that stalls for a moment (a pause of its own, the machine busy) reads as
 // saturated for a few milliseconds; a claim that skips it then finds nothing while one
 // endpoint's backlog drains (measured: 10–13 empty claims per 20,000-event drain, 1.05–1.06
-// claim statements per claimed batch) and then holds back, while waiting for the moment to
-// pass costs nothing: the rows would only queue for it. A consumer that hangs stays saturated,
-// and rows for other endpoints wait this long once per such spell.
+// claim statements per claimed batch) and holds back after it. Until the saturation has
+// lasted skipAfter, the claiming loop waits instead (until then, or until a request finishes):
+// new rows for the saturated endpoint would only queue for it, and rows for other endpoints
+// wait at most skipAfter once per saturation spell. An endpoint that hangs stays saturated
+// and is skipped from then on; each endpoint's spell is timed on its own.
 const skipAfter = 25 * time.Millisecond
 
 // fruitlessHoldback and maxHoldback bound what claims that skip saturated endpoints cost. The
@@ -596,30 +603,45 @@ const (
 // Claims that skip nothing are never held back.
 type skipHoldback struct {
 	until   time.Time
-	skipped []string  // what the fruitless claim skipped
-	from    time.Time // when claims may start skipping the endpoints saturated now
+	skipped []string             // what the fruitless claim skipped
+	since   map[string]time.Time // when each endpoint saturated now was first seen so
 }
 
-// hold reports whether a claim that would skip skip must wait at now, and until when: during
-// the first skipAfter of a saturation, and after a claim that skipped and found nothing (see
-// observe) while everything it skipped is still saturated. It notes when a saturation
-// begins, so it is called before every claim.
-func (h *skipHoldback) hold(now time.Time, skip []string) (time.Time, bool) {
-	if len(skip) == 0 {
-		h.from = time.Time{}
-		return time.Time{}, false
+// hold notes when each endpoint in saturated was first seen saturated and returns the ones
+// claims may skip: those saturated for skipAfter. While any is saturated for less, or after a
+// claim that skipped and found nothing (see observe) while everything it skipped is still
+// skipped, the claim must wait, until the time returned. Called before every claim.
+func (h *skipHoldback) hold(now time.Time, saturated []string) (skip []string, until time.Time, held bool) {
+	for key := range h.since {
+		if !slices.Contains(saturated, key) {
+			delete(h.since, key) // its saturation ended: a new one is waited out afresh
+		}
 	}
-	if h.from.IsZero() {
-		h.from = now.Add(skipAfter)
+	for _, key := range saturated {
+		from, ok := h.since[key]
+		if !ok {
+			if h.since == nil {
+				h.since = make(map[string]time.Time)
+			}
+			from = now
+			h.since[key] = now
+		}
+		if at := from.Add(skipAfter); now.Before(at) && (!held || at.Before(until)) {
+			until, held = at, true
+		}
 	}
-	if now.Before(h.from) {
-		return h.from, true
+	if held {
+		return saturated, until, true
 	}
-	if now.Before(h.until) && subset(h.skipped, skip) {
-		return h.until, true
+	if len(saturated) > 0 && now.Before(h.until) && subset(h.skipped, saturated) {
+		return saturated, h.until, true
 	}
-	return time.Time{}, false
+	return saturated, time.Time{}, false
 }
+
+// unseen forgets every saturation: the claiming loop stopped looking (no free capacity), so
+// it cannot tell whether one it saw before is the same spell.
+func (h *skipHoldback) unseen() { clear(h.since) }
 
 // subset reports whether every key in a is also in b: whether every endpoint skipped then is
 // still skipped now (skip lists hold the few saturated endpoints, so a scan is cheap).

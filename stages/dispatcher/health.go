@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -110,11 +111,12 @@ func (d *Dispatcher) handles() (*pgxpool.Pool, *wake.Waker) {
 	return d.pool, d.waker
 }
 
-// metricsErrorLog reports a metric that could not be collected (the backlog query failed)
-// once per scrape, as one fixed message.
+// metricsErrorLog reports what a scrape could not serve: a metric that could not be collected
+// (the backlog query failed) or, if the scraper went away mid-answer, each family that could
+// not be written. One fixed message; the log's sampling thins out repeats.
 type metricsErrorLog struct{ log *zap.Logger }
 
 // Println is promhttp.Logger's one method.
 func (l metricsErrorLog) Println(v ...any) {
-	l.log.Warn("metrics collection incomplete", zap.String("error", fmt.Sprint(v...)))
+	l.log.Warn("metrics collection incomplete", zap.String("error", strings.TrimSpace(fmt.Sprintln(v...))))
 }

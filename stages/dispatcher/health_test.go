@@ -212,10 +212,6 @@ func TestMetricsScrapedFromARunningDispatcher(t *testing.T) {
 	}
 }
 
-// TestMetricsOldestDueRowOfASaturatedEndpoint leaves a due row unclaimed the way production
-// does: its endpoint is saturated (one request allowed, and it hangs). The row counts as
-// backlog and its age, set a minute in the past, is what oldest_due_age_seconds reports.
-// With METRICS_ENDPOINT_LABEL, the deliveries counter names the endpoint by its URL's SHA-256.
 // TestMetricsServedWhenTheBacklogQueryFails: the backlog gauges come from a query with a 2 s
 // limit, which a locked or overloaded table makes fail. The scrape must still serve every
 // other metric with 200 (it answered 500 with nothing, which also lost the bench its claim
@@ -256,6 +252,10 @@ func TestMetricsServedWhenTheBacklogQueryFails(t *testing.T) {
 	}
 }
 
+// TestMetricsOldestDueRowOfASaturatedEndpoint leaves a due row unclaimed the way production
+// does: its endpoint is saturated (one request allowed, and it hangs). The row counts as
+// backlog and its age, set a minute in the past, is what oldest_due_age_seconds reports.
+// With METRICS_ENDPOINT_LABEL, the deliveries counter names the endpoint by its URL's SHA-256.
 func TestMetricsOldestDueRowOfASaturatedEndpoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -14,9 +14,9 @@ func TestSkipHoldback(t *testing.T) {
 	a, ab := []string{"a"}, []string{"a", "b"}
 	var h skipHoldback
 	blocks := func(now time.Time, skip []string) bool {
-		h.from = time.Time{} // saturated since long ago (TestSkipAfter covers the start)
-		h.hold(now.Add(-time.Hour), skip)
-		_, held := h.hold(now, skip)
+		h.unseen()
+		h.hold(now.Add(-time.Hour), skip) // saturated since long ago (TestSkipAfter covers the start)
+		_, _, held := h.hold(now, skip)
 		return held
 	}
 	if blocks(t0, a) {
@@ -59,29 +59,32 @@ func TestSkipHoldback(t *testing.T) {
 	}
 }
 
-// TestSkipAfter: a saturation is waited out for skipAfter before claims skip the endpoint;
-// the wait starts with the saturation, ends when it does, and starts afresh with the next.
+// TestSkipAfter: each endpoint's saturation is waited out for skipAfter before claims skip
+// it; the wait starts with that endpoint's saturation, ends when it does, starts afresh with
+// the next, and is not shortened by another endpoint saturated for longer.
 func TestSkipAfter(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1_700_000_000, 0)
-	a := []string{"a"}
+	a, ab := []string{"a"}, []string{"a", "b"}
 	var h skipHoldback
-	if _, held := h.hold(t0, nil); held {
-		t.Fatal("a claim that skips nothing was held")
+	check := func(now time.Time, saturated []string, wantHeld bool, wantUntil time.Time, what string) {
+		t.Helper()
+		skip, until, held := h.hold(now, saturated)
+		if held != wantHeld || (held && !until.Equal(wantUntil)) || len(skip) != len(saturated) {
+			t.Fatalf("%s: held %v until %s (skip %v), want held %v until %s", what, held, until.Sub(t0), skip, wantHeld, wantUntil.Sub(t0))
+		}
 	}
-	until, held := h.hold(t0, a)
-	if !held || !until.Equal(t0.Add(skipAfter)) {
-		t.Fatalf("a saturation just seen: held %v until %s, want held until skipAfter later", held, until.Sub(t0))
-	}
-	if until, held := h.hold(t0.Add(skipAfter-time.Millisecond), a); !held || !until.Equal(t0.Add(skipAfter)) {
-		t.Fatal("the wait moved or ended while the saturation lasted")
-	}
-	if _, held := h.hold(t0.Add(skipAfter), a); held {
-		t.Fatal("still held once the saturation outlasted skipAfter")
-	}
-	// The saturation passes, and a new one begins: it is waited out again.
-	h.hold(t0.Add(time.Second), nil)
-	if until, held := h.hold(t0.Add(2*time.Second), a); !held || !until.Equal(t0.Add(2*time.Second+skipAfter)) {
-		t.Fatal("a new saturation was not waited out from its start")
-	}
+	check(t0, nil, false, time.Time{}, "nothing saturated")
+	check(t0, a, true, t0.Add(skipAfter), "a saturation just seen")
+	check(t0.Add(skipAfter-time.Millisecond), a, true, t0.Add(skipAfter), "while it lasts")
+	check(t0.Add(skipAfter), a, false, time.Time{}, "once it outlasted skipAfter")
+	// b saturates while a still is: b's own start counts, a's older one does not cut it short.
+	check(t0.Add(time.Second), ab, true, t0.Add(time.Second+skipAfter), "a second endpoint saturating")
+	check(t0.Add(time.Second+skipAfter), ab, false, time.Time{}, "both saturated long enough")
+	// a's saturation ends and a new one begins: it is waited out again from its start.
+	check(t0.Add(2*time.Second), []string{"b"}, false, time.Time{}, "a has room again")
+	check(t0.Add(3*time.Second), ab, true, t0.Add(3*time.Second+skipAfter), "a saturating anew")
+	// The loop stopped looking (no free capacity): what it saw before is forgotten.
+	h.unseen()
+	check(t0.Add(4*time.Second), []string{"b"}, true, t0.Add(4*time.Second+skipAfter), "after a spell without looking")
 }
