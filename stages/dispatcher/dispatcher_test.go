@@ -481,19 +481,42 @@ func TestStopLetsAClaimInFlightFinish(t *testing.T) {
 	eventually(t, 10*time.Second, "the dispatcher to be ready", func() bool { return d.Ready(context.Background()) == nil })
 
 	ctx := context.Background()
-	lock, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
+	var lock pgx.Tx
+	var id string
+	// The claim held must be one that started after the row committed: its snapshot is taken
+	// before it waits for the lock, so a claim sent earlier (the dispatcher's confirming claim
+	// just after start) would find nothing even once it runs. If the claim waiting is such an
+	// earlier one, let it go, let the row be delivered, and try again.
+	for try := 1; ; try++ {
+		var err error
+		if lock, err = b.pool.Begin(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = lock.Rollback(ctx) }()
+		if _, err := lock.Exec(ctx, `LOCK TABLE webhook_dispatcher IN EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		id = b.enqueue(outbox.Event{})
+		var committed time.Time
+		if err := b.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&committed); err != nil {
+			t.Fatal(err)
+		}
+		waiting := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '-- Lease up to%'` // the claim's opening comment
+		eventually(t, 10*time.Second, "a claim to wait on the lock", func() bool { return b.count(waiting) == 1 })
+		if b.count(waiting+` AND query_start > $1`, committed) == 1 {
+			break
+		}
+		if try == 5 {
+			t.Fatal("five times the claim waiting on the lock was one sent before the row committed")
+		}
+		if err := lock.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the row of the try to be delivered", func() bool {
+			return b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed`, id) == 1
+		})
 	}
-	defer func() { _ = lock.Rollback(ctx) }()
-	if _, err := lock.Exec(ctx, `LOCK TABLE webhook_dispatcher IN EXCLUSIVE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	id := b.enqueue(outbox.Event{})
-	eventually(t, 10*time.Second, "the dispatcher's claim to wait on the lock", func() bool {
-		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event_type = 'Lock' AND query LIKE '-- Lease up to%'`) == 1 // the claim's opening comment
-	})
 
 	stopped := make(chan error, 1)
 	go func() {
