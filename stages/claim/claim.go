@@ -249,6 +249,12 @@ func (s Snapshot) Sees(xid uint64) bool {
 	return !slices.Contains(s.xip, xid)
 }
 
+// InProgress returns the transactions in progress when the snapshot was taken (do not modify
+// it). After the claim that confirms the dispatcher is armed, these are the only producers
+// that may have read the NOTIFY switch before it was set and may still commit without a
+// NOTIFY (see the dispatcher's claim loop).
+func (s Snapshot) InProgress() []uint64 { return s.xip }
+
 // compact turns jsonb's text form ({"a": 1}) into the compact bytes the original sent
 // (JSON.stringify: {"a":1}). The result is computed once per attempt from the stored value, so
 // every attempt of an event carries the same bytes.

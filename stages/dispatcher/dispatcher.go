@@ -387,6 +387,11 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	var announced time.Time // when we last set the producers' NOTIFY switch
 	arming := true          // the next claim may arm us (at start we may be idle already)
 	followUp := false
+	// Producers that may commit without a NOTIFY: those in progress at the claim that
+	// confirmed arming (they may have read the switch before it was set), while later claims
+	// still see them in progress; and how long until the next look for them.
+	var watch []uint64
+	watchDelay := idleFollowUp
 	var saturatedSince time.Time // when claims started coming back short for saturation alone
 	var skip []string
 	// Where a busy claim may start (see claim.Cursor): after the last row of the previous
@@ -459,6 +464,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		// has not lapsed (it may have while we were at capacity or busy sending).
 		wasArmed := armed && time.Since(announced) < notifyTTL-notifyMargin
 		armed = arming && !full
+		watch = slices.DeleteFunc(watch, res.Snapshot.Sees) // those this claim saw commit are done
 		if len(rows) > 0 {
 			d.slots.Take(len(rows))
 			d.stats.Claimed.Add(int64(len(rows)))
@@ -523,11 +529,19 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		if followUp {
 			// The confirming claim cannot see a producer transaction that read the switch
 			// before we set it and commits only after that claim's snapshot (its insert sent
-			// no NOTIFY). One more look shortly after arming catches such transactions when
-			// they are short, as they nearly always are; longer ones are left to the
-			// backstop poll.
+			// no NOTIFY). Such a producer already had a transaction id (it had inserted) and
+			// had not committed: it is in this claim's snapshot as in progress. Look again
+			// shortly, and then at doubling intervals (at most maxWatchDelay) for as long as
+			// a transaction in progress then is still in progress: a producer slowed down
+			// for seconds is caught within a second of its commit instead of at the backstop
+			// poll. An unrelated long transaction costs one claim per maxWatchDelay.
 			followUp = false
-			d.waker.DueIn(idleFollowUp)
+			watch = append(watch[:0], res.Snapshot.InProgress()...)
+			watchDelay = idleFollowUp
+			d.waker.DueIn(watchDelay)
+		} else if len(watch) > 0 {
+			watchDelay = min(2*watchDelay, maxWatchDelay)
+			d.waker.DueIn(watchDelay)
 		}
 		if !d.waitArmed(ctx, &announced, len(skip) > 0) {
 			armed = false // the switch could not be kept up: re-arm with a confirming claim
@@ -550,6 +564,10 @@ func withGrace(ctx context.Context, grace time.Duration) (context.Context, conte
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(grace, cancel) })
 	return c, func() { stop(); cancel() }
 }
+
+// maxWatchDelay bounds the interval of the looks for producers that may commit without a
+// NOTIFY after the dispatcher armed (see claimLoop).
+const maxWatchDelay = time.Second
 
 // notifyTTL is how far ahead an idle dispatcher sets the producers' NOTIFY switch; it renews
 // it every notifyTTL/2 while it waits. After it turns busy producers keep notifying for at

@@ -537,6 +537,38 @@ func TestStopLetsAClaimInFlightFinish(t *testing.T) {
 	}
 }
 
+// TestProducerThatMissedTheSwitchIsDeliveredOnCommit: a producer whose trigger ran before the
+// dispatcher set the NOTIFY switch commits without a NOTIFY. When it commits long after the
+// dispatcher armed (here: after the confirming claim and the follow-up look 100 ms later),
+// only the looks the dispatcher keeps taking while a transaction in progress at arming is
+// still in progress find its row; before them it waited for the backstop poll (an hour here;
+// CI saw TestRetryKeepsDeliveryIDAndBody time out on a slow commit).
+func TestProducerThatMissedTheSwitchIsDeliveredOnCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, func(arrival, http.ResponseWriter) {})
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	e, err := outbox.Enqueue(ctx, tx, outbox.Event{EventType: "test.event", Payload: map[string]any{"slow": true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := b.start(b.config(c.URL()))
+	// Arming claim, confirming claim, the follow-up 100 ms later, and one look after it:
+	// all before the producer commits.
+	eventually(t, 10*time.Second, "four claims", func() bool { return d.Stats().Claims.Load() >= 4 })
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the slow producer's event delivered", func() bool {
+		return len(c.byDelivery()[e.DeliveryID]) == 1
+	})
+}
+
 // hang blocks a consumer's answer until the test releases it or the dispatcher gives up.
 func hang(a arrival, release <-chan struct{}) {
 	select {
