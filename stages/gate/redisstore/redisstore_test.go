@@ -20,8 +20,12 @@ type backend struct {
 
 func (b *backend) NewStore(t testing.TB) gate.Store { return redistest.OpenURL(t, b.url, b.prefix) }
 
+// Advance lets Redis's own clock run on by d, plus 2 ms: Redis expires a key (the held probe) only once its millisecond
+// clock is past the expiry, which it computed from a millisecond clock truncated when the key
+// was set. Waiting exactly d by TIME's microseconds could end in the very millisecond the key
+// expires in, where it still exists (CI saw "after the probe timeout no new probe").
 func (b *backend) Advance(t testing.TB, d time.Duration) {
-	redistest.WaitFor(t, b.clock.Client(), d)
+	redistest.WaitFor(t, b.clock.Client(), d+2*time.Millisecond)
 }
 
 // Slack is generous: Redis's clock runs on while a loaded CI machine under -race schedules the
