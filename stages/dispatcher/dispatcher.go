@@ -419,9 +419,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		limit := min(free, d.cfg.BatchSize)
 		skip = d.sender.Saturated(skip[:0])
 		now := time.Now()
-		var until time.Time
-		var held bool
-		if skip, until, held = hold.hold(now, skip); held {
+		if until, held := hold.hold(now, skip); held {
 			d.holdBack(ctx, until)
 			continue
 		}
@@ -638,11 +636,11 @@ type skipHoldback struct {
 	since   map[string]time.Time // when each endpoint saturated now was first seen so
 }
 
-// hold notes when each endpoint in saturated was first seen saturated and returns the ones
-// claims may skip: those saturated for skipAfter. While any is saturated for less, or after a
-// claim that skipped and found nothing (see observe) while everything it skipped is still
-// skipped, the claim must wait, until the time returned. Called before every claim.
-func (h *skipHoldback) hold(now time.Time, saturated []string) (skip []string, until time.Time, held bool) {
+// hold notes when each endpoint in saturated was first seen saturated and reports whether a
+// claim skipping them must wait, and until when: while any has been saturated for less than
+// skipAfter, or after a claim that skipped and found nothing (see observe) while everything
+// it skipped is still saturated. Called before every claim.
+func (h *skipHoldback) hold(now time.Time, saturated []string) (until time.Time, held bool) {
 	for key := range h.since {
 		if !slices.Contains(saturated, key) {
 			delete(h.since, key) // its saturation ended: a new one is waited out afresh
@@ -662,12 +660,12 @@ func (h *skipHoldback) hold(now time.Time, saturated []string) (skip []string, u
 		}
 	}
 	if held {
-		return saturated, until, true
+		return until, true
 	}
 	if len(saturated) > 0 && now.Before(h.until) && subset(h.skipped, saturated) {
-		return saturated, h.until, true
+		return h.until, true
 	}
-	return saturated, time.Time{}, false
+	return time.Time{}, false
 }
 
 // unseen forgets every saturation: the claiming loop stopped looking (no free capacity), so
