@@ -496,11 +496,26 @@ func TestStopLetsAClaimInFlightFinish(t *testing.T) {
 		if _, err := lock.Exec(ctx, `LOCK TABLE webhook_dispatcher IN EXCLUSIVE MODE`); err != nil {
 			t.Fatal(err)
 		}
-		id = b.enqueue(outbox.Event{})
-		var committed time.Time
-		if err := b.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&committed); err != nil {
+		// The producer's last statement before COMMIT reads the clock: a claim that started
+		// later was sent after the row committed, give or take that statement's return (a
+		// NOTIFY-woken claim always starts after the commit; reading the clock after the
+		// commit came too late for one that the NOTIFY woke at once).
+		producer, err := b.pool.Begin(ctx)
+		if err != nil {
 			t.Fatal(err)
 		}
+		e, err := outbox.Enqueue(ctx, producer, outbox.Event{EventType: "test.event", Payload: map[string]any{"n": try}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var committed time.Time
+		if err := producer.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&committed); err != nil {
+			t.Fatal(err)
+		}
+		if err := producer.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		id = e.DeliveryID
 		waiting := `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
 			AND wait_event_type = 'Lock' AND query LIKE '-- Lease up to%'` // the claim's opening comment
 		eventually(t, 10*time.Second, "a claim to wait on the lock", func() bool { return b.count(waiting) == 1 })

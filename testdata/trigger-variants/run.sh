@@ -12,6 +12,9 @@
 #   false   the same trigger, its WHEN a PL/pgSQL function that returns false
 #   seq     the same trigger, its WHEN a PL/pgSQL function that only reads the sequence
 #   before  BEFORE STATEMENT, no WHEN, schema 3's condition inside the trigger function
+#   default no trigger: a column whose DEFAULT is an inlined SQL function that tests schema
+#           3's condition and calls pg_notify when it holds (evaluated per row, not per
+#           statement)
 # The schema's trigger is left as schema 3 made it at the end. Commits are asynchronous
 # (synchronous_commit=off) so that a disk's flush time does not hide the CPU.
 set -euo pipefail
@@ -24,6 +27,7 @@ q() { psql -Xq "$db" -c "$1" >/dev/null; }
 when() { q "CREATE TRIGGER webhook_outbox_notify AFTER INSERT ON webhook_outbox FOR EACH STATEMENT WHEN ($1()) EXECUTE FUNCTION webhook_outbox_notify()"; }
 variant() {
   q "DROP TRIGGER IF EXISTS webhook_outbox_notify ON webhook_outbox"
+  q "ALTER TABLE webhook_outbox DROP COLUMN IF EXISTS fh_notify"
   case $1 in
   none) ;;
   real|replica) when webhook_outbox_notify_wanted ;;
@@ -33,6 +37,8 @@ variant() {
        when fh_variant_seq ;;
   before) q "CREATE OR REPLACE FUNCTION fh_variant_before() RETURNS trigger LANGUAGE plpgsql AS \$b\$ BEGIN IF $cond THEN PERFORM pg_notify('webhook_outbox', pg_current_xact_id()::text); END IF; RETURN NULL; END \$b\$"
           q "CREATE TRIGGER webhook_outbox_notify BEFORE INSERT ON webhook_outbox FOR EACH STATEMENT EXECUTE FUNCTION fh_variant_before()" ;;
+  default) q "CREATE OR REPLACE FUNCTION fh_variant_default() RETURNS boolean LANGUAGE sql VOLATILE AS \$b\$ SELECT CASE WHEN $cond THEN pg_notify('webhook_outbox', pg_current_xact_id()::text)::text IS NOT NULL END \$b\$"
+           q "ALTER TABLE webhook_outbox ADD COLUMN fh_notify boolean DEFAULT fh_variant_default()" ;;
   *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }
