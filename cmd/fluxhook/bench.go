@@ -49,6 +49,7 @@ type benchOptions struct {
 	producerConns    []int
 	producerDuration time.Duration
 	producerReps     int
+	producerNull     bool
 	payloadBytes     int
 	json             bool
 	statements       bool
@@ -77,6 +78,7 @@ func parseBenchOptions(env *environment, args []string) (benchOptions, error) {
 	producerConns := fs.String("producer-connections", "8,32", "producers: comma-separated numbers of concurrent producers")
 	fs.DurationVar(&o.producerDuration, "producer-duration", time.Second, "producers: length of each measured segment (the trigger is switched between segments)")
 	fs.IntVar(&o.producerReps, "producer-reps", 8, "producers: rounds per connection count, each a whole pair (all producers with the trigger, then all without, ABBA order) and a split pair (half with and half without, then swapped); the medians count")
+	fs.BoolVar(&o.producerNull, "producer-null", false, "producers: null control: the producers marked \"with the trigger\" run without it too, so each design's cost shows its own bias (should read 0); no budget is checked")
 	fs.IntVar(&o.payloadBytes, "payload-bytes", 200, "padding in each event's payload")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
 	fs.BoolVar(&o.statements, "statements", false, "also list the dispatcher's statements per workload (needs pg_stat_statements)")

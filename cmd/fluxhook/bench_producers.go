@@ -134,6 +134,9 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 	// Whether this role may set session_replication_role: a local setting, gone with the
 	// statement's own transaction.
 	perSession := b.db.exec(ctx, `SELECT set_config('session_replication_role', 'replica', true)`) == nil
+	if b.opts.producerNull && !perSession {
+		return cmp, nil, fmt.Errorf("--producer-null needs a role that may set session_replication_role")
+	}
 	if !perSession {
 		b.logf("  this role may not set session_replication_role: switching the trigger with ALTER TABLE, whole segments only")
 	}
@@ -178,6 +181,14 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 			stopProducers()
 		}
 	}
+	if b.opts.producerNull {
+		cmp.NullControl = true
+		for _, conn := range conns {
+			if err := setReplicationRole(ctx, conn, true); err != nil {
+				return cmp, nil, fmt.Errorf("null control: %w", err)
+			}
+		}
+	}
 	var wg sync.WaitGroup
 	for i, conn := range conns {
 		wg.Go(func() {
@@ -186,7 +197,8 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 			firing := true
 			for runCtx.Err() == nil {
 				if seg := current.Load(); perSession && seg != nil && seg.trigger[i] != firing {
-					if err := setReplicationRole(runCtx, conn, !seg.trigger[i]); err != nil {
+					// The null control switches too (the same SET), but never to the trigger.
+					if err := setReplicationRole(runCtx, conn, !seg.trigger[i] || b.opts.producerNull); err != nil {
 						fail(fmt.Errorf("switching a producer's trigger: %w", err))
 						return
 					}

@@ -34,3 +34,28 @@ func TestSliceTrend(t *testing.T) {
 		}
 	}
 }
+
+// A null control (--producer-null) is reported as such and never meets the budget, whatever
+// cost it reads; a real comparison is checked against 10% of the split design.
+func TestProducersBudgetAndNullControl(t *testing.T) {
+	t.Parallel()
+	split := &splitComparison{CostPercent: 1.5, Segments: 4}
+	r := &benchReport{Producers: &producersResult{Comparisons: []producerComparison{
+		{Connections: 8, CostPercent: 20, Pairs: 4, Split: split},
+		{Connections: 32, CostPercent: 0.5, Pairs: 4, Split: split, NullControl: true},
+	}}}
+	r.check()
+	got := map[string]bool{}
+	for _, c := range r.Budget {
+		got[c.What] = c.OK
+	}
+	if ok, found := got["trigger's cost to 8 producers"]; !found || !ok {
+		t.Errorf("8 producers with a split cost of 1.5%%: checked %v, ok %v; want checked against the split design and met", found, ok)
+	}
+	if ok, found := got["null control, 32 producers (no trigger on either side)"]; !found || ok {
+		t.Errorf("null control: reported %v, met %v; want reported and never met", found, ok)
+	}
+	if _, found := got["trigger's cost to 32 producers"]; found {
+		t.Error("a null control was checked as the trigger's cost")
+	}
+}
