@@ -208,7 +208,7 @@ type producerComparison struct {
 // nothing): a cost of 0 would then pass the budget unmeasured.
 func (c producerComparison) budgetCost() (cost float64, design string, measured bool) {
 	if c.Split != nil {
-		return c.Split.CostPercent, "split", c.Split.Segments > 0
+		return c.Split.CostPercent, "split", c.Split.Pairs > 0
 	}
 	return c.CostPercent, "whole", c.Pairs > 0
 }
@@ -216,11 +216,14 @@ func (c producerComparison) budgetCost() (cost float64, design string, measured 
 // splitComparison is the split design: half of the producers with the trigger, half without,
 // at the same moment.
 type splitComparison struct {
-	// CostPercent is the median over segments of 1 − (commits per producer with the trigger /
-	// commits per producer without).
+	// CostPercent is the median over swapped pairs of segments of 1 − the geometric mean of
+	// their (commits per producer with the trigger / commits per producer without): each half
+	// of the connections is once with and once without, so what favours one half cancels.
+	// CostRange is the same per single segment.
 	CostPercent float64    `json:"cost_percent"`
 	CostRange   [2]float64 `json:"cost_range_percent"`
 	Segments    int        `json:"segments"`
+	Pairs       int        `json:"pairs"`
 	// The producers' backends' CPU per commit on each side, in µs (only when the server runs
 	// on this machine).
 	CPUPerCommitWith    float64 `json:"backend_cpu_us_per_commit_with,omitempty"`

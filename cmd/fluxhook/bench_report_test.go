@@ -39,7 +39,7 @@ func TestSliceTrend(t *testing.T) {
 // cost it reads; a real comparison is checked against 10% of the split design.
 func TestProducersBudgetAndNullControl(t *testing.T) {
 	t.Parallel()
-	split := &splitComparison{CostPercent: 1.5, Segments: 4}
+	split := &splitComparison{CostPercent: 1.5, Segments: 4, Pairs: 2}
 	r := &benchReport{Producers: &producersResult{Comparisons: []producerComparison{
 		{Connections: 8, CostPercent: 20, Pairs: 4, Split: split},
 		{Connections: 32, CostPercent: 0.5, Pairs: 4, Split: split, NullControl: true},

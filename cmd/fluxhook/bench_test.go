@@ -103,6 +103,7 @@ func TestBenchSmoke(t *testing.T) {
 			PerSession  bool    `json:"switched_per_session"`
 			Split       *struct {
 				Segments int `json:"segments"`
+				Pairs    int `json:"pairs"`
 			} `json:"split"`
 		} `json:"comparisons"`
 		Runs []struct {
@@ -128,8 +129,8 @@ func TestBenchSmoke(t *testing.T) {
 	if c.PerSession {
 		// The bench's role here is a superuser: it may set session_replication_role.
 		wantRuns = 6
-		if c.Split == nil || c.Split.Segments != 2 {
-			t.Errorf("producers split = %+v, want 2 split segments", c.Split)
+		if c.Split == nil || c.Split.Segments != 2 || c.Split.Pairs != 1 {
+			t.Errorf("producers split = %+v, want 2 split segments, one swapped pair", c.Split)
 		}
 	} else if c.Split != nil {
 		t.Errorf("producers split = %+v without per-session switching, want none", c.Split)
