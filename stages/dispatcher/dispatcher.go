@@ -463,7 +463,9 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		// has not lapsed (it may have while we were at capacity or busy sending).
 		wasArmed := armed && time.Since(announced) < notifyTTL-notifyMargin
 		armed = arming && !full
-		watch = slices.DeleteFunc(watch, res.Snapshot.Sees) // those this claim saw commit are done
+		if len(watch) > 0 { // empty through every busy spell: no method value per claim there
+			watch = slices.DeleteFunc(watch, res.Snapshot.Sees) // those this claim saw commit are done
+		}
 		if len(rows) > 0 {
 			d.slots.Take(len(rows))
 			d.stats.Claimed.Add(int64(len(rows)))
