@@ -50,6 +50,7 @@ type benchOptions struct {
 	producerDuration time.Duration
 	producerReps     int
 	producerNull     bool
+	producerMode     string
 	payloadBytes     int
 	json             bool
 	statements       bool
@@ -79,6 +80,7 @@ func parseBenchOptions(env *environment, args []string) (benchOptions, error) {
 	fs.DurationVar(&o.producerDuration, "producer-duration", time.Second, "producers: length of each measured segment (the trigger is switched between segments)")
 	fs.IntVar(&o.producerReps, "producer-reps", 8, "producers: rounds per connection count, each a whole pair (all producers with the trigger, then all without, ABBA order) and a split pair (half with and half without, then swapped); the medians count")
 	fs.BoolVar(&o.producerNull, "producer-null", false, "producers: null control: the producers marked \"with the trigger\" run without it too, so each design's cost shows its own bias (should read 0); no budget is checked")
+	fs.StringVar(&o.producerMode, "producer-mode", "prepared", "producers: how the producers send their insert: prepared (a driver with a statement cache: pgx, JDBC after a few uses), exec (planned on every execution: node-postgres, the original's driver, and most drivers without a cache), simple (the simple query protocol: psql, poolers in transaction mode)")
 	fs.IntVar(&o.payloadBytes, "payload-bytes", 200, "padding in each event's payload")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
 	fs.BoolVar(&o.statements, "statements", false, "also list the dispatcher's statements per workload (needs pg_stat_statements)")
@@ -134,6 +136,8 @@ flags:
 		return o, usageError("--backlog-slice must be positive")
 	case o.duration <= 0, o.producerDuration <= 0, o.idleInterval <= 0:
 		return o, usageError("durations must be positive")
+	case !slices.Contains([]string{"prepared", "exec", "simple"}, o.producerMode):
+		return o, usageError("--producer-mode: %q is not prepared, exec or simple", o.producerMode)
 	case o.producerReps < 1:
 		return o, usageError("--producer-reps must be at least 1")
 	case o.payloadBytes < 0 || o.payloadBytes > 1<<20:

@@ -22,10 +22,12 @@ type sentEvent struct {
 	ok                       bool
 }
 
-// producerConns opens n producer connections as an application would have them: pgx's
-// defaults (prepared statements), the insert prepared up front so that the first event does
-// not pay for it.
-func (b *bench) producerConns(ctx context.Context, n int) ([]*pgx.Conn, func(), error) {
+// producerConns opens n producer connections as an application would have them. In mode
+// "prepared", pgx's defaults (prepared statements), the insert prepared up front so that the
+// first event does not pay for it; "exec" and "simple" send every insert to be planned afresh,
+// as drivers without a statement cache do (the producers workload's --producer-mode: the
+// trigger's share of an insert's cost differs between them).
+func (b *bench) producerConns(ctx context.Context, n int, mode string) ([]*pgx.Conn, func(), error) {
 	var conns []*pgx.Conn
 	closeAll := func() {
 		for _, c := range conns {
@@ -37,6 +39,12 @@ func (b *bench) producerConns(ctx context.Context, n int) ([]*pgx.Conn, func(), 
 		return nil, nil, err
 	}
 	cfg.RuntimeParams["application_name"] = "fluxhook-bench-producer"
+	switch mode {
+	case "exec":
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	case "simple":
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	}
 	for range n {
 		c, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
@@ -45,6 +53,9 @@ func (b *bench) producerConns(ctx context.Context, n int) ([]*pgx.Conn, func(), 
 		}
 		b.db.conns.Add(1)
 		conns = append(conns, c)
+		if mode != "prepared" {
+			continue
+		}
 		b.db.stmts.Add(1) // preparing runs in a transaction of its own
 		if _, err := c.Prepare(ctx, benchInsert, benchInsert); err != nil {
 			closeAll()
@@ -179,7 +190,7 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 	if err := b.waitArmed(ctx); err != nil {
 		return nil, err
 	}
-	conns, closeConns, err := b.producerConns(ctx, nconns)
+	conns, closeConns, err := b.producerConns(ctx, nconns, "prepared")
 	if err != nil {
 		return nil, err
 	}

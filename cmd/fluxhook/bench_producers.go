@@ -60,7 +60,7 @@ const (
 // Where PostgreSQL runs on this machine the producers' backends' CPU per commit is reported
 // for each side too, read from /proc.
 func (b *bench) producers(ctx context.Context) (*producersResult, error) {
-	r := &producersResult{DurationSeconds: b.opts.producerDuration.Seconds()}
+	r := &producersResult{DurationSeconds: b.opts.producerDuration.Seconds(), Mode: b.opts.producerMode}
 	defer func() {
 		// Whatever happened, leave the trigger enabled.
 		_ = b.db.exec(context.WithoutCancel(ctx), `ALTER TABLE webhook_outbox ENABLE TRIGGER webhook_outbox_notify`)
@@ -160,7 +160,7 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 	if _, err := b.consumer.waitReceived(ctx, 1, 30*time.Second, s.disp); err != nil {
 		return cmp, nil, err
 	}
-	conns, closeConns, err := b.producerConns(ctx, nconns)
+	conns, closeConns, err := b.producerConns(ctx, nconns, b.opts.producerMode)
 	if err != nil {
 		return cmp, nil, err
 	}
@@ -193,7 +193,8 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 	var wg sync.WaitGroup
 	for i, conn := range conns {
 		wg.Go(func() {
-			pad := b.payload(0)
+			// A string: without a prepared statement to describe, pgx would send []byte as bytea.
+			pad := string(b.payload(0))
 			var id pgtype.UUID
 			firing := true
 			for runCtx.Err() == nil {

@@ -231,9 +231,12 @@ type splitComparison struct {
 }
 
 type producersResult struct {
-	DurationSeconds float64              `json:"duration_sec"`
-	Comparisons     []producerComparison `json:"comparisons"`
-	Runs            []producerRun        `json:"runs"`
+	DurationSeconds float64 `json:"duration_sec"`
+	// Mode is how the producers sent their insert (--producer-mode): the trigger's share of an
+	// insert's cost is largest when the insert itself is cheapest, prepared.
+	Mode        string               `json:"producer_mode"`
+	Comparisons []producerComparison `json:"comparisons"`
+	Runs        []producerRun        `json:"runs"`
 }
 
 // budgetCheck is one line of DESIGN.md's performance budget against what was measured.
@@ -472,7 +475,7 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 				name = "producers"
 			}
 			cost, design, _ := c.budgetCost()
-			fmt.Fprintf(tw, "%s\t%d producers (dispatcher busy): the trigger's cost to commit throughput, %s design\t%s%%\t%s\n", name, c.Connections, design,
+			fmt.Fprintf(tw, "%s\t%d producers (dispatcher busy, %s inserts): the trigger's cost to commit throughput, %s design\t%s%%\t%s\n", name, c.Connections, p.Mode, design,
 				num(cost, 1), verdict("producers", fmt.Sprintf("trigger's cost to %d producers", c.Connections)))
 			if sp := c.Split; sp != nil {
 				fmt.Fprintf(tw, "\t  split: half the producers with the trigger, half without, %d segments of %s s; cost per segment\t%s%% (%s to %s%%)\t\n",

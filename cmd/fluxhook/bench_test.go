@@ -28,7 +28,8 @@ func TestBenchSmoke(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "drain,idle,producers",
 		"--drain-events", "200", "--idle-events", "10", "--idle-interval", "10ms",
-		"--producer-connections", "2", "--producer-duration", "300ms", "--producer-reps", "1", "--json", "--quiet")
+		"--producer-connections", "2", "--producer-duration", "300ms", "--producer-reps", "1",
+		"--producer-mode", "exec", "--json", "--quiet")
 	cmd.Env = []string{"DATABASE_URL=" + sqltest.ServerURL(), "GORACE=atexit_sleep_ms=0"}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -94,6 +95,7 @@ func TestBenchSmoke(t *testing.T) {
 	// where the trigger is switched per session, a split pair (one producer with it and one
 	// without, then swapped), each side counted.
 	var prod struct {
+		Mode        string `json:"producer_mode"`
 		Comparisons []struct {
 			Connections int     `json:"connections"`
 			Cost        float64 `json:"cost_percent"`
@@ -117,6 +119,9 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatal(err)
 	} else if err := json.Unmarshal(raw, &prod); err != nil {
 		t.Fatalf("producers: %v", err)
+	}
+	if prod.Mode != "exec" {
+		t.Errorf("producers mode = %q, want exec (the producers' inserts planned on every execution)", prod.Mode)
 	}
 	if len(prod.Comparisons) != 1 {
 		t.Fatalf("producers comparisons = %+v, want one for 2 connections", prod.Comparisons)
@@ -241,9 +246,15 @@ func TestBenchOptions(t *testing.T) {
 	if strings.Join(o.workloads, ",") != "drain,idle,steady,producers" {
 		t.Errorf("default workloads = %v", o.workloads)
 	}
-	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--producer-connections", "8,x"}, {"extra"}} {
-		if _, err := parseBenchOptions(env, args); err == nil {
+	if o.producerMode != "prepared" {
+		t.Errorf("default producer mode = %q, want prepared (pgx's default)", o.producerMode)
+	}
+	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"}} {
+		_, err := parseBenchOptions(env, args)
+		if err == nil {
 			t.Errorf("parseBenchOptions(%q) accepted it", args)
+		} else if !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "-")) && args[0] != "extra" {
+			t.Errorf("parseBenchOptions(%q) = %v, want an error naming %s", args, err, args[0])
 		}
 	}
 }
