@@ -547,10 +547,10 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			followUp = false
 			watch = append(watch[:0], res.Snapshot.InProgress()...)
 			watchDelay, watchUntil = idleFollowUp, time.Now().Add(maxWatch)
-			d.waker.DueIn(watchDelay)
+			d.waker.WatchIn(watchDelay)
 		} else if len(watch) > 0 && time.Now().Before(watchUntil) {
 			watchDelay = min(2*watchDelay, maxWatchDelay)
-			d.waker.DueIn(watchDelay)
+			d.waker.WatchIn(watchDelay)
 		}
 		if !d.waitArmed(ctx, &announced, len(skip) > 0) {
 			armed = false // the switch could not be kept up: re-arm with a confirming claim

@@ -582,6 +582,10 @@ func TestProducerThatMissedTheSwitchIsDeliveredOnCommit(t *testing.T) {
 	eventually(t, 5*time.Second, "the slow producer's event delivered", func() bool {
 		return len(c.byDelivery()[e.DeliveryID]) == 1
 	})
+	// Those looks are counted as a wake-up source of their own, not as rows coming due.
+	if v, _ := metricValue(t, d.Registry(), "fluxora_webhook_wakeups_total", map[string]string{"source": "watch"}); v < 2 {
+		t.Errorf(`wakeups_total{source="watch"} = %v, want at least 2 (the follow-up and a look after it)`, v)
+	}
 }
 
 // hang blocks a consumer's answer until the test releases it or the dispatcher gives up.

@@ -103,7 +103,7 @@ var (
 	deadLetterKinds = []string{"permanent", "exhausted", "invalid", "settle_failed"}
 	deferralReasons = []string{"circuit_open", "rate_limited", "other"}
 	breakerMoves    = [][2]gate.State{{gate.Closed, gate.Open}, {gate.Open, gate.HalfOpen}, {gate.HalfOpen, gate.Closed}, {gate.HalfOpen, gate.Open}}
-	wakeSources     = []wake.Source{wake.Notify, wake.Poll, wake.Timer, wake.Backlog}
+	wakeSources     = []wake.Source{wake.Notify, wake.Poll, wake.Timer, wake.Backlog, wake.Watch}
 )
 
 // preinitialise creates every series whose labels are known in advance at zero. The

@@ -34,7 +34,18 @@ const (
 	Poll    Source = "poll"
 	Timer   Source = "timer"
 	Backlog Source = "backlog" // the listener (re)connected and may have missed NOTIFYs
+	// Watch is a look the dispatcher takes after arming while a producer transaction that
+	// may have missed the NOTIFY switch is still in progress (WatchIn). Counted apart from
+	// Timer so that an operator can tell a long transaction elsewhere on the server (which
+	// keeps these coming, once a second for at most a minute) from rows coming due.
+	Watch Source = "watch"
 )
+
+// dueAt is one request for a timed wake-up: after wait, with src as its source.
+type dueAt struct {
+	wait time.Duration
+	src  Source
+}
 
 // Config configures a Waker.
 type Config struct {
@@ -57,7 +68,7 @@ type Config struct {
 type Waker struct {
 	cfg       Config
 	signal    *pipeline.Signal
-	due       chan time.Duration
+	due       chan dueAt
 	connected atomic.Bool
 
 	// pendingMu guards what the pending wake-up is made of: the transaction ids of NOTIFYs
@@ -81,7 +92,7 @@ func New(cfg Config) *Waker {
 	if cfg.ReconnectDelay <= 0 {
 		cfg.ReconnectDelay = 500 * time.Millisecond
 	}
-	return &Waker{cfg: cfg, signal: pipeline.NewSignal(), due: make(chan time.Duration, 1)}
+	return &Waker{cfg: cfg, signal: pipeline.NewSignal(), due: make(chan dueAt, 1)}
 }
 
 // C delivers coalesced wake-ups.
@@ -122,17 +133,25 @@ func (w *Waker) Connected() bool { return w.connected.Load() }
 
 // DueIn arms the timer to wake the claiming loop after wait, replacing any later timer. The
 // claiming loop calls it with the database's answer to "when is the next row due".
-func (w *Waker) DueIn(wait time.Duration) {
+func (w *Waker) DueIn(wait time.Duration) { w.timeIn(dueAt{wait, Timer}) }
+
+// WatchIn is DueIn for the dispatcher's looks after arming: the same single timer (the
+// earliest request wins), reported as source Watch when it is the one that fires.
+func (w *Waker) WatchIn(wait time.Duration) { w.timeIn(dueAt{wait, Watch}) }
+
+func (w *Waker) timeIn(d dueAt) {
 	for {
 		select {
-		case w.due <- wait:
+		case w.due <- d:
 			return
 		default:
 		}
 		// A pending value that was not yet consumed: keep the earlier of the two.
 		select {
 		case old := <-w.due:
-			wait = min(wait, old)
+			if old.wait < d.wait {
+				d = old
+			}
 		default:
 		}
 	}
@@ -231,7 +250,8 @@ func (w *Waker) timers(ctx context.Context) {
 	due := time.NewTimer(time.Hour)
 	due.Stop()
 	defer due.Stop()
-	var dueAt time.Time
+	var next time.Time
+	var nextSrc Source
 	for {
 		select {
 		case <-ctx.Done():
@@ -239,15 +259,15 @@ func (w *Waker) timers(ctx context.Context) {
 		case <-poll.C:
 			poll.Reset(jitter(w.cfg.PollInterval))
 			w.Wake(Poll)
-		case wait := <-w.due:
-			at := time.Now().Add(wait)
-			if dueAt.IsZero() || at.Before(dueAt) {
-				dueAt = at
-				due.Reset(wait)
+		case d := <-w.due:
+			at := time.Now().Add(d.wait)
+			if next.IsZero() || at.Before(next) {
+				next, nextSrc = at, d.src
+				due.Reset(d.wait)
 			}
 		case <-due.C:
-			dueAt = time.Time{}
-			w.Wake(Timer)
+			next = time.Time{}
+			w.Wake(nextSrc)
 		}
 	}
 }

@@ -73,6 +73,41 @@ func TestDueTimerFiresAtTheEarliestDueTime(t *testing.T) {
 	})
 }
 
+// TestWatchSharesTheTimerWithItsOwnSource: the dispatcher's looks after arming use the one
+// due timer (the earliest request wins, whoever made it) and are counted as Watch, so that
+// wakeups_total tells them from rows coming due.
+func TestWatchSharesTheTimerWithItsOwnSource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		w := newWaker(rec, time.Hour)
+		w.Start(context.Background())
+		defer w.Stop()
+
+		w.WatchIn(100 * time.Millisecond)
+		w.DueIn(time.Second) // later: the look stays
+		time.Sleep(101 * time.Millisecond)
+		synctest.Wait()
+		if got := rec.take(); len(got) != 1 || got[0] != wake.Watch {
+			t.Fatalf("after 100 ms: %v, want one watch wake-up", got)
+		}
+		<-w.C()
+
+		w.WatchIn(time.Second)
+		w.DueIn(200 * time.Millisecond) // earlier: a row comes due first, and the look is superseded
+		time.Sleep(201 * time.Millisecond)
+		synctest.Wait()
+		if got := rec.take(); len(got) != 1 || got[0] != wake.Timer {
+			t.Fatalf("after 200 ms: %v, want one timer wake-up", got)
+		}
+		<-w.C()
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if got := rec.take(); len(got) != 0 {
+			t.Fatalf("later wake-ups %v; a superseded look must not fire", got)
+		}
+	})
+}
+
 func TestPollIsAJitteredBackstop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
