@@ -25,8 +25,8 @@ type sentEvent struct {
 // producerConns opens n producer connections as an application would have them. In mode
 // "prepared", pgx's defaults (prepared statements), the insert prepared up front so that the
 // first event does not pay for it; "exec" and "simple" send every insert to be planned afresh,
-// as drivers without a statement cache do (the producers workload's --producer-mode: planning
-// the insert includes planning its wake-up DEFAULT, so the wake-up's cost differs by mode).
+// as drivers without a statement cache do (the producers workload's --producer-mode: the
+// trigger's share of an insert's cost differs between them).
 func (b *bench) producerConns(ctx context.Context, n int, mode string) ([]*pgx.Conn, func(), error) {
 	var conns []*pgx.Conn
 	closeAll := func() {
@@ -240,7 +240,7 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 
 // warmUp delivers one event from each producer connection, unmeasured, and returns how many
 // it sent. Without it the first events of a run paid for every process's first time through
-// the path: the producers' backends loading the table and planning the insert with its wake-up DEFAULT, the
+// the path: the producers' backends loading the table and compiling the trigger, the
 // dispatcher's pool opening connections and planning, the HTTP connections to the consumer;
 // the first few dozen events of a steady run arrived 10–23 ms after their commit, a third of
 // its p99. A deployment's connections are warm; the workloads measure that state.

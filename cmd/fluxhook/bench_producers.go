@@ -1,6 +1,6 @@
 package main
 
-// The producers workload: what the wake-up costs the application's inserts.
+// The producers workload: what the wake-up trigger costs the application's inserts.
 
 import (
 	"context"
@@ -18,43 +18,53 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// How long after switching the wake-up a segment starts counting: each producer picks its
-// statement before every insert, so the switch is complete once the inserts in flight finish.
-const switchSettle = 30 * time.Millisecond
+// How long after switching the trigger a segment starts counting. Switched per session (SET
+// session_replication_role) a producer follows the switch before its next insert, so a few
+// milliseconds; switched for the table, ALTER TABLE waits for the producers' open transactions,
+// holds the next ones back for a moment, and every producer re-plans its insert once. None of
+// that is the trigger's cost.
+const (
+	sessionSwitchSettle = 30 * time.Millisecond
+	tableSwitchSettle   = 200 * time.Millisecond
+)
 
-// benchInsertNoWake is benchInsert for the producers that insert without the wake-up: naming
-// the column supplies its value, so its DEFAULT (schema 4's wake-up test) is not evaluated. It
-// is the statement a schema without any wake-up would run, plus one NULL column.
-const benchInsertNoWake = benchMark + `INSERT INTO webhook_outbox (event_type, payload, wake_notified) VALUES ($1, $2::jsonb, NULL) RETURNING delivery_id`
-
-// producers: commit throughput of C concurrent single-row producers with the wake-up and
-// without it, while a dispatcher is busy draining a backlog. By design a busy dispatcher is not
-// armed, so no insert should NOTIFY, and the comparison is the wake-up test's own cost under
-// load. The NOTIFYs the dispatcher received anyway are reported.
+// producers: commit throughput of C concurrent single-row producers with the trigger firing and
+// not, while a dispatcher is busy draining a backlog. By design a busy dispatcher is not armed,
+// so no insert should NOTIFY, and the comparison is the trigger's own cost under load. The
+// NOTIFYs the dispatcher received anyway are reported.
 //
 // The two sides are not separate runs but segments of one run: the producers keep inserting
-// and the wake-up is switched between segments, so each segment with it has a neighbour
-// without it under the same dispatcher, backlog and machine load. Two designs, each reported:
+// and the trigger is switched between segments, so each segment with the trigger has a
+// neighbour without it under the same dispatcher, backlog and machine load. Two designs, each
+// reported:
 //
-//   - whole: every producer with the wake-up, then every producer without (ABBA order); the
+//   - whole: every producer with the trigger, then every producer without (ABBA order); the
 //     cost is the median over neighbouring pairs of (1 − with/without). This is the budget's
 //     own question, but on a shared 2-core VM neighbouring segments still differ by the
 //     machine's load at the time: single pairs spread ±10–50%.
-//   - split: half of the producers with the wake-up and half without at the same moment,
-//     the halves swapped every segment; the cost is the median over swapped pairs of
-//     1 − the geometric mean of the two with/without ratios (commits per producer). Both
-//     sides see exactly the same load, so the machine's swings cancel. Under CPU saturation
-//     every producer backend gets an equal share, so the ratio is the one a whole run with
-//     the wake-up would have; the whole design checks that without relying on it.
+//   - split: half of the producers with the trigger and half without at the same moment,
+//     the halves swapped every segment; the cost is the median over segments of
+//     (1 − commits per producer with / commits per producer without). Both sides see exactly
+//     the same load, so the machine's swings cancel. Under CPU saturation every producer
+//     backend gets an equal share, so the ratio is the one a whole run with the trigger would
+//     have; the whole design checks that without relying on it.
 //
-// The wake-up is switched per insert: a producer without it names the column the wake-up is
-// the DEFAULT of (benchInsertNoWake). Until schema 4 the wake-up was a trigger, switched per
-// session with session_replication_role, which needed a superuser.
+// The trigger is switched per producer session with session_replication_role (a trigger in
+// its default ENABLE state does not fire for a session in replica mode: exactly a disabled
+// trigger, without a lock on the table). That needs a superuser or, from PostgreSQL 15, GRANT
+// SET ON PARAMETER session_replication_role; without it the bench switches the table's
+// trigger with ALTER TABLE and runs the whole design only. Session 4 switched with ALTER TABLE
+// in 2-second segments; the lock and re-planning after each switch made short segments
+// impossible.
 //
 // Where PostgreSQL runs on this machine the producers' backends' CPU per commit is reported
 // for each side too, read from /proc.
 func (b *bench) producers(ctx context.Context) (*producersResult, error) {
 	r := &producersResult{DurationSeconds: b.opts.producerDuration.Seconds(), Mode: b.opts.producerMode}
+	defer func() {
+		// Whatever happened, leave the trigger enabled.
+		_ = b.db.exec(context.WithoutCancel(ctx), `ALTER TABLE webhook_outbox ENABLE TRIGGER webhook_outbox_notify`)
+	}()
 	for _, c := range b.opts.producerConns {
 		cmp, runs, err := b.producerComparison(ctx, c)
 		r.Runs = append(r.Runs, runs...)
@@ -71,33 +81,33 @@ func (b *bench) producers(ctx context.Context) (*producersResult, error) {
 			split = fmt.Sprintf("; split: cost %.1f%% (segments %.1f%% to %.1f%%), backend CPU %.1f vs %.1f µs per commit",
 				cmp.Split.CostPercent, cmp.Split.CostRange[0], cmp.Split.CostRange[1], cmp.Split.CPUPerCommitWith, cmp.Split.CPUPerCommitWithout)
 		}
-		b.logf("  %d producers: %.0f commits/s with the wake-up, %.0f without: cost %.1f%% (pairs %.1f%% to %.1f%%)%s%s",
-			c, cmp.WithWake, cmp.WithoutWake, cmp.CostPercent, cmp.PairCostRange[0], cmp.PairCostRange[1], cpu, split)
+		b.logf("  %d producers: %.0f commits/s with the trigger, %.0f without: cost %.1f%% (pairs %.1f%% to %.1f%%)%s%s",
+			c, cmp.WithTrigger, cmp.WithoutTrigger, cmp.CostPercent, cmp.PairCostRange[0], cmp.PairCostRange[1], cpu, split)
 	}
 	return r, nil
 }
 
-// producerSegment is what one segment asks of each producer: whether its inserts evaluate the
-// wake-up.
+// producerSegment is what one segment asks of each producer: whether its inserts fire the
+// trigger.
 type producerSegment struct {
-	split bool
-	wake  []bool // by producer
+	split   bool
+	trigger []bool // by producer
 }
 
 // producerSegments lays out reps rounds for n producers: a whole pair (ABBA across rounds) and,
-// with at least two producers, a split pair (each half with the wake-up once).
-func producerSegments(n, reps int) []producerSegment {
+// when the trigger can be switched per session, a split pair (each half with the trigger once).
+func producerSegments(n, reps int, perSession bool) []producerSegment {
 	all := func(on bool) producerSegment {
-		s := producerSegment{wake: make([]bool, n)}
-		for i := range s.wake {
-			s.wake[i] = on
+		s := producerSegment{trigger: make([]bool, n)}
+		for i := range s.trigger {
+			s.trigger[i] = on
 		}
 		return s
 	}
 	half := func(parity int) producerSegment {
-		s := producerSegment{split: true, wake: make([]bool, n)}
-		for i := range s.wake {
-			s.wake[i] = i%2 == parity
+		s := producerSegment{split: true, trigger: make([]bool, n)}
+		for i := range s.trigger {
+			s.trigger[i] = i%2 == parity
 		}
 		return s
 	}
@@ -105,7 +115,7 @@ func producerSegments(n, reps int) []producerSegment {
 	for r := range reps {
 		first := r%2 == 0 // ABBA: with, without, without, with, ...
 		segs = append(segs, all(first), all(!first))
-		if n >= 2 {
+		if perSession && n >= 2 {
 			segs = append(segs, half(r%2), half(1-r%2))
 		}
 	}
@@ -119,8 +129,25 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 	if err := b.resetTables(ctx); err != nil {
 		return cmp, nil, err
 	}
-	segs := producerSegments(nconns, b.opts.producerReps)
-	total := time.Duration(len(segs)) * (b.opts.producerDuration + switchSettle)
+	if err := b.db.exec(ctx, `ALTER TABLE webhook_outbox ENABLE TRIGGER webhook_outbox_notify`); err != nil {
+		return cmp, nil, err
+	}
+	// Whether this role may set session_replication_role: a local setting, gone with the
+	// statement's own transaction.
+	perSession := b.db.exec(ctx, `SELECT set_config('session_replication_role', 'replica', true)`) == nil
+	if b.opts.producerNull && !perSession {
+		return cmp, nil, fmt.Errorf("--producer-null needs a role that may set session_replication_role")
+	}
+	if !perSession {
+		b.logf("  this role may not set session_replication_role: switching the trigger with ALTER TABLE, whole segments only")
+	}
+	cmp.SwitchedPerSession = perSession
+	settle := tableSwitchSettle
+	if perSession {
+		settle = sessionSwitchSettle
+	}
+	segs := producerSegments(nconns, b.opts.producerReps, perSession)
+	total := time.Duration(len(segs)) * (b.opts.producerDuration + settle)
 	// Enough backlog that the dispatcher stays busy through the run at a generous drain rate.
 	if err := b.prefill(ctx, max(20000, int(8000*(total.Seconds()+2)))); err != nil {
 		return cmp, nil, err
@@ -155,21 +182,31 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 			stopProducers()
 		}
 	}
-	cmp.NullControl = b.opts.producerNull
+	if b.opts.producerNull {
+		cmp.NullControl = true
+		for _, conn := range conns {
+			if err := setReplicationRole(ctx, conn, true); err != nil {
+				return cmp, nil, fmt.Errorf("null control: %w", err)
+			}
+		}
+	}
 	var wg sync.WaitGroup
 	for i, conn := range conns {
 		wg.Go(func() {
 			// A string: without a prepared statement to describe, pgx would send []byte as bytea.
 			pad := string(b.payload(0))
 			var id pgtype.UUID
+			firing := true
 			for runCtx.Err() == nil {
-				// Before the first segment every producer runs with the wake-up; the null
-				// control never does.
-				stmt := benchInsert
-				if seg := current.Load(); b.opts.producerNull || seg != nil && !seg.wake[i] {
-					stmt = benchInsertNoWake
+				if seg := current.Load(); perSession && seg != nil && seg.trigger[i] != firing {
+					// The null control switches too (the same SET), but never to the trigger.
+					if err := setReplicationRole(runCtx, conn, !seg.trigger[i] || b.opts.producerNull); err != nil {
+						fail(fmt.Errorf("switching a producer's trigger: %w", err))
+						return
+					}
+					firing = seg.trigger[i]
 				}
-				if err := conn.QueryRow(runCtx, stmt, "bench.producers", pad).Scan(&id); err != nil {
+				if err := conn.QueryRow(runCtx, benchInsert, "bench.producers", pad).Scan(&id); err != nil {
 					fail(fmt.Errorf("a producer's insert: %w", err))
 					return
 				}
@@ -187,9 +224,20 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 	var pendingRatio float64 // the first segment of a split pair's with/without ratio
 	var whole, split runTotals
 	cpuOK := backends != nil
+	tableFiring := true
 	for k, seg := range segs {
+		if !perSession && seg.trigger[0] != tableFiring {
+			state := "DISABLE"
+			if seg.trigger[0] {
+				state = "ENABLE"
+			}
+			if err := b.db.exec(ctx, `ALTER TABLE webhook_outbox `+state+` TRIGGER webhook_outbox_notify`); err != nil {
+				return cmp, runs, err
+			}
+			tableFiring = seg.trigger[0]
+		}
 		current.Store(&seg)
-		if err := sleepCtx(runCtx, switchSettle); err != nil {
+		if err := sleepCtx(runCtx, settle); err != nil {
 			break
 		}
 		m0 := s.disp.scrape(ctx)
@@ -208,7 +256,7 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 		var side [2]sideTotals // [without, with]
 		for i := range conns {
 			on := 0
-			if seg.wake[i] {
+			if seg.trigger[i] {
 				on = 1
 			}
 			side[on].producers++
@@ -221,7 +269,7 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 			if sd.producers == 0 {
 				continue
 			}
-			run := producerRun{Connections: nconns, Producers: sd.producers, Wake: on == 1, Split: seg.split, Commits: sd.commits}
+			run := producerRun{Connections: nconns, Producers: sd.producers, Trigger: on == 1, Split: seg.split, Commits: sd.commits}
 			run.CommitsPerSecond = float64(sd.commits) / secs
 			if cpuOK && sd.commits > 0 {
 				run.BackendCPUPerCommit = float64(sd.ticks) * 1e6 / clockTicks / float64(sd.commits)
@@ -233,7 +281,7 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 			}
 			runs = append(runs, run)
 		}
-		if m0.ok && m1.ok && slices.Contains(seg.wake, true) {
+		if m0.ok && m1.ok && slices.Contains(seg.trigger, true) {
 			cmp.NotifyWakeups += m1.Wakeups["notify"] - m0.Wakeups["notify"]
 		}
 		if seg.split {
@@ -245,7 +293,7 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 				splitCosts = append(splitCosts, 100*(1-ratio))
 				// A split pair is two segments with the halves swapped: the geometric mean of
 				// their ratios cancels whatever favours one half of the connections (the
-				// null control, --producer-null, read +3.6–4.4% per segment with no wake-up
+				// null control, --producer-null, read +3.6–4.4% per segment with no trigger
 				// on either side).
 				if pendingRatio > 0 {
 					splitPairCosts = append(splitPairCosts, 100*(1-math.Sqrt(pendingRatio*ratio)))
@@ -254,14 +302,14 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 					pendingRatio = ratio
 				}
 			}
-			b.logf("  %d producers, segment %d split: %.0f commits/s per producer with the wake-up, %.0f without",
+			b.logf("  %d producers, segment %d split: %.0f commits/s per producer with the trigger, %.0f without",
 				nconns, k+1, perWith/secs, perWithout/secs)
 			continue
 		}
 		whole.add(side)
 		pendingRatio = 0 // split pairs are consecutive: a whole segment ends one
 		rate := float64(side[0].commits+side[1].commits) / secs
-		if seg.wake[0] {
+		if seg.trigger[0] {
 			with = append(with, rate)
 		} else {
 			without = append(without, rate)
@@ -278,8 +326,8 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 		} else {
 			dispatcher += ": no claim counted yet"
 		}
-		b.logf("  %d producers, segment %d %s the wake-up: %.0f commits/s (%s)",
-			nconns, k+1, map[bool]string{true: "with", false: "without"}[seg.wake[0]], rate, dispatcher)
+		b.logf("  %d producers, segment %d %s the trigger: %.0f commits/s (%s)",
+			nconns, k+1, map[bool]string{true: "with", false: "without"}[seg.trigger[0]], rate, dispatcher)
 	}
 	stop()
 	if err := failure.Load(); err != nil {
@@ -303,7 +351,7 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 		return cmp, runs, err
 	}
 
-	cmp.WithWake, cmp.WithoutWake = median(with), median(without)
+	cmp.WithTrigger, cmp.WithoutTrigger = median(with), median(without)
 	cmp.WithRange = minMax(with)
 	cmp.WithoutRange = minMax(without)
 	cmp.CostPercent = median(pairCosts)
@@ -327,7 +375,7 @@ func (b *bench) producerComparison(ctx context.Context, nconns int) (producerCom
 	return cmp, runs, nil
 }
 
-// sideTotals is one side (with or without the wake-up) of a segment.
+// sideTotals is one side (with or without the trigger) of a segment.
 type sideTotals struct {
 	producers      int
 	commits, ticks int64
@@ -350,6 +398,17 @@ func (t *runTotals) cpuPerCommit() (with, without float64) {
 	}
 	per := func(s sideTotals) float64 { return float64(s.ticks) * 1e6 / clockTicks / float64(s.commits) }
 	return per(t[1]), per(t[0])
+}
+
+// setReplicationRole puts a producer's session in replica mode (its inserts do not fire the
+// trigger) or back to origin.
+func setReplicationRole(ctx context.Context, conn *pgx.Conn, replica bool) error {
+	role := "origin"
+	if replica {
+		role = "replica"
+	}
+	_, err := conn.Exec(ctx, "SET session_replication_role = "+role)
+	return err
 }
 
 func snapshotCommits(c []atomic.Int64) []int64 {

@@ -155,14 +155,14 @@ type latencyResult struct {
 }
 
 // producerRun is one side of one segment of a producers comparison: the producers whose
-// inserts evaluated the wake-up (schema 4's column DEFAULT), or those whose inserts did not.
+// inserts fired the trigger, or those whose inserts did not.
 type producerRun struct {
 	Connections int `json:"connections"`
 	// Producers is how many of the Connections this side had: all of them in a whole segment,
 	// half in a split one.
 	Producers        int     `json:"producers"`
 	Split            bool    `json:"split"`
-	Wake             bool    `json:"wake"`
+	Trigger          bool    `json:"trigger"`
 	Commits          int64   `json:"commits"`
 	CommitsPerSecond float64 `json:"commits_per_sec"`
 	// BackendCPUPerCommit is the producers' PostgreSQL backends' CPU per commit, in µs
@@ -176,26 +176,29 @@ type producerRun struct {
 }
 
 type producerComparison struct {
-	Connections int     `json:"connections"`
-	WithWake    float64 `json:"with_wake_commits_per_sec"`
-	WithoutWake float64 `json:"without_wake_commits_per_sec"`
+	Connections    int     `json:"connections"`
+	WithTrigger    float64 `json:"with_trigger_commits_per_sec"`
+	WithoutTrigger float64 `json:"without_trigger_commits_per_sec"`
 	// CostPercent is the median over neighbouring pairs of segments of 1 − with/without.
 	CostPercent   float64    `json:"cost_percent"`
 	PairCostRange [2]float64 `json:"pair_cost_range_percent"`
 	Pairs         int        `json:"pairs"`
 	// The slowest and fastest segment on each side.
-	WithRange    [2]float64 `json:"with_wake_range"`
-	WithoutRange [2]float64 `json:"without_wake_range"`
+	WithRange    [2]float64 `json:"with_trigger_range"`
+	WithoutRange [2]float64 `json:"without_trigger_range"`
 	// The producers' backends' CPU per commit over all segments of each side, in µs (only
 	// when the server runs on this machine).
 	CPUPerCommitWith    float64 `json:"backend_cpu_us_per_commit_with,omitempty"`
 	CPUPerCommitWithout float64 `json:"backend_cpu_us_per_commit_without,omitempty"`
-	// NotifyWakeups is what the busy dispatcher received in the segments with the wake-up.
-	NotifyWakeups  float64          `json:"notify_wakeups_with_wake"`
-	BusyThroughout bool             `json:"dispatcher_busy_throughout"`
-	Split          *splitComparison `json:"split,omitempty"`
-	// NullControl says neither side had the wake-up (--producer-null): the costs are each
-	// design's bias, not the wake-up's, and no budget is checked.
+	// NotifyWakeups is what the busy dispatcher received in the segments with the trigger.
+	NotifyWakeups  float64 `json:"notify_wakeups_with_trigger"`
+	BusyThroughout bool    `json:"dispatcher_busy_throughout"`
+	// SwitchedPerSession says the trigger was switched with session_replication_role; else
+	// with ALTER TABLE, and there is no split design.
+	SwitchedPerSession bool             `json:"switched_per_session"`
+	Split              *splitComparison `json:"split,omitempty"`
+	// NullControl says neither side had the trigger (--producer-null): the costs are each
+	// design's bias, not the trigger's, and no budget is checked.
 	NullControl bool `json:"null_control,omitempty"`
 }
 
@@ -210,11 +213,11 @@ func (c producerComparison) budgetCost() (cost float64, design string, measured 
 	return c.CostPercent, "whole", c.Pairs > 0
 }
 
-// splitComparison is the split design: half of the producers with the wake-up, half without,
+// splitComparison is the split design: half of the producers with the trigger, half without,
 // at the same moment.
 type splitComparison struct {
 	// CostPercent is the median over swapped pairs of segments of 1 − the geometric mean of
-	// their (commits per producer with the wake-up / commits per producer without): each half
+	// their (commits per producer with the trigger / commits per producer without): each half
 	// of the connections is once with and once without, so what favours one half cancels.
 	// CostRange is the same per single segment.
 	CostPercent float64    `json:"cost_percent"`
@@ -229,7 +232,7 @@ type splitComparison struct {
 
 type producersResult struct {
 	DurationSeconds float64 `json:"duration_sec"`
-	// Mode is how the producers sent their insert (--producer-mode): the wake-up's share of an
+	// Mode is how the producers sent their insert (--producer-mode): the trigger's share of an
 	// insert's cost is largest when the insert itself is cheapest, prepared.
 	Mode        string               `json:"producer_mode"`
 	Comparisons []producerComparison `json:"comparisons"`
@@ -305,11 +308,11 @@ func (r *benchReport) check() {
 		for _, c := range p.Comparisons {
 			cost, _, measured := c.budgetCost()
 			if c.NullControl {
-				// Not a measurement of the wake-up: a null control never meets the budget.
-				add("producers", fmt.Sprintf("null control, %d producers (no wake-up on either side)", c.Connections), cost, "%", "not a measurement", false)
+				// Not a measurement of the trigger: a null control never meets the budget.
+				add("producers", fmt.Sprintf("null control, %d producers (no trigger on either side)", c.Connections), cost, "%", "not a measurement", false)
 				continue
 			}
-			add("producers", fmt.Sprintf("wake-up's cost to %d producers", c.Connections), cost, "%", "≤ 10", measured && cost <= 10)
+			add("producers", fmt.Sprintf("trigger's cost to %d producers", c.Connections), cost, "%", "≤ 10", measured && cost <= 10)
 		}
 	}
 	if b := r.Backlog; b != nil {
@@ -472,17 +475,17 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 				name = "producers"
 			}
 			cost, design, _ := c.budgetCost()
-			fmt.Fprintf(tw, "%s\t%d producers (dispatcher busy, %s inserts): the wake-up's cost to commit throughput, %s design\t%s%%\t%s\n", name, c.Connections, p.Mode, design,
-				num(cost, 1), verdict("producers", fmt.Sprintf("wake-up's cost to %d producers", c.Connections)))
+			fmt.Fprintf(tw, "%s\t%d producers (dispatcher busy, %s inserts): the trigger's cost to commit throughput, %s design\t%s%%\t%s\n", name, c.Connections, p.Mode, design,
+				num(cost, 1), verdict("producers", fmt.Sprintf("trigger's cost to %d producers", c.Connections)))
 			if sp := c.Split; sp != nil {
-				fmt.Fprintf(tw, "\t  split: half the producers with the wake-up, half without, %d segments of %s s; cost per segment\t%s%% (%s to %s%%)\t\n",
+				fmt.Fprintf(tw, "\t  split: half the producers with the trigger, half without, %d segments of %s s; cost per segment\t%s%% (%s to %s%%)\t\n",
 					sp.Segments, num(p.DurationSeconds, 2), num(sp.CostPercent, 1), num(sp.CostRange[0], 1), num(sp.CostRange[1], 1))
 				if sp.CPUPerCommitWith > 0 {
 					fmt.Fprintf(tw, "\t  split: producers' PostgreSQL backends, CPU per commit with, without\t%s, %s µs\t\n", num(sp.CPUPerCommitWith, 1), num(sp.CPUPerCommitWithout, 1))
 				}
 			}
 			fmt.Fprintf(tw, "\t  whole: all producers with, then without (%d ABBA pairs of %s s), commits/s\t%s vs %s: %s%% (pairs %s to %s%%)\t\n", c.Pairs, num(p.DurationSeconds, 2),
-				num(c.WithWake, 0), num(c.WithoutWake, 0), num(c.CostPercent, 1), num(c.PairCostRange[0], 1), num(c.PairCostRange[1], 1))
+				num(c.WithTrigger, 0), num(c.WithoutTrigger, 0), num(c.CostPercent, 1), num(c.PairCostRange[0], 1), num(c.PairCostRange[1], 1))
 			fmt.Fprintf(tw, "\t  whole: segments with, without\t%s–%s, %s–%s\t\n",
 				num(c.WithRange[0], 0), num(c.WithRange[1], 0), num(c.WithoutRange[0], 0), num(c.WithoutRange[1], 0))
 			if c.CPUPerCommitWith > 0 {
@@ -494,7 +497,7 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		if !busy {
 			fmt.Fprintf(tw, "\t  (the dispatcher ran out of backlog in some runs: they compare less than the busy case)\t\t\n")
 		}
-		fmt.Fprintf(tw, "\t  NOTIFYs the busy dispatcher received in the segments with the wake-up\t%s\t\n", num(notifies, 0))
+		fmt.Fprintf(tw, "\t  NOTIFYs the busy dispatcher received in the segments with the trigger\t%s\t\n", num(notifies, 0))
 	}
 	if b := r.Backlog; b != nil {
 		fmt.Fprintf(tw, "backlog\t%s events prefilled with COPY, then the dispatcher started\t%s events/s (%.1f s)\t%s\n",

@@ -49,13 +49,13 @@ func TestProducersBudgetAndNullControl(t *testing.T) {
 	for _, c := range r.Budget {
 		got[c.What] = c.OK
 	}
-	if ok, found := got["wake-up's cost to 8 producers"]; !found || !ok {
+	if ok, found := got["trigger's cost to 8 producers"]; !found || !ok {
 		t.Errorf("8 producers with a split cost of 1.5%%: checked %v, ok %v; want checked against the split design and met", found, ok)
 	}
-	if ok, found := got["null control, 32 producers (no wake-up on either side)"]; !found || ok {
+	if ok, found := got["null control, 32 producers (no trigger on either side)"]; !found || ok {
 		t.Errorf("null control: reported %v, met %v; want reported and never met", found, ok)
 	}
-	if _, found := got["wake-up's cost to 32 producers"]; found {
-		t.Error("a null control was checked as the wake-up's cost")
+	if _, found := got["trigger's cost to 32 producers"]; found {
+		t.Error("a null control was checked as the trigger's cost")
 	}
 }

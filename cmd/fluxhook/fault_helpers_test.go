@@ -303,7 +303,7 @@ func (p *producer) wait(t *testing.T, timeout time.Duration) []string {
 }
 
 // enqueueBacklog inserts n events with one INSERT ... SELECT generate_series, the fastest way
-// to build a large backlog (one NOTIFY at most).
+// to build a large backlog (the trigger fires once).
 func enqueueBacklog(t *testing.T, db *sqltest.DB, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -199,7 +199,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	})
 
-	// NOTIFY works again. Once the idle dispatcher is armed, an insert makes the wake-up
+	// NOTIFY works again. Once the idle dispatcher is armed, an insert makes the trigger
 	// notify; with the poll an hour away, the event arriving at all (within the deadline)
 	// shows the listener heard it, and the notify wake-up counter says so.
 	p.waitFor(faultWait, "the idle dispatcher to arm itself", func() bool {

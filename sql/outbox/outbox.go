@@ -89,7 +89,7 @@ func Enqueue(ctx context.Context, q Querier, ev Event) (Enqueued, error) {
 
 // EnqueueMany writes evs in one statement and returns how many rows it inserted. It exists for
 // producers that emit many events from one business change: one round trip instead of len(evs),
-// and one transaction sends the dispatcher at most one NOTIFY. Every event is
+// and the dispatcher's wake-up trigger fires once rather than once per event. Every event is
 // validated before the statement is sent; if any is invalid, none is written.
 func EnqueueMany(ctx context.Context, q Querier, evs []Event) (int64, error) {
 	if len(evs) == 0 {

@@ -3,7 +3,7 @@
 // command sets it up), and drops it when the test ends.
 //
 // A database per test, rather than a schema or a transaction, because fluxhook's behaviour
-// spans several connections (claim, settle, the listener) and its NOTIFY switch and channel
+// spans several connections (claim, settle, the listener) and its trigger and NOTIFY channel
 // are database-wide: only a database isolates all of it, and tests can then run in parallel.
 package sqltest
 

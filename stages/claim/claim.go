@@ -4,7 +4,7 @@
 // transaction held across HTTP (the original held row locks across up to ten sequential 30 s
 // calls). A crashed dispatcher's rows become claimable again when their lease expires, which
 // is what makes delivery at-least-once. The same statement maintains this dispatcher's
-// "armed" flag (what fluxhook status shows); Announce sets the switch the producers' wake-up reads
+// "armed" flag (what fluxhook status shows); Announce sets the switch the insert trigger reads
 // to decide whether to NOTIFY at all.
 package claim
 

@@ -284,8 +284,7 @@ func SessionParams(params map[string]string, durableCommit bool) {
 	if params["application_name"] == "" {
 		params["application_name"] = "fluxhook"
 	}
-	// Marks our sessions for the producers' wake-up (the outbox column DEFAULT that NOTIFYs
-	// while a dispatcher is armed): retry and deferral rows we insert need no
+	// Marks our sessions for the insert trigger: retry and deferral rows we insert need no
 	// NOTIFY (they are not due yet, and settle sets our own timer for them).
 	params["fluxhook.dispatcher"] = "on"
 	if !durableCommit {
@@ -531,8 +530,8 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		if followUp {
 			// The confirming claim cannot see a producer transaction that read the switch
 			// before we set it and commits only after that claim's snapshot (its insert sent
-			// no NOTIFY). Such a producer already had a transaction id (the wake-up takes one
-			// before it reads the switch) and had not committed: it is in this claim's snapshot as in progress. Look again
+			// no NOTIFY). Such a producer already had a transaction id (it had inserted) and
+			// had not committed: it is in this claim's snapshot as in progress. Look again
 			// shortly, and then at doubling intervals (at most maxWatchDelay) for as long as
 			// a transaction in progress then is still in progress: a producer slowed down
 			// for seconds is caught within a second of its commit instead of at the backstop

@@ -552,7 +552,7 @@ func TestStopLetsAClaimInFlightFinish(t *testing.T) {
 	}
 }
 
-// TestProducerThatMissedTheSwitchIsDeliveredOnCommit: a producer whose wake-up ran before the
+// TestProducerThatMissedTheSwitchIsDeliveredOnCommit: a producer whose trigger ran before the
 // dispatcher set the NOTIFY switch commits without a NOTIFY. When it commits long after the
 // dispatcher armed (here: after the confirming claim and the follow-up look 100 ms later),
 // only the looks the dispatcher keeps taking while a transaction in progress at arming is

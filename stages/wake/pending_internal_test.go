@@ -52,7 +52,7 @@ func TestDropSeenKeepsWhatTheClaimDidNotSee(t *testing.T) {
 	}
 
 	w.Clear()
-	notify("") // a schema-2 trigger's empty payload, or a NOTIFY someone else sent on the channel
+	notify("") // a schema-2 trigger, or a NOTIFY someone else sent on the channel
 	w.DropSeen(seenUpTo(1000))
 	if !pending(w) {
 		t.Fatal("a NOTIFY without a transaction id was dropped")

@@ -1,5 +1,5 @@
-// Package wake tells the claiming loop when there may be work: a NOTIFY from the producers'
-// inserts (the outbox's wake-up DEFAULT, sent only while a dispatcher is armed), a timer set to the next row's due time (so
+// Package wake tells the claiming loop when there may be work: a NOTIFY from the insert
+// trigger (sent only while a dispatcher is armed), a timer set to the next row's due time (so
 // retries fire on time without waiting for the poll), and a slow jittered poll as a backstop
 // for anything missed while the listener was reconnecting.
 //
@@ -22,7 +22,7 @@ import (
 	"github.com/fluxora/fluxhook/pipeline"
 )
 
-// Channel is the NOTIFY channel the producers' wake-up uses.
+// Channel is the NOTIFY channel the insert trigger uses.
 const Channel = "webhook_outbox"
 
 // Source names why the claiming loop woke up (for metrics and logs).
