@@ -14,6 +14,7 @@
 #           until it holds; schema 2's form)
 #   false   the same trigger, its WHEN a PL/pgSQL function that returns false: what a trigger
 #           with a PL/pgSQL WHEN costs before it tests anything
+#   seq     the same trigger, its WHEN a PL/pgSQL function that only reads the sequence
 #   before  a BEFORE STATEMENT trigger without WHEN that tests the condition inside
 #   default no trigger: an extra column whose DEFAULT is an inlined SQL function that tests the
 #           condition and calls pg_notify when it holds (evaluated per row; planned with the
@@ -40,6 +41,7 @@ seq=$(psql -Atq "$db" -c "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_c
 cond="to_timestamp(pg_sequence_last_value('$seq')::float8 / 1000) > statement_timestamp() AND current_setting('fluxhook.dispatcher', true) IS DISTINCT FROM 'on'"
 notify="pg_notify('webhook_outbox', pg_current_xact_id()::text)"
 q "CREATE OR REPLACE FUNCTION fh_variant_false() RETURNS boolean LANGUAGE plpgsql STABLE AS \$b\$ BEGIN RETURN false; END \$b\$"
+q "CREATE OR REPLACE FUNCTION fh_variant_seq() RETURNS boolean LANGUAGE plpgsql STABLE AS \$b\$ BEGIN RETURN pg_sequence_last_value('$seq') < 0; END \$b\$"
 q "CREATE OR REPLACE FUNCTION fh_variant_before() RETURNS trigger LANGUAGE plpgsql AS \$b\$ BEGIN IF $cond THEN PERFORM $notify; END IF; RETURN NULL; END \$b\$"
 q "CREATE OR REPLACE FUNCTION fh_variant_default() RETURNS boolean LANGUAGE sql VOLATILE AS \$b\$ SELECT CASE WHEN pg_current_xact_id() IS NOT NULL AND $cond THEN $notify::text IS NOT NULL END \$b\$"
 q "CREATE OR REPLACE FUNCTION fh_variant_plpgsql() RETURNS boolean LANGUAGE plpgsql STABLE AS \$b\$ BEGIN IF pg_current_xact_id() IS NOT NULL AND $cond THEN PERFORM $notify; RETURN true; END IF; RETURN NULL; END \$b\$"
@@ -53,6 +55,7 @@ variant() {
   real|replica) when "webhook_outbox_notify_wanted()" ;;
   inline) when "$cond" ;;
   false) when "fh_variant_false()" ;;
+  seq) when "fh_variant_seq()" ;;
   before) q "CREATE TRIGGER webhook_outbox_notify BEFORE INSERT ON webhook_outbox FOR EACH STATEMENT EXECUTE FUNCTION fh_variant_before()" ;;
   default) q "ALTER TABLE webhook_outbox ALTER COLUMN fh_notify SET DEFAULT fh_variant_default()" ;;
   expr) q "ALTER TABLE webhook_outbox ALTER COLUMN fh_notify SET DEFAULT CASE WHEN pg_current_xact_id() IS NOT NULL AND $cond THEN $notify::text IS NOT NULL END" ;;
@@ -63,7 +66,7 @@ variant() {
 restore() {
   variant real
   q "ALTER TABLE webhook_outbox DROP COLUMN IF EXISTS fh_notify"
-  q "DROP FUNCTION IF EXISTS fh_variant_false(), fh_variant_before(), fh_variant_default(), fh_variant_plpgsql()"
+  q "DROP FUNCTION IF EXISTS fh_variant_false(), fh_variant_seq(), fh_variant_before(), fh_variant_default(), fh_variant_plpgsql()"
 }
 trap restore EXIT
 pm=${PM:-$(pgrep -o -x postgres)}
