@@ -6,8 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
 	"net"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -56,7 +58,7 @@ var settings = []setting{
 	{env: "WEBHOOK_RETENTION", def: "168h", help: "how long processed rows (the delivery log) are kept; dead letters are kept until purged"},
 	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "private networks (CIDRs) endpoints may resolve to; by default private, link-local and metadata addresses are refused"},
 	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
-	{env: "LOG_FORMAT", def: "json", help: "json | console"},
+	{env: "LOG_FORMAT", def: "json", help: "json | console (coloured on a terminal unless NO_COLOR is set)"},
 	{env: "METRICS_ADDR", help: "address for /metrics, /livez and /readyz, e.g. 127.0.0.1:9090 (off when empty)"},
 	{env: "METRICS_ENDPOINT_LABEL", def: "false", help: "add an endpoint-hash label to fluxora_webhook_deliveries_total"},
 	{env: "PROFILE_DIR", help: "write cpu.pprof and allocs.pprof of this run into this directory at shutdown (profiling; off when empty)"},
@@ -262,14 +264,19 @@ func parseSchedule(raw string) ([]time.Duration, error) {
 }
 
 // newLogger builds the zap logger: JSON for log shipping by default, console for humans,
-// with sampling so that a failing endpoint cannot flood the log stack.
-func newLogger(level zapcore.Level, format string, w zapcore.WriteSyncer) *zap.Logger {
+// with sampling so that a failing endpoint cannot flood the log stack. The console format
+// colours its levels only when color is set (see colorFor): escape codes in a file or a log
+// collector's capture of stderr are noise.
+func newLogger(level zapcore.Level, format string, w zapcore.WriteSyncer, color bool) *zap.Logger {
 	encCfg := zap.NewProductionEncoderConfig()
 	encCfg.TimeKey = "ts"
 	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
 	var enc zapcore.Encoder
 	if format == "console" {
-		encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		encCfg.EncodeLevel = zapcore.CapitalLevelEncoder
+		if color {
+			encCfg.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		}
 		enc = zapcore.NewConsoleEncoder(encCfg)
 	} else {
 		enc = zapcore.NewJSONEncoder(encCfg)
@@ -277,6 +284,21 @@ func newLogger(level zapcore.Level, format string, w zapcore.WriteSyncer) *zap.L
 	core := zapcore.NewCore(enc, w, level)
 	core = zapcore.NewSamplerWithOptions(core, time.Second, 100, 10)
 	return zap.New(core)
+}
+
+// colorFor says whether console logs written to w may be coloured: only on a terminal (a
+// character device; /dev/null is one too, where it does not matter), and never when NO_COLOR
+// is set to anything (no-color.org).
+func colorFor(w io.Writer, getenv func(string) string) bool {
+	if getenv("NO_COLOR") != "" {
+		return false
+	}
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // withComputedDefaults returns a copy of v with the settings whose defaults derive from others

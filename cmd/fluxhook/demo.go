@@ -121,7 +121,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 		DefaultURL:    base + "/hook",
 		Secret:        secret,
 		RetrySchedule: []time.Duration{time.Second, 5 * time.Second},
-		Logger:        newLogger(zapcore.WarnLevel, "console", zapcore.Lock(zapcore.AddSync(env.stderr))),
+		Logger:        newLogger(zapcore.WarnLevel, "console", zapcore.Lock(zapcore.AddSync(env.stderr)), colorFor(env.stderr, env.getenv)),
 	})
 	if err != nil {
 		return err

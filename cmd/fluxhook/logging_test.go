@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +62,7 @@ func TestLogLevelsAndLinesPerFailure(t *testing.T) {
 				return http.StatusOK
 			})
 			var logs syncBuffer
-			log := newLogger(tc.level, "json", zapcore.AddSync(&logs))
+			log := newLogger(tc.level, "json", zapcore.AddSync(&logs), false)
 			d, err := dispatcher.New(dispatcher.Config{
 				DatabaseURL:   db.URL,
 				DefaultURL:    c.URL(),
@@ -113,7 +116,7 @@ func TestLogLevelsAndLinesPerFailure(t *testing.T) {
 func TestLogFormatConsole(t *testing.T) {
 	t.Parallel()
 	var logs syncBuffer
-	log := newLogger(zapcore.InfoLevel, "console", zapcore.AddSync(&logs))
+	log := newLogger(zapcore.InfoLevel, "console", zapcore.AddSync(&logs), false)
 	log.Info("delivery attempt failed", zap.String("delivery_id", "d-1"), zap.Int("status", 503))
 	log.Debug("delivered", zap.String("delivery_id", "d-2"))
 	lines := logLines(&logs)
@@ -129,6 +132,54 @@ func TestLogFormatConsole(t *testing.T) {
 			t.Errorf("console line lacks %q: %s", want, line)
 		}
 	}
+	// Not to a terminal: no escape codes in a file or a collector's capture.
+	if strings.Contains(line, "\x1b[") {
+		t.Errorf("console line written to a buffer is coloured: %q", line)
+	}
+	var coloured syncBuffer
+	newLogger(zapcore.InfoLevel, "console", zapcore.AddSync(&coloured), true).Info("started")
+	if !strings.Contains(coloured.String(), "\x1b[") {
+		t.Errorf("console line with colour has no escape code: %q", coloured.String())
+	}
+}
+
+// TestColorOnlyOnATerminal: colour is for a person at a terminal; a pipe, a file or NO_COLOR
+// gets plain levels.
+func TestColorOnlyOnATerminal(t *testing.T) {
+	t.Parallel()
+	none := func(string) string { return "" }
+	if colorFor(&bytes.Buffer{}, none) {
+		t.Error("colour for a buffer")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if colorFor(w, none) {
+		t.Error("colour for a pipe")
+	}
+	file, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer file.Close()
+	if colorFor(file, none) {
+		t.Error("colour for a file")
+	}
+	// /dev/null is a character device, like a terminal: the test for one, and NO_COLOR wins.
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	if !colorFor(null, none) {
+		t.Error("no colour for a character device")
+	}
+	if colorFor(null, func(k string) string { return map[string]string{"NO_COLOR": "1"}[k] }) {
+		t.Error("colour despite NO_COLOR")
+	}
 }
 
 // TestLogSamplingOfRepeatedLines checks the sampling that keeps a failing endpoint from
@@ -137,7 +188,7 @@ func TestLogFormatConsole(t *testing.T) {
 func TestLogSamplingOfRepeatedLines(t *testing.T) {
 	t.Parallel()
 	var logs syncBuffer
-	log := newLogger(zapcore.InfoLevel, "json", zapcore.AddSync(&logs))
+	log := newLogger(zapcore.InfoLevel, "json", zapcore.AddSync(&logs), false)
 	start := time.Now()
 	for i := range 300 {
 		log.Warn("delivery attempt failed", zap.Int("n", i))

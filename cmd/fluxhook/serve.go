@@ -33,7 +33,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	// variable. dispatcher.New opens no connection (no database, no Redis until used), so a
 	// dispatcher built from a configuration that is then refused is only closed.
 	cfg, parseErr := parseServeConfig(values)
-	log := newLogger(cfg.logLevel, cfg.logFormat, zapcore.Lock(zapcore.AddSync(env.stderr)))
+	log := newLogger(cfg.logLevel, cfg.logFormat, zapcore.Lock(zapcore.AddSync(env.stderr)), colorFor(env.stderr, env.getenv))
 	defer func() { _ = log.Sync() }()
 	cfg.dispatcher.Logger = log
 	d, buildErr := dispatcher.New(cfg.dispatcher)
