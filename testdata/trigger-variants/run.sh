@@ -12,6 +12,8 @@
 #   replica the same, the producers' sessions in session_replication_role = replica
 #   inline  the same trigger, the condition written into its WHEN (builtins only, no PL/pgSQL
 #           until it holds; schema 2's form)
+#   bare    the same trigger, its WHEN only pg_sequence_last_value(...) > 0 (the smallest
+#           WHEN that reads the switch; it holds while the switch is set at all)
 #   false   the same trigger, its WHEN a PL/pgSQL function that returns false: what a trigger
 #           with a PL/pgSQL WHEN costs before it tests anything
 #   seq     the same trigger, its WHEN a PL/pgSQL function that only reads the sequence
@@ -54,6 +56,7 @@ variant() {
   none) ;;
   real|replica) when "webhook_outbox_notify_wanted()" ;;
   inline) when "$cond" ;;
+  bare) when "pg_sequence_last_value('$seq') > 0" ;;
   false) when "fh_variant_false()" ;;
   seq) when "fh_variant_seq()" ;;
   before) q "CREATE TRIGGER webhook_outbox_notify BEFORE INSERT ON webhook_outbox FOR EACH STATEMENT EXECUTE FUNCTION fh_variant_before()" ;;
