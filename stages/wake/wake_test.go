@@ -3,6 +3,7 @@ package wake_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -43,6 +44,17 @@ func newWaker(rec *recorder, poll time.Duration) *wake.Waker {
 	})
 }
 
+// after lets d pass on the bubble's clock, waits for the waker's goroutines to settle, and
+// requires exactly the wake-ups want (none when want is empty) in that time.
+func after(t *testing.T, rec *recorder, d time.Duration, why string, want ...wake.Source) {
+	t.Helper()
+	time.Sleep(d)
+	synctest.Wait()
+	if got := rec.take(); !slices.Equal(got, want) {
+		t.Fatalf("%s: wake-ups %v, want %v", why, got, want)
+	}
+}
+
 func TestDueTimerFiresAtTheEarliestDueTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
@@ -53,23 +65,11 @@ func TestDueTimerFiresAtTheEarliestDueTime(t *testing.T) {
 		w.DueIn(5 * time.Second)
 		w.DueIn(time.Second) // earlier: replaces the 5 s timer
 		w.DueIn(3 * time.Second)
-		time.Sleep(999 * time.Millisecond)
-		synctest.Wait()
-		if got := rec.take(); len(got) != 0 {
-			t.Fatalf("woke %v before the earliest due time", got)
-		}
-		time.Sleep(2 * time.Millisecond)
-		synctest.Wait()
-		if got := rec.take(); len(got) != 1 || got[0] != wake.Timer {
-			t.Fatalf("at the due time: %v, want one timer wake-up", got)
-		}
+		after(t, rec, 999*time.Millisecond, "before the earliest due time")
+		after(t, rec, 2*time.Millisecond, "at the due time", wake.Timer)
 		<-w.C()
 		// The later due times were superseded, not queued: nothing more until the poll.
-		time.Sleep(10 * time.Second)
-		synctest.Wait()
-		if got := rec.take(); len(got) != 0 {
-			t.Fatalf("later wake-ups %v; superseded timers must not fire", got)
-		}
+		after(t, rec, 10*time.Second, "superseded timers must not fire")
 	})
 }
 
@@ -85,26 +85,14 @@ func TestWatchSharesTheTimerWithItsOwnSource(t *testing.T) {
 
 		w.WatchIn(100 * time.Millisecond)
 		w.DueIn(time.Second) // later: the look stays
-		time.Sleep(101 * time.Millisecond)
-		synctest.Wait()
-		if got := rec.take(); len(got) != 1 || got[0] != wake.Watch {
-			t.Fatalf("after 100 ms: %v, want one watch wake-up", got)
-		}
+		after(t, rec, 101*time.Millisecond, "after 100 ms", wake.Watch)
 		<-w.C()
 
 		w.WatchIn(time.Second)
 		w.DueIn(200 * time.Millisecond) // earlier: a row comes due first, and the look is superseded
-		time.Sleep(201 * time.Millisecond)
-		synctest.Wait()
-		if got := rec.take(); len(got) != 1 || got[0] != wake.Timer {
-			t.Fatalf("after 200 ms: %v, want one timer wake-up", got)
-		}
+		after(t, rec, 201*time.Millisecond, "after 200 ms", wake.Timer)
 		<-w.C()
-		time.Sleep(10 * time.Second)
-		synctest.Wait()
-		if got := rec.take(); len(got) != 0 {
-			t.Fatalf("later wake-ups %v; a superseded look must not fire", got)
-		}
+		after(t, rec, 10*time.Second, "a superseded look must not fire")
 	})
 }
 
@@ -114,16 +102,8 @@ func TestPollIsAJitteredBackstop(t *testing.T) {
 		w := newWaker(rec, 10*time.Second)
 		w.Start(context.Background())
 		defer w.Stop()
-		time.Sleep(8999 * time.Millisecond) // jitter is ±10%: nothing before 9 s
-		synctest.Wait()
-		if got := rec.take(); len(got) != 0 {
-			t.Fatalf("woke %v before 9 s", got)
-		}
-		time.Sleep(2002 * time.Millisecond) // and a poll by 11 s
-		synctest.Wait()
-		if got := rec.take(); len(got) != 1 || got[0] != wake.Poll {
-			t.Fatalf("by 11 s: %v, want one poll", got)
-		}
+		after(t, rec, 8999*time.Millisecond, "jitter is ±10%: nothing before 9 s")
+		after(t, rec, 2002*time.Millisecond, "and a poll by 11 s", wake.Poll)
 	})
 }
 
