@@ -312,6 +312,13 @@ func (r *benchReport) check() {
 				add("producers", fmt.Sprintf("null control, %d producers (no trigger on either side)", c.Connections), cost, "%", "not a measurement", false)
 				continue
 			}
+			if p.Mode != "" && p.Mode != "prepared" {
+				// The budget is judged where the trigger's share is largest, on prepared
+				// inserts: an insert planned on every execution costs more itself, so the
+				// same trigger reads cheaper. Such a run is reported, never met.
+				add("producers", fmt.Sprintf("trigger's cost to %d producers", c.Connections), cost, "%", "≤ 10 with prepared inserts (this run: "+p.Mode+")", false)
+				continue
+			}
 			add("producers", fmt.Sprintf("trigger's cost to %d producers", c.Connections), cost, "%", "≤ 10", measured && cost <= 10)
 		}
 	}

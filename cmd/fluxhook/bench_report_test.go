@@ -58,4 +58,14 @@ func TestProducersBudgetAndNullControl(t *testing.T) {
 	if _, found := got["trigger's cost to 32 producers"]; found {
 		t.Error("a null control was checked as the trigger's cost")
 	}
+
+	// A run whose producers did not prepare their insert is reported, never met: the same
+	// trigger reads cheaper beside a costlier insert.
+	r = &benchReport{Producers: &producersResult{Mode: "exec", Comparisons: []producerComparison{
+		{Connections: 8, CostPercent: 2, Pairs: 4, Split: split},
+	}}}
+	r.check()
+	if len(r.Budget) != 1 || r.Budget[0].What != "trigger's cost to 8 producers" || r.Budget[0].OK || r.BudgetMet {
+		t.Errorf("exec-mode producers: budget %+v (met %v); want the line reported and not met", r.Budget, r.BudgetMet)
+	}
 }

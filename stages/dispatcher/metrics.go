@@ -73,7 +73,7 @@ func newMetrics(d *Dispatcher) *metrics {
 	m.reconnects = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "listener_reconnects_total",
 		Help: "Times the NOTIFY listener connected after its first connection."})
 	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "wakeups_total",
-		Help: "Wake-ups of the claiming loop by source: notify, poll, timer, backlog."}, []string{"source"})
+		Help: "Wake-ups of the claiming loop by source: notify, poll, timer, backlog, watch (looks after arming)."}, []string{"source"})
 	m.claimRows = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "claim_batch_rows",
 		Help: "Rows returned per claim statement.", Buckets: []float64{0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000}})
 	m.settleRows = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "settle_batch_rows",

@@ -1,9 +1,10 @@
 // Package wake tells the claiming loop when there may be work: a NOTIFY from the insert
 // trigger (sent only while a dispatcher is armed), a timer set to the next row's due time (so
-// retries fire on time without waiting for the poll), and a slow jittered poll as a backstop
-// for anything missed while the listener was reconnecting.
+// retries fire on time without waiting for the poll; the dispatcher's looks after arming use
+// the same timer), and a slow jittered poll as a backstop for anything missed while the
+// listener was reconnecting.
 //
-// All three feed one coalescing signal: a burst of wake-ups causes one claim.
+// All of them feed one coalescing signal: a burst of wake-ups causes one claim.
 package wake
 
 import (
@@ -34,10 +35,11 @@ const (
 	Poll    Source = "poll"
 	Timer   Source = "timer"
 	Backlog Source = "backlog" // the listener (re)connected and may have missed NOTIFYs
-	// Watch is a look the dispatcher takes after arming while a producer transaction that
-	// may have missed the NOTIFY switch is still in progress (WatchIn). Counted apart from
-	// Timer so that an operator can tell a long transaction elsewhere on the server (which
-	// keeps these coming, once a second for at most a minute) from rows coming due.
+	// Watch is a look the dispatcher takes after arming (WatchIn): one 100 ms after every
+	// arming, then more for as long as a transaction that may have missed the NOTIFY switch
+	// is still in progress. Counted apart from Timer so that an operator can tell a long
+	// transaction elsewhere on the server (which keeps these coming, once a second for at most
+	// a minute) from rows coming due.
 	Watch Source = "watch"
 )
 

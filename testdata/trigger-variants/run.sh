@@ -31,7 +31,8 @@
 # exited during the run (the postmaster's children's time, from /proc; PM=<postmaster pid> when
 # the oldest process named postgres is not this server's postmaster). With the server
 # saturated it moves with the throughput; it separates the server's cost from pgbench's.
-# The schema's trigger is left as schema 3 made it at the end. Commits are asynchronous
+# The schema's trigger is left as schema 3 made it at the end. The NOTIFY switch is reset (no
+# dispatcher armed) first: run it on a database no dispatcher serves. Commits are asynchronous
 # (synchronous_commit=off) so that a disk's flush time does not hide the CPU.
 set -euo pipefail
 here=$(dirname "$0")
@@ -39,9 +40,18 @@ db=${DB:?set DB to a database URL with fluxhook schema 3}
 protocol=${PROTOCOL:-prepared}
 pgbench=${PGBENCH:-$(ls /usr/lib/postgresql/*/bin/pgbench 2>/dev/null | tail -1)}
 q() { PGOPTIONS="-c client_min_messages=warning" psql -Xq -v ON_ERROR_STOP=1 "$db" -c "$1" >/dev/null; }
+clients=$1 secs=$2 rounds=$3; shift 3
+for v in "$@"; do
+  case $v in none|real|replica|inline|bare|false|seq|before|default|expr|plpgsql) ;;
+  *) echo "unknown variant $v" >&2; exit 2 ;;
+  esac
+done
+case $protocol in simple|extended|prepared) ;; *) echo "PROTOCOL must be simple, extended or prepared" >&2; exit 2 ;; esac
 seq=$(psql -Atq "$db" -c "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = 'webhook_outbox_notify_until'::regclass")
 cond="to_timestamp(pg_sequence_last_value('$seq')::float8 / 1000) > statement_timestamp() AND current_setting('fluxhook.dispatcher', true) IS DISTINCT FROM 'on'"
 notify="pg_notify('webhook_outbox', pg_current_xact_id()::text)"
+trap restore EXIT
+q "SELECT setval('$seq', 0, false)" # the switch as no dispatcher left it: every variant measures a busy or absent dispatcher
 q "CREATE OR REPLACE FUNCTION fh_variant_false() RETURNS boolean LANGUAGE plpgsql STABLE AS \$b\$ BEGIN RETURN false; END \$b\$"
 q "CREATE OR REPLACE FUNCTION fh_variant_seq() RETURNS boolean LANGUAGE plpgsql STABLE AS \$b\$ BEGIN RETURN pg_sequence_last_value('$seq') < 0; END \$b\$"
 q "CREATE OR REPLACE FUNCTION fh_variant_before() RETURNS trigger LANGUAGE plpgsql AS \$b\$ BEGIN IF $cond THEN PERFORM $notify; END IF; RETURN NULL; END \$b\$"
@@ -67,27 +77,35 @@ variant() {
   esac
 }
 restore() {
+  set +e # undo as much as can be undone
   variant real
   q "ALTER TABLE webhook_outbox DROP COLUMN IF EXISTS fh_notify"
   q "DROP FUNCTION IF EXISTS fh_variant_false(), fh_variant_seq(), fh_variant_before(), fh_variant_default(), fh_variant_plpgsql()"
 }
-trap restore EXIT
-pm=${PM:-$(pgrep -o -x postgres)}
-children() { awk '{print $16 + $17}' "/proc/$pm/stat"; }
+pm=${PM:-$(pgrep -o -x postgres || true)}
+children() { if [ -n "$pm" ] && [ -r "/proc/$pm/stat" ]; then awk '{print $16 + $17}' "/proc/$pm/stat"; else echo 0; fi; }
 tick=$(getconf CLK_TCK)
-clients=$1 secs=$2 rounds=$3; shift 3
 for r in $(seq "$rounds"); do
   for v in "$@"; do
     variant "$v"
     opts="-c synchronous_commit=off"
     [ "$v" = replica ] && opts="$opts -c session_replication_role=replica"
     c0=$(children)
-    out=$(PGOPTIONS="$opts" "$pgbench" -n -M "$protocol" -c "$clients" -j 2 -T "$secs" -f "$here/insert.sql" "$db" 2>&1)
-    sleep 0.2 # the backends exit and are reaped after pgbench's last line
+    if ! out=$(PGOPTIONS="$opts" "$pgbench" -n -M "$protocol" -c "$clients" -j 2 -T "$secs" -f "$here/insert.sql" "$db" 2>&1); then
+      printf 'pgbench failed on variant %s:\n%s\n' "$v" "$out" >&2
+      exit 1
+    fi
+    # The backends' CPU reaches the postmaster's children's time once they have exited.
+    for _ in $(seq 50); do
+      [ "$(psql -XAtq "$db" -c "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgbench'")" = 0 ] && break
+      sleep 0.02
+    done
     c1=$(children)
-    tps=$(grep -oP 'tps = \K[0-9.]+' <<<"$out")
-    txns=$(grep -oP 'number of transactions actually processed: \K[0-9]+' <<<"$out")
-    cpu=$(awk -v d=$((c1 - c0)) -v t="$tick" -v n="$txns" 'BEGIN { printf "%.1f", d / t * 1e6 / n }')
+    tps=$(grep -oP 'tps = \K[0-9.]+' <<<"$out" || true)
+    txns=$(grep -oP 'number of transactions actually processed: \K[0-9]+' <<<"$out" || true)
+    [ -n "$tps" ] && [ -n "$txns" ] && [ "$txns" -gt 0 ] || { printf 'no result from pgbench on variant %s:\n%s\n' "$v" "$out" >&2; exit 1; }
+    cpu="n/a"
+    [ "$c1" != 0 ] && cpu=$(awk -v d=$((c1 - c0)) -v t="$tick" -v n="$txns" 'BEGIN { printf "%.1f", d / t * 1e6 / n }')
     echo "clients=$clients protocol=$protocol round=$r $v $tps tps, server CPU $cpu µs per transaction"
   done
   q "TRUNCATE webhook_outbox"
