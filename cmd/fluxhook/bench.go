@@ -136,7 +136,7 @@ flags:
 		return o, usageError("--backlog-slice must be positive")
 	case o.duration <= 0, o.producerDuration <= 0, o.idleInterval <= 0:
 		return o, usageError("durations must be positive")
-	case !slices.Contains([]string{"prepared", "exec", "simple"}, o.producerMode):
+	case !validProducerMode(o.producerMode):
 		return o, usageError("--producer-mode: %q is not prepared, exec or simple", o.producerMode)
 	case o.producerReps < 1:
 		return o, usageError("--producer-reps must be at least 1")

@@ -22,6 +22,19 @@ type sentEvent struct {
 	ok                       bool
 }
 
+// producerModes maps --producer-mode to how pgx sends a query: the one list the flag is
+// checked against and the connections are configured from.
+var producerModes = map[string]pgx.QueryExecMode{
+	"prepared": pgx.QueryExecModeCacheStatement, // pgx's default
+	"exec":     pgx.QueryExecModeExec,
+	"simple":   pgx.QueryExecModeSimpleProtocol,
+}
+
+func validProducerMode(mode string) bool {
+	_, ok := producerModes[mode]
+	return ok
+}
+
 // producerConns opens n producer connections as an application would have them. In mode
 // "prepared", pgx's defaults (prepared statements), the insert prepared up front so that the
 // first event does not pay for it; "exec" and "simple" send every insert to be planned afresh,
@@ -39,12 +52,7 @@ func (b *bench) producerConns(ctx context.Context, n int, mode string) ([]*pgx.C
 		return nil, nil, err
 	}
 	cfg.RuntimeParams["application_name"] = "fluxhook-bench-producer"
-	switch mode {
-	case "exec":
-		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
-	case "simple":
-		cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-	}
+	cfg.DefaultQueryExecMode = producerModes[mode]
 	for range n {
 		c, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {

@@ -34,6 +34,16 @@ func (r *recorder) take() []wake.Source {
 	return out
 }
 
+// startedWaker starts a Waker with the poll interval poll inside the current synctest bubble,
+// recording its wake-ups; it is stopped when the test ends.
+func startedWaker(t *testing.T, poll time.Duration) (*wake.Waker, *recorder) {
+	rec := &recorder{}
+	w := newWaker(rec, poll)
+	w.Start(context.Background())
+	t.Cleanup(w.Stop)
+	return w, rec
+}
+
 func newWaker(rec *recorder, poll time.Duration) *wake.Waker {
 	return wake.New(wake.Config{
 		// No database in these tests: the listener keeps failing to connect, which must not
@@ -57,10 +67,7 @@ func after(t *testing.T, rec *recorder, d time.Duration, why string, want ...wak
 
 func TestDueTimerFiresAtTheEarliestDueTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rec := &recorder{}
-		w := newWaker(rec, time.Hour)
-		w.Start(context.Background())
-		defer w.Stop()
+		w, rec := startedWaker(t, time.Hour)
 
 		w.DueIn(5 * time.Second)
 		w.DueIn(time.Second) // earlier: replaces the 5 s timer
@@ -78,10 +85,7 @@ func TestDueTimerFiresAtTheEarliestDueTime(t *testing.T) {
 // wakeups_total tells them from rows coming due.
 func TestWatchSharesTheTimerWithItsOwnSource(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rec := &recorder{}
-		w := newWaker(rec, time.Hour)
-		w.Start(context.Background())
-		defer w.Stop()
+		w, rec := startedWaker(t, time.Hour)
 
 		w.WatchIn(100 * time.Millisecond)
 		w.DueIn(time.Second) // later: the look stays
@@ -98,10 +102,7 @@ func TestWatchSharesTheTimerWithItsOwnSource(t *testing.T) {
 
 func TestPollIsAJitteredBackstop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rec := &recorder{}
-		w := newWaker(rec, 10*time.Second)
-		w.Start(context.Background())
-		defer w.Stop()
+		_, rec := startedWaker(t, 10*time.Second)
 		after(t, rec, 8999*time.Millisecond, "jitter is ±10%: nothing before 9 s")
 		after(t, rec, 2002*time.Millisecond, "and a poll by 11 s", wake.Poll)
 	})
