@@ -23,7 +23,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -61,7 +63,7 @@ func TestFaultSIGKILLUnderLoad(t *testing.T) {
 		// tell when the killed one's sessions are gone.
 		e := faultEnv(withURLParam(t, db.URL, "application_name", app), c.URL())
 		e["WEBHOOK_TIMEOUT_MS"] = "2000"
-		e["WEBHOOK_LEASE_MS"] = "3000" // the killed instance's rows come back 3 s after their claim
+		e["WEBHOOK_LEASE_MS"] = "4000" // the killed instance's rows come back 4 s after their claim
 		return e
 	}
 	victim := startServe(t, "victim serve", env("fluxhook-victim"))
@@ -370,7 +372,7 @@ func TestFaultSettleFails(t *testing.T) {
 	c := newHookConsumer(t, respondAfter(200*time.Millisecond)) // ~40 requests in flight at any time
 	env := faultEnv(withUser(t, db.URL, role), c.URL())
 	env["WEBHOOK_TIMEOUT_MS"] = "1000"
-	env["WEBHOOK_LEASE_MS"] = "2000"
+	env["WEBHOOK_LEASE_MS"] = "3000"
 	env["METRICS_ADDR"] = "127.0.0.1:0"
 	p := startServe(t, "serve", env)
 	addr := p.metricsAddr()
@@ -587,4 +589,91 @@ func TestFaultBacklogThreeInstances(t *testing.T) {
 	}
 	t.Logf("backlog of %d rows inserted in %s, drained by three instances in %s (%.0f events/s, race detector %v); per instance %v; %s",
 		n, inserted.Round(time.Millisecond), drained.Round(time.Millisecond), float64(n)/drained.Seconds(), raceEnabled(), shares, tally)
+}
+
+// TestFaultStaleSettleAfterLeaseLoss: instance A sends an event and is then frozen (SIGSTOP:
+// a VM pause, a stalled host) for longer than its lease; instance B claims the row and sends
+// it too. The consumer answers A's request with 410 Gone and A resumes and settles first,
+// while B's request is still open; then B gets its 200. A's outcome, whichever it reads (the
+// 410, or its own timeout as a retry), is stale: refused, counted and logged. The event is
+// delivered (B's outcome is written), never dead-lettered, and has no retry row. Before the
+// fence, whichever settled first won: A's 410 dead-lettered an event B delivered.
+func TestFaultStaleSettleAfterLeaseLoss(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	firstArrived, secondArrived := make(chan struct{}), make(chan struct{})
+	answerFirst, answerSecond := make(chan struct{}), make(chan struct{})
+	var first, second sync.Once
+	c := newHookConsumer(t, func(ctx context.Context, req *hookRequest) int {
+		arrived, answer, status := secondArrived, answerSecond, http.StatusOK
+		once := &second
+		if req.N == 1 {
+			arrived, answer, status, once = firstArrived, answerFirst, http.StatusGone, &first
+		}
+		once.Do(func() { close(arrived) })
+		select {
+		case <-answer:
+			return status
+		case <-ctx.Done():
+			return 0
+		}
+	})
+	env := faultEnv(db.URL, c.URL())
+	env["WEBHOOK_TIMEOUT_MS"] = "5000"
+	env["WEBHOOK_LEASE_MS"] = "7000" // the shortest allowed: timeout + 2 s
+	env["METRICS_ADDR"] = "127.0.0.1:0"
+	a := startServe(t, "serve A", env)
+	a.instanceID()
+	addrA := a.metricsAddr()
+	ev, err := outbox.Enqueue(context.Background(), db.Pool, outbox.Event{EventType: "test.race", Payload: map[string]int{"n": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ev.DeliveryID
+	wait := func(ch chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(faultWait):
+			t.Fatal(what)
+		}
+	}
+	wait(firstArrived, "instance A never sent the event")
+	a.signal(syscall.SIGSTOP)
+	resumed := false
+	defer func() {
+		if !resumed {
+			a.signal(syscall.SIGCONT) // let cleanup stop it
+		}
+	}()
+	b := startServe(t, "serve B", env)
+	b.instanceID()
+	wait(secondArrived, "instance B never sent the event after A's lease ran out")
+	close(answerFirst) // A's request gets its 410 while A is still frozen
+	a.signal(syscall.SIGCONT)
+	resumed = true
+	refused := a.logField(faultWait, "stale settle refused: the lease ran out and another claim holds the row", "delivery_id")
+	if refused != id {
+		t.Fatalf("A refused a stale settle of %q, want %q", refused, id)
+	}
+	close(answerSecond)
+	pollUntil(t, faultWait, "instance B to settle the event as delivered", func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
+	})
+	if n := scrapeMetric(t, addrA, "fluxora_webhook_stale_settles_total"); n != 1 {
+		t.Errorf("A's fluxora_webhook_stale_settles_total = %v, want 1", n)
+	}
+	for _, outcome := range []string{"dead_letter", "retry", "delivered"} {
+		if n := scrapeMetric(t, addrA, `fluxora_webhook_deliveries_total{outcome="`+outcome+`"}`); n != 0 {
+			t.Errorf("A counted its stale outcome as %s (%v)", outcome, n)
+		}
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Errorf("%d dead letters: a stale 410 dead-lettered an event B delivered", n)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, id); n != 1 {
+		t.Errorf("%d outbox rows for the event, want its one row (no retry row from A's stale outcome)", n)
+	}
+	a.stopCleanly()
+	b.stopCleanly()
 }

@@ -96,11 +96,11 @@ func TestServeSIGKILLLosesNothing(t *testing.T) {
 	})
 	env := serveEnv(db.URL, c.URL())
 	// The killed instance's leases must expire soon, and the lease must exceed the timeout by
-	// 1 s; the timeout must outlast the wait below, or the hanging requests would time out
+	// dispatcher.LeaseAllowance; the timeout must outlast the wait below, or the hanging requests would time out
 	// (and be settled as retries) before the kill.
 	// Generous against a loaded CI machine, where answering the other 180 took over 3 s.
 	env["WEBHOOK_TIMEOUT_MS"] = "10000"
-	env["WEBHOOK_LEASE_MS"] = "11000"
+	env["WEBHOOK_LEASE_MS"] = "12000"
 
 	first := startServe(t, "first serve", env)
 	evs := make([]outbox.Event, events)

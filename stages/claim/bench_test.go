@@ -46,7 +46,7 @@ func benchClaimSettle(b *testing.B, planMode string, batch int) {
 	var cursor claim.Cursor // as the dispatcher drains: from the previous batch's last row
 	for done := 0; done < b.N; {
 		t0 := time.Now()
-		res, err := c.Claim(ctx, min(batch, b.N-done), nil, false, cursor)
+		res, err := c.Claim(ctx, min(batch, b.N-done), claim.Skip{}, false, cursor)
 		rows := res.Rows
 		cursor = res.Last
 		if err != nil {
@@ -91,7 +91,7 @@ func benchSettleThenClaim(b *testing.B, batch int, together bool) {
 	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
 		b.Fatal(err)
 	}
-	res, err := c.Claim(ctx, batch, nil, false, claim.Cursor{})
+	res, err := c.Claim(ctx, batch, claim.Skip{}, false, claim.Cursor{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func benchSettleThenClaim(b *testing.B, batch int, together bool) {
 		if together {
 			var q pgx.Batch
 			s.Queue(&q, prev, &settled)
-			c.Queue(&q, batch, nil, false, res.Last, &res)
+			c.Queue(&q, batch, claim.Skip{}, false, res.Last, &res)
 			if err := pool.SendBatch(ctx, &q).Close(); err != nil {
 				b.Fatal(err)
 			}
@@ -117,7 +117,7 @@ func benchSettleThenClaim(b *testing.B, batch int, together bool) {
 			if settled, err = s.Settle(ctx, prev); err != nil {
 				b.Fatal(err)
 			}
-			if res, err = c.Claim(ctx, batch, nil, false, res.Last); err != nil {
+			if res, err = c.Claim(ctx, batch, claim.Skip{}, false, res.Last); err != nil {
 				b.Fatal(err)
 			}
 		}

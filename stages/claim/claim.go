@@ -16,9 +16,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,11 +45,14 @@ type Claimer struct {
 	pool     *pgxpool.Pool
 	instance string
 	lease    time.Duration
+	tokens   atomic.Int64 // the last lease token handed out (see nextToken)
 }
 
 // New returns a Claimer that leases rows for lease on behalf of instance.
 func New(pool *pgxpool.Pool, instance string, lease time.Duration) *Claimer {
-	return &Claimer{pool: pool, instance: instance, lease: lease}
+	c := &Claimer{pool: pool, instance: instance, lease: lease}
+	c.tokens.Store(rand.Int64N(math.MaxInt64 / 2))
+	return c
 }
 
 // Register records this dispatcher (not armed) so that the claim statement can arm it.
@@ -119,58 +125,88 @@ func (c Cursor) IsHead() bool { return c.ID == 0 && c.DueAt.IsZero() }
 // again: the most a row behind the cursor waits while a backlog drains.
 const CursorMaxAge = time.Second
 
-// Claim leases up to limit due rows whose endpoint key is not in skip. With arm set and fewer
-// than limit rows found it arms this dispatcher: from then on producers' inserts NOTIFY it.
-// Any other claim (a full batch, or arm unset) disarms it. A claim that arms also reports
-// when the next row comes due (Result.Next), in the same statement, so that the dispatcher
-// can sleep until then without asking again.
+// Skip names the endpoints (by delivery.Endpoint.Key) whose rows a claim leaves alone: those
+// the dispatcher knows cannot take a row now. Leaving them in the table, unleased, costs
+// nothing; claiming them only to put them back cost a claim and a settle per row, every time
+// (measured against an endpoint that hangs: hundreds of such cycles a second).
+type Skip struct {
+	// Endpoints: every row (saturated endpoints, open circuits, a probe in flight).
+	Endpoints []string
+	// Retries: only retries (attempt > 1); first attempts are never held back by the retry
+	// rate limit, so they are still claimed.
+	Retries []string
+}
+
+// Empty reports whether s skips nothing.
+func (s Skip) Empty() bool { return len(s.Endpoints) == 0 && len(s.Retries) == 0 }
+
+// Claim leases up to limit due rows not skipped by skip. With arm set and fewer than limit
+// rows found it arms this dispatcher: from then on producers' inserts NOTIFY it. Any other
+// claim (a full batch, or arm unset) disarms it. A claim that arms also reports when the next
+// row comes due (Result.Next), in the same statement, so that the dispatcher can sleep until
+// then without asking again.
 //
-// Rows are considered from after (the head for the zero Cursor) in claim order.
-func (c *Claimer) Claim(ctx context.Context, limit int, skip []string, arm bool, after Cursor) (Result, error) {
-	rows, err := c.pool.Query(ctx, claimSQL, c.args(limit, skip, arm, after)...)
+// Rows are considered from after (the head for the zero Cursor) in claim order. Each row comes
+// back with the claim's lease token (delivery.Delivery.LeaseToken), which settle presents.
+func (c *Claimer) Claim(ctx context.Context, limit int, skip Skip, arm bool, after Cursor) (Result, error) {
+	token := c.nextToken()
+	rows, err := c.pool.Query(ctx, claimSQL, c.args(limit, skip, arm, after, token)...)
 	if err != nil {
 		return Result{}, fmt.Errorf("claim: %w", err)
 	}
-	return read(rows)
+	return read(rows, token)
 }
 
 // Queue adds the claim Claim would run to b, so that it can share a round trip with other
 // statements (BenchmarkSettleThenClaim measures what that saves); *res holds its result once
 // the batch has run. Statements of one pgx.Batch run in one implicit transaction: a failure of
 // any of them undoes them all.
-func (c *Claimer) Queue(b *pgx.Batch, limit int, skip []string, arm bool, after Cursor, res *Result) {
-	b.Queue(claimSQL, c.args(limit, skip, arm, after)...).Query(func(rows pgx.Rows) (err error) {
-		*res, err = read(rows)
+func (c *Claimer) Queue(b *pgx.Batch, limit int, skip Skip, arm bool, after Cursor, res *Result) {
+	token := c.nextToken()
+	b.Queue(claimSQL, c.args(limit, skip, arm, after, token)...).Query(func(rows pgx.Rows) (err error) {
+		*res, err = read(rows, token)
 		return err
 	})
 }
 
-func (c *Claimer) args(limit int, skip []string, arm bool, after Cursor) []any {
-	if skip == nil {
-		skip = []string{}
+// nextToken returns a lease token no earlier claim of this Claimer used. Tokens only need to
+// differ between claims of one instance (settle matches leased_by too); the counter starts at
+// a random value so that an instance restarted under the same INSTANCE_ID does not reuse the
+// tokens of its previous life, whose rows may still be leased.
+func (c *Claimer) nextToken() int64 { return c.tokens.Add(1) }
+
+func (c *Claimer) args(limit int, skip Skip, arm bool, after Cursor, token int64) []any {
+	all, retries := skip.Endpoints, skip.Retries
+	if all == nil {
+		all = []string{}
+	}
+	if retries == nil {
+		retries = []string{}
 	}
 	from := pgtype.Timestamptz{Time: after.DueAt, Valid: true}
 	if after.IsHead() {
 		from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	}
-	return []any{limit, c.lease.Milliseconds(), skip, c.instance, arm, from, after.ID}
+	return []any{limit, c.lease.Milliseconds(), all, c.instance, arm, from, after.ID, token, retries}
 }
 
 // read decodes the claim statement's rows, closing them.
-func read(rows pgx.Rows) (Result, error) {
+func read(rows pgx.Rows, token int64) (Result, error) {
 	defer rows.Close()
 	var res Result
 	var payload []byte
 	var next *time.Duration
-	var snapshot *string
+	var snapshot, endpointURL *string
 	for rows.Next() {
 		d := &delivery.Delivery{}
 		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload,
-			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &d.EndpointURL, &next, &snapshot); err != nil {
+			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &endpointURL, &next, &snapshot); err != nil {
 			return Result{}, fmt.Errorf("claim: scanning row: %w", err)
 		}
-		if d.ID == 0 {
-			// The statement's own row: next and snapshot, no delivery.
+		if snapshot != nil {
+			// The statement's own row: next and snapshot, no delivery. Told apart by its
+			// snapshot, never NULL there and always NULL on a claimed row: an id cannot
+			// tell them apart, since a producer may insert any id, 0 included.
 			if next != nil {
 				res.Next, res.HasNext = max(*next, 0), true
 			}
@@ -183,6 +219,15 @@ func read(rows pgx.Rows) (Result, error) {
 			continue
 		}
 		d.Payload = compact(payload)
+		d.LeaseToken = token
+		if endpointURL != nil {
+			d.EndpointURL = *endpointURL
+			if strings.TrimSpace(d.EndpointURL) == "" {
+				// NULL means the configured WEBHOOK_URL; an empty string is a producer's
+				// mistake, not a request for the default, and is dead-lettered as such.
+				d.Invalid = "invalid row: endpoint_url is an empty string; write NULL for the configured WEBHOOK_URL, or a URL"
+			}
+		}
 		res.Rows = append(res.Rows, d)
 	}
 	if err := rows.Err(); err != nil {
@@ -269,10 +314,13 @@ func compact(text []byte) []byte {
 }
 
 // announceSQL pushes the producers' NOTIFY switch (schema 2) to at least ttl from now, by the
-// database's clock. greatest: another instance may have pushed it further already.
-const announceSQL = `SELECT setval('webhook_outbox_notify_until',
-    greatest(coalesce(pg_sequence_last_value('webhook_outbox_notify_until'), 0),
-             (extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1::bigint))`
+// database's clock, and reports whether it had lapsed. greatest: another instance may have
+// pushed it further already.
+const announceSQL = `WITH prev AS (
+    SELECT coalesce(pg_sequence_last_value('webhook_outbox_notify_until'), 0) AS until,
+           (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms)
+SELECT setval('webhook_outbox_notify_until', greatest(until, now_ms + $1::bigint)) > 0, until < now_ms
+FROM prev`
 
 // CheckAnnounce returns an error naming the missing grant when this dispatcher's role may not
 // set the producers' NOTIFY switch. Without it every wake-up would fall back to the poll, so
@@ -291,11 +339,16 @@ func (c *Claimer) CheckAnnounce(ctx context.Context) error {
 // Announce makes producers' inserts NOTIFY for the next ttl: the dispatcher calls it when it
 // starts waiting for work, and again before ttl runs out while it keeps waiting. A busy
 // dispatcher stops calling it and the switch lapses by itself, as does a crashed one's.
-func (c *Claimer) Announce(ctx context.Context, ttl time.Duration) error {
-	if _, err := c.pool.Exec(ctx, announceSQL, ttl.Milliseconds()); err != nil {
-		return fmt.Errorf("announcing to producers: %w", err)
+//
+// lapsed reports that the switch had run out before this call: producers that committed in
+// between sent no NOTIFY, so a dispatcher that believed itself armed must claim once more to
+// find their rows (a renewal that came late, the machine or the database stalled).
+func (c *Claimer) Announce(ctx context.Context, ttl time.Duration) (lapsed bool, err error) {
+	var set bool
+	if err := c.pool.QueryRow(ctx, announceSQL, ttl.Milliseconds()).Scan(&set, &lapsed); err != nil {
+		return false, fmt.Errorf("announcing to producers: %w", err)
 	}
-	return nil
+	return lapsed, nil
 }
 
 // Prune deletes processed rows (the delivery log) older than retention, in batches of at most

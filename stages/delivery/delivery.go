@@ -28,6 +28,13 @@ type Delivery struct {
 	DueAt time.Time
 	// EndpointURL is the row's own endpoint_url; empty means the configured default.
 	EndpointURL string
+	// Invalid, when set, is why the claim found the row can never be sent (its dead-letter
+	// reason); the dispatcher dead-letters it without an attempt.
+	Invalid string
+	// LeaseToken is the token of the claim that leased the row. Settle writes the row's
+	// outcome only while the row still carries it (and this instance's id): a holder whose
+	// lease ran out and whose row another claim took has its outcome refused (Outcome.Stale).
+	LeaseToken int64
 
 	// Endpoint is the validated target, set when the row is prepared. It is shared by every
 	// row that goes to the same URL.
@@ -119,4 +126,9 @@ type Outcome struct {
 	// after its lease. Kind still says what the attempt did, for the breaker; Reason says why
 	// it could not be written.
 	Unsettled bool
+	// Stale says settle refused this outcome because the row's lease was no longer this
+	// attempt's: it ran out and another claim took the row (or settled it). The current
+	// holder's outcome is the one written; this one is counted and logged, never reported
+	// to the breaker or the delivery metrics as if it had been.
+	Stale bool
 }

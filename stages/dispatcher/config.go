@@ -45,8 +45,10 @@ type Config struct {
 	// Timeout bounds one HTTP attempt (WEBHOOK_TIMEOUT_MS, default 30 s).
 	Timeout time.Duration
 	// Lease is how long a claimed row is reserved (WEBHOOK_LEASE_MS, default 2×Timeout+30 s).
-	// A crashed dispatcher's rows are delivered again after it; it must exceed Timeout with
-	// room for queueing and settling, or a slow attempt could be delivered twice at once.
+	// A crashed dispatcher's rows are delivered again after it; it must cover Timeout plus
+	// LeaseAllowance (gate, slot wait, settle), or a slow attempt could be delivered twice
+	// at once. Every settle is fenced by the lease either way: only its holder's outcome
+	// is written.
 	Lease time.Duration
 	// RetrySchedule is the wait before each retry (WEBHOOK_RETRY_SCHEDULE); its length sets
 	// the number of attempts. Nil means settle.DefaultSchedule.
@@ -94,6 +96,14 @@ type Config struct {
 	// a WAL flush per batch). Set DurableCommit to turn it off.
 	DurableCommit bool
 }
+
+// LeaseAllowance is what a lease must cover beyond the request timeout: the gate check of the
+// row's batch and of up to two batches queued before it (each bounded by the gate's 500 ms
+// store timeout), the wait for an endpoint slot (send.SaturatedWait), the settle linger and
+// the settle statement. A lease shorter than that can run out while its holder is still
+// working: another claim then takes the row and sends it a second time (the fence keeps the
+// outcome right, but the consumer gets a duplicate).
+const LeaseAllowance = 2 * time.Second
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
@@ -167,8 +177,9 @@ func (c Config) Validate() error {
 	if c.Timeout < time.Millisecond {
 		bad("WEBHOOK_TIMEOUT_MS", "must be at least 1 ms, got %s", c.Timeout)
 	}
-	if c.Lease < c.Timeout+time.Second {
-		bad("WEBHOOK_LEASE_MS", "must exceed WEBHOOK_TIMEOUT_MS (%s) by at least 1 s, got %s; otherwise a slow attempt's row could be claimed and sent again while it is still in flight", c.Timeout, c.Lease)
+	if min := c.Timeout + LeaseAllowance; c.Lease < min {
+		bad("WEBHOOK_LEASE_MS", "is %s, shorter than the path it must cover: WEBHOOK_TIMEOUT_MS (%s) plus %s for the gate check, the wait for an endpoint slot and the settle; set WEBHOOK_LEASE_MS to at least %d or lower WEBHOOK_TIMEOUT_MS (a lease that runs out mid-attempt lets another instance send the event again)",
+			c.Lease, c.Timeout, LeaseAllowance, min.Milliseconds())
 	}
 	if len(c.RetrySchedule) > 100 {
 		bad("WEBHOOK_RETRY_SCHEDULE", "has %d steps; at most 100", len(c.RetrySchedule))

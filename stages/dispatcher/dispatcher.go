@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,6 +64,8 @@ type Dispatcher struct {
 	now func() time.Time
 	// draining is set as soon as Stop begins, for /readyz.
 	draining atomic.Bool
+	// gated are the endpoints the gate is holding back, which claims skip (see gatedEndpoints).
+	gated gatedEndpoints
 
 	mu       sync.Mutex
 	started  bool
@@ -75,6 +78,9 @@ type Dispatcher struct {
 type Stats struct {
 	Claimed, Delivered, Retried, DeadLettered, Deferred, Released atomic.Int64
 	Claims, Settles, SettleErrors, ClaimErrors                    atomic.Int64
+	// Stale counts outcomes settle refused: the lease had run out and another claim held
+	// the row.
+	Stale atomic.Int64
 }
 
 // New validates cfg and builds the stages. Nothing touches the database until Start.
@@ -185,7 +191,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		return fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	SessionParams(poolCfg.ConnConfig.RuntimeParams, d.cfg.DurableCommit)
-	poolCfg.MaxConns = 4
+	if err := poolSize(poolCfg, d.cfg.DatabaseURL); err != nil {
+		return err
+	}
 	listenCfg := poolCfg.ConnConfig.Copy()
 	listenCfg.RuntimeParams["application_name"] = "fluxhook-listener"
 
@@ -274,6 +282,25 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		zap.String("instance_id", d.cfg.InstanceID),
 		zap.Int("max_in_flight", n),
 		zap.Int("batch_size", d.cfg.BatchSize))
+	return nil
+}
+
+// DefaultPoolConns is the dispatcher's pool size when DATABASE_URL does not set
+// pool_max_conns: claiming, settling, housekeeping and the NOTIFY switch's renewal each hold a
+// connection at most briefly and at most one at a time (the listener has its own).
+const DefaultPoolConns = 4
+
+// poolSize applies DefaultPoolConns unless the operator set pool_max_conns in DATABASE_URL,
+// which is then honoured, or refused when it leaves claiming and settling without a connection
+// each.
+func poolSize(cfg *pgxpool.Config, databaseURL string) error {
+	if !strings.Contains(databaseURL, "pool_max_conns") {
+		cfg.MaxConns = DefaultPoolConns
+		return nil
+	}
+	if cfg.MaxConns < 2 {
+		return fmt.Errorf("DATABASE_URL: pool_max_conns=%d is too few: the dispatcher claims and settles at the same time and needs at least 2 connections (default %d when unset)", cfg.MaxConns, DefaultPoolConns)
+	}
 	return nil
 }
 
@@ -394,15 +421,18 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	watchDelay := idleFollowUp
 	var watchUntil time.Time
 	var saturatedSince time.Time // when claims started coming back short for saturation alone
-	var skip []string
+	var saturated []string
+	var skip claim.Skip
 	// Where a busy claim may start (see claim.Cursor): after the last row of the previous
 	// full batch, while the last claim from the head is recent and no endpoint that was
 	// skipped as saturated has room again (its rows may lie behind the cursor).
 	var cursor claim.Cursor
 	var headAt time.Time
-	var skipped []string // the previous claim's skip list
+	var skipped []string // the previous claim's skip lists, together
+	var skipping []string
 	var hold skipHoldback
 	backoff := time.Duration(0)
+	var lockedWait time.Duration                         // see minDueWait
 	claimCtx, cancelClaims := withGrace(ctx, claimGrace) // see claimGrace
 	defer cancelClaims()
 	for ctx.Err() == nil {
@@ -417,15 +447,18 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			continue
 		}
 		limit := min(free, d.cfg.BatchSize)
-		skip = d.sender.Saturated(skip[:0])
+		saturated = d.sender.Saturated(saturated[:0])
 		now := time.Now()
-		if until, held := hold.hold(now, skip); held {
+		if until, held := hold.hold(now, saturated); held {
 			d.holdBack(ctx, until)
 			continue
 		}
 		d.waker.Clear() // this claim answers every wake-up received so far
+		skip = d.gated.skip(now, saturated, skip)
+		skipping = append(append(skipping[:0], skip.Endpoints...), skip.Retries...)
 		after := cursor
-		if now.Sub(headAt) >= claim.CursorMaxAge || !subset(skipped, skip) {
+		if now.Sub(headAt) >= claim.CursorMaxAge || !subset(skipped, skipping) {
+			// Rows of an endpoint skipped before and not now may lie behind the cursor.
 			after = claim.Cursor{}
 		}
 		if after.IsHead() {
@@ -434,9 +467,9 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		res, err := d.claimer.Claim(claimCtx, limit, skip, arming, after)
 		rows := res.Rows
 		if err == nil {
-			skipped = append(skipped[:0], skip...)
+			skipped = append(skipped[:0], skipping...)
 			end := time.Now()
-			hold.observe(end, skip, len(rows), end.Sub(now))
+			hold.observe(end, saturated, len(rows), end.Sub(now))
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -483,7 +516,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		// which clears arming), so the claim after it, from the head, comes after at most
 		// armHoldoff.
 		d.waker.DropSeen(res.Snapshot.Sees)
-		if len(skip) > 0 && !wasArmed {
+		if len(saturated) > 0 && !wasArmed {
 			// Short only because saturated endpoints were skipped: busy, not idle. Arming now
 			// would make producers NOTIFY through every busy spell. Claim again when a request
 			// finishes; arm only if the saturation outlasts armAfterSaturated (an endpoint
@@ -511,7 +544,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			// This claim armed us: tell producers to NOTIFY, then claim once more: an insert
 			// that committed after this claim's snapshot but read the switch before we set
 			// it sent no NOTIFY.
-			if announced = d.announce(ctx); announced.IsZero() {
+			if announced, _ = d.announce(ctx); announced.IsZero() {
 				armed = false
 				d.sleep(ctx, 100*time.Millisecond)
 			}
@@ -523,9 +556,19 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		// expiring after a failed settle or a crashed peer) send no NOTIFY when they do: set
 		// the timer for the earliest, which the claim reported.
 		if res.HasNext {
-			// Not sooner than minDueWait: a row that is claimable yet was not claimed is
-			// locked by another session, and looking again at once would spin.
-			d.waker.DueIn(max(res.Next, minDueWait))
+			// A row that is claimable yet was not claimed (Next 0) is locked by another
+			// session (an operator's transaction, a peer's claim in progress): look again
+			// after minDueWait, doubling while it stays locked, up to maxLockedWait, instead
+			// of re-claiming every minDueWait for as long as the lock is held.
+			wait := res.Next
+			if wait <= 0 {
+				lockedWait = min(max(2*lockedWait, minDueWait), maxLockedWait)
+				wait = lockedWait
+			} else {
+				lockedWait = 0
+				wait = max(wait, minDueWait)
+			}
+			d.waker.DueIn(wait)
 		}
 		if followUp {
 			// The confirming claim cannot see a producer transaction that read the switch
@@ -552,7 +595,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			watchDelay = min(2*watchDelay, maxWatchDelay)
 			d.waker.WatchIn(watchDelay)
 		}
-		if !d.waitArmed(ctx, &announced, len(skip) > 0) {
+		if !d.waitArmed(ctx, &announced, len(saturated) > 0) {
 			armed = false // the switch could not be kept up: re-arm with a confirming claim
 		}
 	}
@@ -591,8 +634,12 @@ const (
 	notifyMargin = time.Second
 )
 
-// minDueWait is the shortest due timer the claiming loop sets from a claim's Next (see there).
-const minDueWait = 20 * time.Millisecond
+// minDueWait is the shortest due timer the claiming loop sets from a claim's Next, and
+// maxLockedWait the longest while a due row stays locked by another session (see there).
+const (
+	minDueWait    = 20 * time.Millisecond
+	maxLockedWait = time.Second
+)
 
 // armAfterSaturated is how long claims may come back short only because every endpoint with
 // due rows is saturated before the dispatcher arms anyway (see claimLoop). Such claims start
@@ -717,16 +764,18 @@ func (d *Dispatcher) waitFreed(ctx context.Context, wait time.Duration) {
 	}
 }
 
-// announce sets the producers' NOTIFY switch and returns when it was sent (zero on failure).
-func (d *Dispatcher) announce(ctx context.Context) time.Time {
+// announce sets the producers' NOTIFY switch and returns when it was sent (zero on failure),
+// and whether the switch had lapsed before (see claim.Claimer.Announce).
+func (d *Dispatcher) announce(ctx context.Context) (time.Time, bool) {
 	at := time.Now()
-	if err := d.claimer.Announce(ctx, notifyTTL); err != nil {
+	lapsed, err := d.claimer.Announce(ctx, notifyTTL)
+	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Warn("announce failed", zap.Error(err))
 		}
-		return time.Time{}
+		return time.Time{}, false
 	}
-	return at
+	return at, lapsed
 }
 
 // waitArmed sleeps until a wake-up (NOTIFY, due timer, poll) or, when an endpoint was skipped
@@ -738,8 +787,16 @@ func (d *Dispatcher) waitArmed(ctx context.Context, announced *time.Time, skippe
 	for {
 		select {
 		case <-renew.C:
-			if *announced = d.announce(ctx); announced.IsZero() {
+			var lapsed bool
+			if *announced, lapsed = d.announce(ctx); announced.IsZero() {
 				return false
+			}
+			if lapsed {
+				// The renewal came after the switch ran out (the machine or the database
+				// stalled): producers that committed meanwhile sent no NOTIFY. Claim now to
+				// find their rows instead of leaving them to the backstop poll.
+				d.metrics.wakeups.WithLabelValues("lapse").Inc()
+				return true
 			}
 			renew.Reset(notifyTTL / 2)
 		case <-d.waker.C():
@@ -838,10 +895,27 @@ func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
 	}
 }
 
-// validate returns why a row can never be delivered, or "".
+// MaxEventTypeBytes is the longest event_type fluxhook sends. The event type travels in a
+// request header (x-fluxora-event), and consumers' servers commonly refuse long header lines;
+// the longest names in use are a few dozen bytes.
+const MaxEventTypeBytes = 256
+
+// validate returns why a row can never be delivered, or "". Such a row is dead-lettered before
+// any request and never reaches the gate: it says nothing about its endpoint, so it must not
+// count against the endpoint's breaker or rate (five rows with a newline in event_type used
+// to open the breaker of a healthy endpoint).
 func (d *Dispatcher) validate(del *delivery.Delivery) string {
-	if del.EventType == "" {
-		return "invalid row: event_type is empty"
+	if del.Invalid != "" {
+		return del.Invalid
+	}
+	if strings.TrimSpace(del.EventType) == "" {
+		return "invalid row: event_type is empty or only whitespace"
+	}
+	if len(del.EventType) > MaxEventTypeBytes {
+		return fmt.Sprintf("invalid row: event_type is %d bytes, over the limit of %d", len(del.EventType), MaxEventTypeBytes)
+	}
+	if i := invalidHeaderByte(del.EventType); i >= 0 {
+		return fmt.Sprintf("invalid row: event_type has a control character (byte 0x%02x at offset %d), which an HTTP header cannot carry", del.EventType[i], i)
 	}
 	if len(del.Payload) > d.cfg.MaxPayloadBytes {
 		return fmt.Sprintf("invalid row: payload is %d bytes, over the limit of %d (WEBHOOK_MAX_PAYLOAD_BYTES)", len(del.Payload), d.cfg.MaxPayloadBytes)
@@ -852,6 +926,18 @@ func (d *Dispatcher) validate(del *delivery.Delivery) string {
 	}
 	del.Endpoint = ep
 	return ""
+}
+
+// invalidHeaderByte returns the offset of the first byte an HTTP header value may not hold
+// (a control character other than tab: RFC 9110's field-value, the rule net/http enforces
+// before sending), or -1.
+func invalidHeaderByte(v string) int {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return i
+		}
+	}
+	return -1
 }
 
 // settle commits one batch of outcomes, tells the gate, logs, and frees the rows' slots.
@@ -877,8 +963,8 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 	// due timer now instead of waiting for the next empty claim or the poll to notice them.
 	var soonest time.Duration = -1
 	for _, del := range settled {
-		if del.Outcome.Unsettled {
-			continue // not re-enqueued: its lease brings it back
+		if del.Outcome.Unsettled || del.Outcome.Stale {
+			continue // not re-enqueued: its lease brings it back, or its holder settles it
 		}
 		switch del.Outcome.Kind {
 		case delivery.Retry, delivery.Defer, delivery.Release:
@@ -890,16 +976,77 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 	if soonest >= 0 {
 		d.waker.DueIn(soonest)
 	}
+	now := time.Now()
+	for _, del := range settled {
+		if del.Outcome.Stale {
+			d.stale(del)
+		}
+	}
+	d.gated.note(now, settled)
 	if len(settled) > 0 {
 		d.cfg.Gate.Record(ctx, settled)
+		d.resumeAfterProbe(ctx, settled)
 		d.metrics.settleRows.Observe(float64(len(settled)))
-		now := time.Now()
 		for _, del := range settled {
 			d.metrics.observe(del, now)
 			d.logOutcome(del)
 		}
 	}
 	d.slots.Release(len(batch))
+}
+
+// breakerDeferrals are the deferral reasons that a successful probe makes obsolete.
+var breakerDeferrals = []string{gate.DeferOpen.String(), gate.DeferProbe.String()}
+
+// resumeAfterProbe brings forward the rows deferred behind the breaker of every endpoint whose
+// half-open probe (a row holding a GateToken) was delivered in settled: the probe closed the
+// circuit, and rows deferred to the reset time or to the probe's expiry can go now. Any
+// instance's deferred rows are resumed, since they are rows in the table.
+func (d *Dispatcher) resumeAfterProbe(ctx context.Context, settled []*delivery.Delivery) {
+	for _, del := range settled {
+		o := del.Outcome
+		if del.GateToken == "" || o.Kind != delivery.Delivered || o.Stale || o.Unsettled || del.Endpoint == nil {
+			continue
+		}
+		d.gated.forget(del.Endpoint.Key)
+		n, err := d.settler.Resume(ctx, del.Endpoint.Key, breakerDeferrals)
+		if err != nil {
+			if ctx.Err() == nil {
+				d.log.Warn("resuming rows deferred behind the breaker failed; they come due at their deferral time",
+					zap.String("endpoint", del.Endpoint.Hash), zap.Error(err))
+			}
+			continue
+		}
+		if n > 0 {
+			d.log.Info("probe succeeded: resumed rows deferred behind the breaker",
+				zap.String("endpoint", del.Endpoint.Hash), zap.Int64("rows", n))
+			d.waker.Wake(wake.Timer)
+		}
+	}
+}
+
+// stale reports an outcome settle refused because the row's lease was no longer this
+// attempt's (see settle.sql's fence), and turns it into "not attempted" for what follows: the
+// current holder's outcome is the one written, so this one must not move the breaker or the
+// delivery counters as if it had been. A probe this attempt held is still given back.
+func (d *Dispatcher) stale(del *delivery.Delivery) {
+	o := del.Outcome
+	d.stats.Stale.Add(1)
+	d.metrics.staleSettles.Inc()
+	endpoint := ""
+	if del.Endpoint != nil {
+		endpoint = del.Endpoint.Hash
+	}
+	d.log.Warn("stale settle refused: the lease ran out and another claim holds the row",
+		zap.String("delivery_id", del.DeliveryID),
+		zap.String("event_type", del.EventType),
+		zap.Int("attempt", del.Attempt),
+		zap.Int("status", o.Status),
+		zap.Int64("duration_ms", o.Duration.Milliseconds()),
+		zap.String("endpoint", endpoint),
+		zap.String("outcome", o.Kind.String()),
+		zap.Int64("row_id", del.ID))
+	del.Outcome = delivery.Outcome{Kind: delivery.Release, Stale: true}
 }
 
 func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
@@ -917,6 +1064,9 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 			zap.Int64("duration_ms", o.Duration.Milliseconds()),
 			zap.String("endpoint", endpoint),
 		}
+	}
+	if o.Stale {
+		return // reported by stale
 	}
 	if o.Unsettled {
 		// Settle could neither settle nor dead-letter the row (see settle.Result.Unsettled):

@@ -38,6 +38,7 @@ type metrics struct {
 	settleRows      prometheus.Histogram
 	settleErrors    prometheus.Counter
 	claimErrors     prometheus.Counter
+	staleSettles    prometheus.Counter
 }
 
 const ns = "fluxora_webhook"
@@ -73,7 +74,7 @@ func newMetrics(d *Dispatcher) *metrics {
 	m.reconnects = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "listener_reconnects_total",
 		Help: "Times the NOTIFY listener connected after its first connection."})
 	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "wakeups_total",
-		Help: "Wake-ups of the claiming loop by source: notify, poll, timer, backlog, watch (looks after arming)."}, []string{"source"})
+		Help: "Wake-ups of the claiming loop by source: notify, poll, timer, backlog, watch (looks after arming), lapse (a renewal found the NOTIFY switch had run out)."}, []string{"source"})
 	m.claimRows = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "claim_batch_rows",
 		Help: "Rows returned per claim statement.", Buckets: []float64{0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000}})
 	m.settleRows = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "settle_batch_rows",
@@ -82,13 +83,15 @@ func newMetrics(d *Dispatcher) *metrics {
 		Help: "Settle batches that could not be written, and rows the database refused to settle or dead-letter (both are redelivered after the lease)."})
 	m.claimErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "claim_errors_total",
 		Help: "Claim statements that failed."})
+	m.staleSettles = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "stale_settles_total",
+		Help: "Outcomes refused at settle because the row's lease had run out and another claim held it (the current holder's outcome is written instead)."})
 	inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "in_flight",
 		Help: "Rows claimed by this instance and not yet settled."}, func() float64 { return float64(d.slots.InUse()) })
 	capacity := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "capacity",
 		Help: "The most rows this instance holds in flight (WEBHOOK_MAX_IN_FLIGHT)."}, func() float64 { return float64(d.slots.Size()) })
 	m.reg.MustRegister(m.deliveries, m.attemptSeconds, m.endToEndSeconds, m.retries, m.deadLetters, m.deferrals,
 		m.released, m.failOpen, m.storeRoundTrips, m.transitions, m.reconnects, m.wakeups, m.claimRows, m.settleRows, m.settleErrors,
-		m.claimErrors, inFlight, capacity, &backlogCollector{d: d},
+		m.claimErrors, m.staleSettles, inFlight, capacity, &backlogCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.preinitialise()
 	return m
@@ -152,8 +155,8 @@ func (m *metrics) countRoundTrips(store *redisstore.Store) {
 // observe records one settled row.
 func (m *metrics) observe(del *delivery.Delivery, now time.Time) {
 	o := del.Outcome
-	if o.Unsettled {
-		return // counted as a settle error by logOutcome; no outcome was written
+	if o.Unsettled || o.Stale {
+		return // counted as a settle error or a stale settle; no outcome was written
 	}
 	var outcome string
 	switch o.Kind {

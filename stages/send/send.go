@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -273,6 +274,12 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 		elapsed := time.Since(start)
 		if ctx.Err() != nil {
 			return delivery.Outcome{Kind: delivery.Release, Error: shutdownError, Duration: elapsed}
+		}
+		if strings.HasPrefix(err.Error(), "net/http: invalid header field") {
+			// net/http refused to send the request at all (a header value with a control
+			// character): the row can never be sent, and its endpoint did nothing wrong.
+			// No Error, so the breaker does not count it as the endpoint's failure.
+			return delivery.Outcome{Kind: delivery.Permanent, Reason: "invalid row: the request cannot be sent: " + err.Error(), Duration: elapsed}
 		}
 		if refused, ok := errRefused(err); ok {
 			// A policy refusal, made before any connection: Permanent, because nothing but

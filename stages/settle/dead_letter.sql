@@ -1,12 +1,13 @@
 -- Last resort for one row whose normal settlement failed (for example a constraint or trigger
 -- the operator added rejects its retry row): dead-letter it with the reason, so that it
 -- neither blocks the batch nor comes back forever.
---   $1 row id, $2 reason, $3 HTTP status (0 = none), $4 error ('' = none).
+--   $1 row id, $2 reason, $3 HTTP status (0 = none), $4 error ('' = none), $5 this
+--   dispatcher's instance id, $6 the row's lease token: fenced like every settle (settle.sql).
 WITH settled AS (
     UPDATE webhook_outbox
     SET processed = true, processed_at = now(), lease_until = NULL,
         status_code = nullif($3::int, 0), error = nullif($4::text, '')
-    WHERE id = $1 AND NOT processed
+    WHERE id = $1 AND processed IS NOT TRUE AND leased_by = $5 AND lease_token = $6
     RETURNING id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, enqueued_at
 )
 INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload,

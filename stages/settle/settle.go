@@ -1,7 +1,11 @@
 // Package settle writes the outcomes of attempts back to the outbox: one statement per batch
 // marks rows processed with their outcome, inserts the next attempt of retryable failures
-// (with backoff and jitter), inserts dead letters, re-enqueues deferred rows and shortens the
-// lease of rows that were not attempted.
+// (with backoff and jitter), inserts dead letters, moves deferred rows' due time in place and
+// shortens the lease of rows that were not attempted.
+//
+// Every write is fenced by the claim that leased the row (its instance and lease token): an
+// outcome that arrives after the lease ran out and another claim took the row is refused and
+// marked Stale, so only the current holder's outcome is ever written.
 //
 // A batch is all-or-nothing in the database, but a bad row must never hold the others back:
 // when the batch statement fails, each row is settled on its own, and a row that still fails
@@ -19,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,6 +38,8 @@ var (
 	settleSQL string
 	//go:embed dead_letter.sql
 	deadLetterSQL string
+	//go:embed resume.sql
+	resumeSQL string
 )
 
 // DefaultSchedule is the wait before each retry: about two days in all, like the peers that
@@ -53,7 +60,8 @@ type Config struct {
 	// Jitter is the fraction by which each wait is randomly lengthened or shortened.
 	// Zero means DefaultJitter; negative means none (tests).
 	Jitter float64
-	// InstanceID guards releases: a row is only released by the dispatcher that leased it.
+	// InstanceID fences every settle, with each row's lease token: a row is only written by
+	// the claim that leased it.
 	InstanceID string
 }
 
@@ -86,7 +94,13 @@ func New(pool *pgxpool.Pool, cfg Config) *Settler {
 
 // Result counts what one Settle call wrote.
 type Result struct {
-	Settled, Requeued, DeadLettered, Released int
+	// Settled counts rows marked processed (delivered, retried, dead-lettered); Requeued the
+	// retry rows inserted; Deferred the rows whose due time moved; Released the leases
+	// shortened.
+	Settled, Requeued, DeadLettered, Deferred, Released int
+	// Stale is the number of outcomes refused because the row's lease was no longer theirs
+	// (their Outcome.Stale is set).
+	Stale int
 	// Fallback is the number of rows settled one by one after the batch statement failed.
 	Fallback int
 	// Unsettled is the number of rows of the fallback that the database refused both to
@@ -104,8 +118,10 @@ func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Resul
 		return Result{}, nil
 	}
 	var r Result
-	err := s.pool.QueryRow(ctx, settleSQL, s.args(batch)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Released)
+	var written []int64
+	err := s.pool.QueryRow(ctx, settleSQL, s.args(batch)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written)
 	if err == nil {
+		r.Stale = markStale(batch, written)
 		return r, nil
 	}
 	if !isStatementError(err) || len(batch) == 1 && ctx.Err() != nil {
@@ -123,13 +139,46 @@ func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Resul
 // stages/claim measures what sharing the round trip would save).
 func (s *Settler) Queue(b *pgx.Batch, batch []*delivery.Delivery, r *Result) {
 	b.Queue(settleSQL, s.args(batch)...).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Released)
+		var written []int64
+		if err := row.Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
+			return err
+		}
+		r.Stale = markStale(batch, written)
+		return nil
 	})
+}
+
+// markStale marks the outcome of every row of batch that the statement did not write (its
+// id is not in written) as stale, and returns how many there were.
+func markStale(batch []*delivery.Delivery, written []int64) int {
+	if len(written) == len(batch) {
+		return 0 // every row written: the common case costs no lookup
+	}
+	wrote := make(map[int64]bool, len(written))
+	for _, id := range written {
+		wrote[id] = true
+	}
+	n := 0
+	for _, d := range batch {
+		if !wrote[d.ID] {
+			d.Outcome.Stale = true
+			n++
+		}
+	}
+	return n
 }
 
 // args decides each row's outcome and returns the batch statement's arguments: one array per
 // column, a row per element.
 func (s *Settler) args(batch []*delivery.Delivery) []any {
+	for _, d := range batch {
+		s.decide(d)
+	}
+	return s.columns(batch)
+}
+
+// columns returns the batch statement's arguments for outcomes already decided.
+func (s *Settler) columns(batch []*delivery.Delivery) []any {
 	n := len(batch)
 	ids := make([]int64, n)
 	kinds := make([]int16, n)
@@ -138,8 +187,8 @@ func (s *Settler) args(batch []*delivery.Delivery) []any {
 	durations := make([]int32, n)
 	delays := make([]int64, n)
 	reasons := make([]string, n)
+	tokens := make([]int64, n)
 	for i, d := range batch {
-		s.decide(d)
 		o := d.Outcome
 		ids[i] = d.ID
 		kinds[i] = int16(o.Kind)
@@ -148,8 +197,9 @@ func (s *Settler) args(batch []*delivery.Delivery) []any {
 		durations[i] = int32(o.Duration.Milliseconds())
 		delays[i] = o.Delay.Milliseconds()
 		reasons[i] = o.Reason
+		tokens[i] = d.LeaseToken
 	}
-	return []any{ids, kinds, statuses, errs, durations, delays, reasons, s.instance}
+	return []any{ids, kinds, statuses, errs, durations, delays, reasons, s.instance, tokens}
 }
 
 // decide turns a Retry outcome into the next attempt's delay or, after the last scheduled
@@ -173,6 +223,18 @@ func (s *Settler) decide(d *delivery.Delivery) {
 		o.Kind = delivery.Release
 		o.Delay = time.Second
 	}
+}
+
+// Resume makes the rows of the endpoint with key (delivery.Endpoint.Key) that were deferred
+// for one of reasons due now, and returns how many there were. The dispatcher calls it when a
+// half-open probe succeeded: rows held behind the breaker then need not wait out the delay
+// the gate gave them.
+func (s *Settler) Resume(ctx context.Context, key string, reasons []string) (int64, error) {
+	tag, err := s.pool.Exec(ctx, resumeSQL, key, reasons)
+	if err != nil {
+		return 0, fmt.Errorf("resuming deferred rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // Backoff is the wait before the attempt after attempt (1-based), jittered, lengthened to
@@ -202,10 +264,20 @@ func describe(o delivery.Outcome) string {
 }
 
 // isStatementError reports whether err came from the database rejecting the statement (as
-// opposed to the connection failing), the case where settling rows one by one can help.
+// opposed to the connection failing), the case where settling rows one by one can help. A
+// server that reports its own connection ending (class 08, or 57: shut down, terminated by an
+// administrator) rejected nothing about the rows: that is a connection failure, returned as
+// an error, and the rows come back through their leases.
 func isStatementError(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr)
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch code := pgErr.Code; {
+	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "57"):
+		return false
+	}
+	return true
 }
 
 // isRowError reports whether err is about the data of the row itself: a data exception
@@ -235,12 +307,13 @@ func isRowError(err error) bool {
 func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, batchErr error) (Result, error) {
 	var total Result
 	for _, d := range batch {
-		o := d.Outcome
 		var r Result
-		err := s.pool.QueryRow(ctx, settleSQL, []int64{d.ID}, []int16{int16(o.Kind)}, []int32{int32(o.Status)},
-			[]string{o.Error}, []int32{int32(o.Duration.Milliseconds())}, []int64{o.Delay.Milliseconds()},
-			[]string{o.Reason}, s.instance).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Released)
-		if err != nil {
+		var written []int64
+		one := []*delivery.Delivery{d}
+		err := s.pool.QueryRow(ctx, settleSQL, s.columns(one)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written)
+		if err == nil {
+			r.Stale = markStale(one, written)
+		} else {
 			if !isRowError(err) {
 				return total, fmt.Errorf("settle: %w (after the batch failed: %v)", err, batchErr)
 			}
@@ -251,7 +324,9 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 		total.Settled += r.Settled
 		total.Requeued += r.Requeued
 		total.DeadLettered += r.DeadLettered
+		total.Deferred += r.Deferred
 		total.Released += r.Released
+		total.Stale += r.Stale
 		total.Unsettled += r.Unsettled
 		total.Fallback++
 	}
@@ -271,7 +346,8 @@ func (s *Settler) deadLetter(ctx context.Context, d *delivery.Delivery, rowErr e
 	if o.Kind == delivery.Delivered {
 		reason = fmt.Sprintf("settle failed: delivered (HTTP %d) but could not be marked processed: %v", o.Status, rowErr)
 	}
-	if _, err := s.pool.Exec(ctx, deadLetterSQL, d.ID, reason, o.Status, o.Error); err != nil {
+	tag, err := s.pool.Exec(ctx, deadLetterSQL, d.ID, reason, o.Status, o.Error, s.instance, d.LeaseToken)
+	if err != nil {
 		if isRowError(err) {
 			// The outcome keeps its Kind (what the attempt told about the endpoint, which the
 			// breaker still learns) and says it was not written.
@@ -280,6 +356,11 @@ func (s *Settler) deadLetter(ctx context.Context, d *delivery.Delivery, rowErr e
 			return Result{Unsettled: 1}, nil
 		}
 		return Result{}, fmt.Errorf("settle: dead-lettering row %d: %w", d.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		// The lease is no longer this attempt's: the current holder settles the row.
+		d.Outcome.Stale = true
+		return Result{Stale: 1}, nil
 	}
 	d.Outcome.Kind = delivery.Permanent
 	d.Outcome.Reason = reason

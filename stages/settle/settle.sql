@@ -1,21 +1,32 @@
 -- Settle one batch of outcomes in one statement (one implicit transaction, one round trip).
 --   $1 row ids, $2 kinds (1 delivered, 2 retry, 3 dead letter, 4 defer, 5 release), $3 HTTP
 --   status (0 = none), $4 error ('' = none), $5 attempt duration ms, $6 delay ms before the
---   next row is due (retry, defer) or the lease ends (release), $7 dead-letter reason,
---   $8 this dispatcher's instance id.
--- Retries and deferrals are new rows with the same delivery_id, payload and enqueued_at, due
--- by the database's clock. "processed IS NOT TRUE" makes settling idempotent: if a row was
--- settled by another instance after our lease expired, we neither settle nor re-enqueue it
--- twice. It is spelled so on purpose: "NOT processed" would let the planner reach the rows
--- through the partial due index, and the dispatcher's generic plan did, whenever the
--- statistics showed few due rows: every settle then walked the whole index, dead entries of
--- just-settled rows included, instead of looking up its ids (measured under the bench's steady
--- workload: 0.78 ms per settle of 1.5 rows). The primary key is the only index this form can
--- use, so a settle costs the same whatever the backlog and the statistics.
+--   next row is due (retry, defer) or the lease ends (release), $7 dead-letter or deferral
+--   reason, $8 this dispatcher's instance id, $9 each row's lease token (its claim's).
+--
+-- Every kind is fenced by the lease (schema 4): a row is written only while leased_by and
+-- lease_token are still those of the claim that leased it. When the lease ran out during a
+-- slow attempt and another claim took the row, this outcome is refused, whatever its kind,
+-- and the current holder's stands: a late 410 cannot dead-letter an event another instance
+-- delivered, and a late retry cannot add a second retry row. The statement returns the ids it
+-- wrote; the caller marks the others stale.
+--
+-- A retry is a new row with the same delivery_id, payload and enqueued_at, due by the
+-- database's clock. A deferral (the gate held the row back) is not: the row's due time moves
+-- in place, its lease ends and the reason is kept on it, so a deferral costs one row write and
+-- adds nothing to the delivery log.
+--
+-- "processed IS NOT TRUE" is spelled so on purpose: "NOT processed" would let the planner
+-- reach the rows through the partial due index, and the dispatcher's generic plan did,
+-- whenever the statistics showed few due rows: every settle then walked the whole index, dead
+-- entries of just-settled rows included, instead of looking up its ids (measured under the
+-- bench's steady workload: 0.78 ms per settle of 1.5 rows). The primary key is the only index
+-- this form can use, so a settle costs the same whatever the backlog and the statistics.
 WITH input AS (
     SELECT *
-    FROM unnest($1::bigint[], $2::smallint[], $3::int[], $4::text[], $5::int[], $6::bigint[], $7::text[])
-        AS t(id, kind, status, error, duration_ms, delay_ms, reason)
+    FROM unnest($1::bigint[], $2::smallint[], $3::int[], $4::text[], $5::int[], $6::bigint[], $7::text[],
+                $9::bigint[])
+        AS t(id, kind, status, error, duration_ms, delay_ms, reason, token)
 ), settled AS (
     UPDATE webhook_outbox o
     SET processed = true,
@@ -23,18 +34,20 @@ WITH input AS (
         lease_until = NULL,
         status_code = nullif(i.status, 0),
         error = nullif(i.error, ''),
-        duration_ms = i.duration_ms
+        duration_ms = i.duration_ms,
+        deferred_reason = NULL
     FROM input i
-    WHERE o.id = i.id AND i.kind IN (1, 2, 3, 4) AND o.processed IS NOT TRUE
+    WHERE o.id = i.id AND i.kind IN (1, 2, 3) AND o.processed IS NOT TRUE
+      AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
               o.endpoint_url, i.kind, i.status, i.error, i.delay_ms, i.reason
 ), requeued AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt,
                                 enqueued_at, endpoint_url)
     SELECT stream_id, event_type, payload, now() + delay_ms * interval '1 millisecond', delivery_id,
-           CASE WHEN kind = 2 THEN attempt + 1 ELSE attempt END, enqueued_at, endpoint_url
+           attempt + 1, enqueued_at, endpoint_url
     FROM settled
-    WHERE kind IN (2, 4)
+    WHERE kind = 2
     RETURNING id
 ), dead AS (
     INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload,
@@ -45,12 +58,25 @@ WITH input AS (
     FROM settled
     WHERE kind = 3
     RETURNING id
+), deferred AS (
+    UPDATE webhook_outbox o
+    SET created_at = now() + i.delay_ms * interval '1 millisecond',
+        lease_until = NULL,
+        leased_by = NULL,
+        lease_token = NULL,
+        deferred_reason = nullif(i.reason, '')
+    FROM input i
+    WHERE o.id = i.id AND i.kind = 4 AND o.processed IS NOT TRUE
+      AND o.leased_by = $8 AND o.lease_token = i.token
+    RETURNING o.id
 ), released AS (
     UPDATE webhook_outbox o
     SET lease_until = now() + i.delay_ms * interval '1 millisecond'
     FROM input i
-    WHERE o.id = i.id AND i.kind = 5 AND o.processed IS NOT TRUE AND o.leased_by = $8
+    WHERE o.id = i.id AND i.kind = 5 AND o.processed IS NOT TRUE
+      AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id
 )
 SELECT (SELECT count(*) FROM settled), (SELECT count(*) FROM requeued),
-       (SELECT count(*) FROM dead), (SELECT count(*) FROM released)
+       (SELECT count(*) FROM dead), (SELECT count(*) FROM deferred), (SELECT count(*) FROM released),
+       ARRAY(SELECT id FROM settled UNION ALL SELECT id FROM deferred UNION ALL SELECT id FROM released)

@@ -7,25 +7,31 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/delivery"
 	"github.com/fluxora/fluxhook/stages/settle"
 )
 
-// leased inserts n rows leased by "me" and returns them as claimed deliveries.
+// myToken is the lease token of the claim that leased leased's rows.
+const myToken = 7
+
+// leased inserts n rows leased by "me" (with lease token myToken) and returns them as claimed
+// deliveries.
 func leased(t *testing.T, db *sqltest.DB, eventType string, n int) []*delivery.Delivery {
 	t.Helper()
 	rows, err := db.Pool.Query(context.Background(), `
-		INSERT INTO webhook_outbox (event_type, payload, lease_until, leased_by)
-		SELECT $1, '{}', now() + interval '1 minute', 'me' FROM generate_series(1, $2)
-		RETURNING id, delivery_id::text, attempt`, eventType, n)
+		INSERT INTO webhook_outbox (event_type, payload, lease_until, leased_by, lease_token)
+		SELECT $1, '{}', now() + interval '1 minute', 'me', $3 FROM generate_series(1, $2)
+		RETURNING id, delivery_id::text, attempt`, eventType, n, myToken)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
 	var out []*delivery.Delivery
 	for rows.Next() {
-		d := &delivery.Delivery{EventType: eventType}
+		d := &delivery.Delivery{EventType: eventType, LeaseToken: myToken}
 		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.Attempt); err != nil {
 			t.Fatal(err)
 		}
@@ -54,38 +60,47 @@ func TestSettleWritesEveryKindInOneBatch(t *testing.T) {
 	const deferral = 2345 * time.Millisecond // not a whole second, so a truncated delay shows
 	rows[3].Outcome = delivery.Outcome{Kind: delivery.Defer, Delay: deferral, Reason: "circuit open"}
 	rows[4].Outcome = delivery.Outcome{Kind: delivery.Release, Delay: 0}
+	var before, after time.Time // the database's clock around the settle
+	if err := db.Pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
 	res, err := s.Settle(context.Background(), rows)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := settle.Result{Settled: 4, Requeued: 2, DeadLettered: 1, Released: 1}
+	if err := db.Pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	want := settle.Result{Settled: 3, Requeued: 1, DeadLettered: 1, Deferred: 1, Released: 1}
 	if res != want {
 		t.Fatalf("result %+v, want %+v", res, want)
 	}
-	// The retry is attempt 2 due in a minute; the deferral keeps attempt 1.
+	// The retry is attempt 2 due in a minute.
 	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 2 AND NOT processed
 		AND created_at BETWEEN now() + interval '59 seconds' AND now() + interval '61 seconds'`, rows[1].DeliveryID); n != 1 {
 		t.Fatal("retry row not due per the schedule")
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 1 AND NOT processed`, rows[3].DeliveryID); n != 1 {
-		t.Fatal("deferred row not re-enqueued with the same attempt")
+	// The deferral creates no row: the same row, attempt 1, unleased, moved to the deferral
+	// time by the database's clock, with the reason on it.
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, rows[3].DeliveryID); n != 1 {
+		t.Fatalf("a deferral left %d rows for its event, want its one row", n)
 	}
-	// The deferred row is due at the deferral time by the database's clock: the settled row's
-	// processed_at and the new row's created_at come from the same statement's now().
-	var due time.Duration
-	var sameEvent bool
+	var due time.Time
+	var reason string
 	if err := db.Pool.QueryRow(context.Background(), `
-		SELECT n.created_at - o.processed_at,
-		       n.payload = o.payload AND n.enqueued_at = o.enqueued_at AND n.event_type = o.event_type
-		FROM webhook_outbox o JOIN webhook_outbox n ON n.delivery_id = o.delivery_id AND n.id <> o.id
-		WHERE o.id = $1 AND o.processed AND NOT n.processed`, rows[3].ID).Scan(&due, &sameEvent); err != nil {
-		t.Fatalf("deferred row and its settled original: %v", err)
+		SELECT created_at, deferred_reason FROM webhook_outbox
+		WHERE id = $1 AND NOT processed AND attempt = 1 AND lease_until IS NULL AND leased_by IS NULL`,
+		rows[3].ID).Scan(&due, &reason); err != nil {
+		t.Fatalf("deferred row not pending, unleased, with its attempt: %v", err)
 	}
-	if off := due - deferral; off < -time.Millisecond || off > time.Millisecond {
-		t.Fatalf("deferred row due %s after settling, want the deferral's %s", due, deferral)
+	// Due exactly the deferral after the settle statement's now(), which lies between
+	// before and after: a delay truncated to whole seconds would miss the window.
+	if due.Before(before.Add(deferral)) || due.After(after.Add(deferral)) {
+		t.Fatalf("deferred row due at %s, want the deferral (%s) after the settle, between %s and %s",
+			due, deferral, before.Add(deferral), after.Add(deferral))
 	}
-	if !sameEvent {
-		t.Fatal("deferred row does not carry the original's payload, event type and enqueued_at")
+	if reason != "circuit open" {
+		t.Fatalf("deferred row's reason %q, want the gate's", reason)
 	}
 	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1 AND last_status = 410`, rows[2].DeliveryID); n != 1 {
 		t.Fatal("permanent failure not dead-lettered")
@@ -95,8 +110,8 @@ func TestSettleWritesEveryKindInOneBatch(t *testing.T) {
 	}
 	// Settling the same outcomes again (a late duplicate after a lease expiry) changes nothing.
 	again, err := s.Settle(context.Background(), rows[:4])
-	if err != nil || again.Settled != 0 || again.Requeued != 0 {
-		t.Fatalf("second settle = %+v, %v; want no effect", again, err)
+	if err != nil || again.Settled != 0 || again.Requeued != 0 || again.Deferred != 0 || again.Stale != 4 {
+		t.Fatalf("second settle = %+v, %v; want no effect and every outcome stale", again, err)
 	}
 }
 
@@ -297,5 +312,150 @@ func TestBadDeliveredRowDoesNotBlockTheBatch(t *testing.T) {
 				t.Fatal("dead-lettered row still pending")
 			}
 		})
+	}
+}
+
+// TestStaleSettleIsRefused: an instance whose lease ran out while its attempt was slow, and
+// whose row another claim took (another instance, or this one again with a new token), gets
+// every kind of outcome refused: nothing is written, the current holder's lease stands, and
+// the outcome is marked stale.
+func TestStaleSettleIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, holder := range []struct {
+		name  string
+		by    string
+		token int64
+	}{
+		{"another instance", "peer", myToken},
+		{"a later claim of this instance", "me", myToken + 1},
+	} {
+		t.Run(holder.name, func(t *testing.T) {
+			t.Parallel()
+			db := sqltest.NewMigrated(t)
+			ctx := context.Background()
+			s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+			rows := leased(t, db, "e", 6)
+			rows[0].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+			rows[1].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503}
+			rows[2].Outcome = delivery.Outcome{Kind: delivery.Permanent, Status: 410}
+			rows[3].Outcome = delivery.Outcome{Kind: delivery.Defer, Delay: time.Minute, Reason: "retry rate limit"}
+			rows[4].Outcome = delivery.Outcome{Kind: delivery.Release}
+			rows[5].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200} // still ours
+			ids := []int64{rows[0].ID, rows[1].ID, rows[2].ID, rows[3].ID, rows[4].ID}
+			if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET leased_by = $2, lease_token = $3,
+				lease_until = now() + interval '1 minute' WHERE id = ANY ($1)`, ids, holder.by, holder.token); err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.Settle(ctx, rows)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := (settle.Result{Settled: 1, Stale: 5}); res != want {
+				t.Fatalf("result %+v, want %+v", res, want)
+			}
+			for i, d := range rows {
+				if d.Outcome.Stale != (i < 5) {
+					t.Fatalf("row %d (%v): Stale = %v", i, d.Outcome.Kind, d.Outcome.Stale)
+				}
+			}
+			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = ANY ($1) AND NOT processed
+				AND leased_by = $2 AND lease_token = $3 AND lease_until > now() + interval '50 seconds'
+				AND deferred_reason IS NULL`, ids, holder.by, holder.token); n != 5 {
+				t.Fatalf("%d of 5 rows still held by the current holder, untouched", n)
+			}
+			if n := count(t, db, `SELECT count(*) FROM webhook_outbox`); n != 6 {
+				t.Fatalf("%d outbox rows, want the 6 inserted (no retry row from a stale retry)", n)
+			}
+			if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+				t.Fatal("a stale 410 was dead-lettered")
+			}
+		})
+	}
+}
+
+// TestStaleFallbackIsRefused: the row-by-row fallback's last resort (a dead letter) is fenced
+// too: a row another claim holds is not dead-lettered by the stale holder.
+func TestStaleFallbackIsRefused(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	rows := leased(t, db, "e", 2)
+	sqltest.RefuseUpdates(t, db, `NEW.id = `+strconv.FormatInt(rows[0].ID, 10)+` AND NEW.duration_ms IS NOT NULL`)
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET leased_by = 'peer' WHERE id = $1`, rows[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range rows {
+		d.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200, Duration: time.Millisecond}
+	}
+	res, err := s.Settle(ctx, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The batch fails on the trigger only if the fence let the row through; either way the
+	// stale row must end up neither processed nor dead-lettered.
+	if res.Settled != 1 || res.Stale != 1 || !rows[0].Outcome.Stale {
+		t.Fatalf("result %+v, outcome %+v; want the peer's row stale and ours settled", res, rows[0].Outcome)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Fatal("the stale row was dead-lettered")
+	}
+}
+
+// TestUndecidedIsNeverDelivered: a row no stage decided (a wiring bug) is released for another
+// attempt, never written as delivered.
+func TestUndecidedIsNeverDelivered(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	s := settle.New(db.Pool, settle.Config{InstanceID: "me"})
+	rows := leased(t, db, "e", 1)
+	res, err := s.Settle(context.Background(), rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Settled != 0 || res.Released != 1 || rows[0].Outcome.Kind != delivery.Release {
+		t.Fatalf("result %+v, outcome %v; want the row released", res, rows[0].Outcome.Kind)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed AND lease_until <= now() + interval '2 seconds'`); n != 1 {
+		t.Fatal("undecided row not pending and due again soon")
+	}
+}
+
+// TestConnectionFailureIsAnError: when the database cannot be reached, Settle says so (the
+// dispatcher counts it, and the rows come back through their leases); it never reports rows
+// as settled.
+func TestConnectionFailureIsAnError(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	rows := leased(t, db, "e", 2)
+	rows[0].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+	rows[1].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503}
+	// A pool whose connections are killed under it: the statement fails on the wire.
+	cfg := db.Pool.Config().Copy()
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var pid int
+	if err := pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	s := settle.New(pool, settle.Config{InstanceID: "me"})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := s.Settle(ctx, rows)
+	if err == nil {
+		t.Fatalf("Settle over a killed connection = %+v, nil; want an error", res)
+	}
+	if res.Settled != 0 {
+		t.Fatalf("result %+v reports rows settled", res)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed`); n != 2 {
+		t.Fatalf("%d rows pending, want both (left to their leases)", n)
 	}
 }
