@@ -18,6 +18,9 @@ import (
 //go:embed queries/status_outbox.sql
 var statusOutboxSQL string
 
+//go:embed queries/status_deferred.sql
+var statusDeferredSQL string
+
 //go:embed queries/status_dead_letter_totals.sql
 var statusDeadLetterTotalsSQL string
 
@@ -45,18 +48,30 @@ type statusReport struct {
 	// RetriesPending: unprocessed rows past their first attempt, due or not.
 	RetriesPending int64 `json:"retries_pending"`
 	// Scheduled: unprocessed rows not yet due (retries and delayed events).
-	Scheduled              int64                `json:"scheduled"`
-	ProcessedLastHour      int64                `json:"processed_last_hour"`
-	DeadLetters            int64                `json:"dead_letters"`
-	DeadLettersNotReplayed int64                `json:"dead_letters_not_replayed"`
-	DeadLettersByReason    []deadLetterReason   `json:"dead_letters_by_reason"`
-	Dispatchers            []dispatcherInstance `json:"dispatchers"`
+	Scheduled int64 `json:"scheduled"`
+	// Deferred: scheduled rows the gate held back, by the reason stored on them.
+	Deferred []deferredReason `json:"deferred_by_reason"`
+	// OldestUndeliveredAgeSeconds: since the first enqueue of the oldest event not yet
+	// delivered (scheduled retries and deferred rows included); 0 when nothing is pending.
+	OldestUndeliveredAgeSeconds float64              `json:"oldest_undelivered_age_seconds"`
+	ProcessedLastHour           int64                `json:"processed_last_hour"`
+	DeadLetters                 int64                `json:"dead_letters"`
+	DeadLettersNotReplayed      int64                `json:"dead_letters_not_replayed"`
+	DeadLettersByReason         []deadLetterReason   `json:"dead_letters_by_reason"`
+	Dispatchers                 []dispatcherInstance `json:"dispatchers"`
 	// NotifySecondsLeft: how long producers' inserts keep sending NOTIFY (some dispatcher is
 	// idle and renews it); 0 when every dispatcher is busy or none runs.
 	NotifySecondsLeft float64 `json:"notify_seconds_left"`
 	// Breakers lists endpoints whose circuit is not plainly closed (read from REDIS_URL).
 	Breakers     []breakerStatus `json:"breakers"`
 	BreakersNote string          `json:"breakers_note"`
+}
+
+type deferredReason struct {
+	Reason string `json:"reason"`
+	Count  int64  `json:"count"`
+	// NextDueSeconds: how long until the first of them comes due again.
+	NextDueSeconds float64 `json:"next_due_seconds"`
 }
 
 type deadLetterReason struct {
@@ -114,19 +129,28 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 }
 
 func readStatus(ctx context.Context, tx pgx.Tx) (statusReport, error) {
-	rep := statusReport{DeadLettersByReason: []deadLetterReason{}, Dispatchers: []dispatcherInstance{}}
+	rep := statusReport{DeadLettersByReason: []deadLetterReason{}, Dispatchers: []dispatcherInstance{}, Deferred: []deferredReason{}}
 	var err error
 	if rep.SchemaVersion, err = fluxsql.CurrentVersion(ctx, tx); err != nil {
 		return rep, err
 	}
 	if err := tx.QueryRow(ctx, statusOutboxSQL).Scan(&rep.DatabaseTime, &rep.Backlog, &rep.OldestDueAgeSeconds,
-		&rep.InFlight, &rep.RetriesPending, &rep.Scheduled, &rep.ProcessedLastHour); err != nil {
+		&rep.InFlight, &rep.RetriesPending, &rep.Scheduled, &rep.ProcessedLastHour, &rep.OldestUndeliveredAgeSeconds); err != nil {
 		return rep, fmt.Errorf("reading the outbox: %w", err)
 	}
+	rows, _ := tx.Query(ctx, statusDeferredSQL)
+	deferred, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deferredReason, error) {
+		var d deferredReason
+		return d, r.Scan(&d.Reason, &d.Count, &d.NextDueSeconds)
+	})
+	if err != nil {
+		return rep, fmt.Errorf("reading deferred rows: %w", err)
+	}
+	rep.Deferred = append(rep.Deferred, deferred...)
 	if err := tx.QueryRow(ctx, statusDeadLetterTotalsSQL).Scan(&rep.DeadLetters, &rep.DeadLettersNotReplayed); err != nil {
 		return rep, fmt.Errorf("reading dead letters: %w", err)
 	}
-	rows, _ := tx.Query(ctx, statusDeadLetterReasonsSQL)
+	rows, _ = tx.Query(ctx, statusDeadLetterReasonsSQL)
 	reasons, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deadLetterReason, error) {
 		var d deadLetterReason
 		return d, r.Scan(&d.Reason, &d.Count, &d.NotReplayed)
@@ -164,7 +188,11 @@ func printStatus(w io.Writer, rep statusReport) error {
 	fmt.Fprintf(tw, "oldest due age\t%s\n", formatSeconds(rep.OldestDueAgeSeconds))
 	fmt.Fprintf(tw, "in-flight leases\t%d\n", rep.InFlight)
 	fmt.Fprintf(tw, "retries pending\t%d\n", rep.RetriesPending)
-	fmt.Fprintf(tw, "scheduled\t%d\tnot yet due\n", rep.Scheduled)
+	fmt.Fprintf(tw, "scheduled\t%d\tnot yet due (retries, deferred and delayed rows)\n", rep.Scheduled)
+	for _, d := range rep.Deferred {
+		fmt.Fprintf(tw, "  deferred\t%d\t%s; next due in %s\n", d.Count, printable(d.Reason), formatSeconds(d.NextDueSeconds))
+	}
+	fmt.Fprintf(tw, "oldest undelivered\t%s\tsince the first enqueue of the oldest event not yet delivered\n", formatSeconds(rep.OldestUndeliveredAgeSeconds))
 	fmt.Fprintf(tw, "processed last hour\t%d\n", rep.ProcessedLastHour)
 	fmt.Fprintf(tw, "dead letters\t%d\t%d not replayed\n", rep.DeadLetters, rep.DeadLettersNotReplayed)
 	if rep.NotifySecondsLeft > 0 {

@@ -26,6 +26,10 @@ func insertStatusFixtures(t *testing.T, db *sqltest.DB) {
 		('done.recent',  '{}', now() - interval '5 minutes',  1, NULL, NULL, true, now() - interval '4 minutes'),
 		('done.recent2', '{}', now() - interval '5 minutes',  2, NULL, NULL, true, now() - interval '59 minutes'),
 		('done.old',     '{}', now() - interval '3 hours',    1, NULL, NULL, true, now() - interval '2 hours')`)
+	// Two rows held back by the gate, moved in place with their reason (scheduled, not retries).
+	mustExec(t, db, `INSERT INTO webhook_outbox (event_type, payload, created_at, enqueued_at, deferred_reason) VALUES
+		('held.a', '{}', now() + interval '30 seconds', now() - interval '20 minutes', 'circuit breaker open'),
+		('held.b', '{}', now() + interval '40 seconds', now() - interval '1 minute', 'circuit breaker open')`)
 	mustExec(t, db, `INSERT INTO webhook_dead_letter (delivery_id, event_type, payload, attempts, reason, enqueued_at, replayed_at) VALUES
 		(gen_random_uuid(), 'a', '{}', 9, 'attempts exhausted', now(), NULL),
 		(gen_random_uuid(), 'a', '{}', 9, 'attempts exhausted', now(), NULL),
@@ -60,7 +64,7 @@ func TestStatusJSON(t *testing.T) {
 		"dead_letters": rep.DeadLetters, "dead_letters_not_replayed": rep.DeadLettersNotReplayed,
 	}
 	want := map[string]int64{
-		"backlog": 4, "in_flight": 1, "retries_pending": 2, "scheduled": 1, "processed_last_hour": 2,
+		"backlog": 4, "in_flight": 1, "retries_pending": 2, "scheduled": 3, "processed_last_hour": 2,
 		"dead_letters": 4, "dead_letters_not_replayed": 3,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -69,6 +73,14 @@ func TestStatusJSON(t *testing.T) {
 	// The leased row is older but in flight: the age is the oldest row waiting to be claimed.
 	if rep.OldestDueAgeSeconds < 600 || rep.OldestDueAgeSeconds > 660 {
 		t.Errorf("oldest_due_age_seconds = %.1f, want about 600", rep.OldestDueAgeSeconds)
+	}
+	if len(rep.Deferred) != 1 || rep.Deferred[0].Reason != "circuit breaker open" || rep.Deferred[0].Count != 2 ||
+		rep.Deferred[0].NextDueSeconds < 20 || rep.Deferred[0].NextDueSeconds > 31 {
+		t.Errorf("deferred_by_reason = %+v, want 2 rows for the open circuit, next due in about 30 s", rep.Deferred)
+	}
+	// The deferred row's event was first enqueued 20 minutes ago: older than anything due.
+	if rep.OldestUndeliveredAgeSeconds < 1200 || rep.OldestUndeliveredAgeSeconds > 1260 {
+		t.Errorf("oldest_undelivered_age_seconds = %.1f, want about 1200", rep.OldestUndeliveredAgeSeconds)
 	}
 	wantReasons := []deadLetterReason{{"attempts exhausted", 3, 2}, {"permanent: HTTP 404", 1, 1}}
 	if !reflect.DeepEqual(rep.DeadLettersByReason, wantReasons) {
@@ -94,7 +106,8 @@ func TestStatusJSON(t *testing.T) {
 	}
 	slices.Sort(keys)
 	wantKeys := []string{"backlog", "breakers", "breakers_note", "database_time", "dead_letters", "dead_letters_by_reason", "dead_letters_not_replayed",
-		"dispatchers", "in_flight", "notify_seconds_left", "oldest_due_age_seconds", "processed_last_hour", "retries_pending", "scheduled", "schema_version"}
+		"deferred_by_reason", "dispatchers", "in_flight", "notify_seconds_left", "oldest_due_age_seconds", "oldest_undelivered_age_seconds",
+		"processed_last_hour", "retries_pending", "scheduled", "schema_version"}
 	if !slices.Equal(keys, wantKeys) {
 		t.Errorf("JSON fields = %v\nwant          %v", keys, wantKeys)
 	}
@@ -142,8 +155,9 @@ func TestStatusHumanReadable(t *testing.T) {
 		return []string{""}
 	}
 	for label, want := range map[string]string{
-		"backlog": "4", "in-flight leases": "1", "retries pending": "2", "scheduled": "1",
+		"backlog": "4", "in-flight leases": "1", "retries pending": "2", "scheduled": "3",
 		"processed last hour": "2", "dead letters": "4", "oldest due age": "10m0s", "producers notify": "yes",
+		"oldest undelivered": "20m0s", "  deferred": "2",
 	} {
 		if got := field(label)[0]; got != want {
 			t.Errorf("%s = %q, want %q", label, got, want)
@@ -156,7 +170,7 @@ func TestStatusHumanReadable(t *testing.T) {
 			t.Errorf("value not at column %d: %q", col, l)
 		}
 	}
-	for _, want := range []string{"attempts exhausted", "permanent: HTTP 404", "host-a", "host-b", "INSTANCE"} {
+	for _, want := range []string{"attempts exhausted", "permanent: HTTP 404", "host-a", "host-b", "INSTANCE", "circuit breaker open; next due in"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("status output lacks %q:\n%s", want, r.stdout)
 		}

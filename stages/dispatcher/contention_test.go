@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -131,4 +132,42 @@ func TestLapsedSwitchIsConfirmedWithAClaim(t *testing.T) {
 	eventually(t, 10*time.Second, "the renewal to find the lapse (wakeups_total{source=\"lapse\"})", func() bool {
 		return counterValue(t, d, "fluxora_webhook_wakeups_total", "source", "lapse") >= 1
 	})
+}
+
+// TestHungEndpointIsNotChurned: an endpoint that hangs holds its slots, and its backlog stays
+// in the table, unclaimed, for as long as it hangs: no row is claimed only to be released
+// again (a hung endpoint used to cost hundreds of claim-then-release cycles a second), while a
+// second endpoint's rows keep flowing.
+func TestHungEndpointIsNotChurned(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	hung := newConsumer(t, func(a arrival, w http.ResponseWriter) { hang(a, release) })
+	fast := newConsumer(t, nil)
+	cfg := b.config(fast.URL())
+	cfg.EndpointConcurrency = 2
+	cfg.MaxInFlight = 16
+	cfg.Timeout = 60 * time.Second // the hanging requests must not time out during the test
+	d := b.start(cfg)
+	for range 50 {
+		b.enqueue(outbox.Event{EndpointURL: hung.URL()})
+	}
+	eventually(t, 10*time.Second, "two requests hanging at the hung endpoint", func() bool { return len(hung.arrivals()) == 2 })
+	// Once the saturation has been seen (the claims skip the endpoint from then on), count.
+	eventually(t, 10*time.Second, "the hung endpoint's rows left unleased", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE NOT processed AND lease_until > now()`) == 2
+	})
+	released, claimed := d.Stats().Released.Load(), d.Stats().Claimed.Load()
+	for i := range 40 {
+		b.enqueue(outbox.Event{Payload: map[string]int{"n": i}})
+	}
+	eventually(t, 10*time.Second, "40 deliveries to the other endpoint", func() bool { return len(fast.arrivals()) == 40 })
+	if n := d.Stats().Released.Load() - released; n != 0 {
+		t.Errorf("%d rows released while the endpoint hung: claimed only to be put back", n)
+	}
+	if n := d.Stats().Claimed.Load() - claimed; n != 40 {
+		t.Errorf("%d rows claimed while the endpoint hung, want only the other endpoint's 40", n)
+	}
+	close(release)
+	b.waitSettled(30 * time.Second)
 }

@@ -219,6 +219,13 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	var connects atomic.Int64
 	d.waker = wake.New(wake.Config{
 		Connect:      func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, listenCfg) },
+		// The listener's liveness check: a NOTIFY sent over the pool must come back on the
+		// listening connection, or that connection is replaced (a silently dead one would
+		// keep /readyz green while only the poll delivered).
+		Ping: func(ctx context.Context, channel, payload string) error {
+			_, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload)
+			return err
+		},
 		PollInterval: d.cfg.PollInterval,
 		OnWake:       func(s wake.Source) { d.metrics.wakeups.WithLabelValues(string(s)).Inc() },
 		OnError: func(err error) {

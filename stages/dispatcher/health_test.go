@@ -73,6 +73,7 @@ var ourMetrics = []string{
 	"dead_letters_total", "deferrals_total", "released_total", "gate_fail_open_total",
 	"circuit_breaker_transitions_total", "listener_reconnects_total", "wakeups_total",
 	"claim_batch_rows", "settle_batch_rows", "claim_errors_total", "settle_errors_total",
+	"scheduled", "deferred", "oldest_undelivered_age_seconds", "stale_settles_total",
 }
 
 // TestMetricsScrapedFromARunningDispatcher runs deliveries, a dead letter, a retry and a
@@ -365,5 +366,40 @@ func TestReadinessFlipsOnShutdownAndDatabaseLoss(t *testing.T) {
 	close(release)
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMetricsShowAConsumerOutage: during an outage the backlog is empty (every event's retry is
+// scheduled for later) and rows held by the gate are not due either; the metrics must still
+// show the waiting work, by reason, and how long the oldest event has waited.
+func TestMetricsShowAConsumerOutage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	d := b.start(b.config(c.URL()))
+	reg := d.Registry()
+	if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (event_type, payload, attempt, created_at, enqueued_at, deferred_reason) VALUES
+		('retry.waiting', '{}', 3, now() + interval '10 minutes', now() - interval '20 minutes', NULL),
+		('held.open',     '{}', 2, now() + interval '1 minute',   now() - interval '5 minutes', 'circuit breaker open'),
+		('held.rate',     '{}', 2, now() + interval '1 minute',   now() - interval '1 minute', 'retry rate limit')`); err != nil {
+		t.Fatal(err)
+	}
+	value := func(name string, labels map[string]string) float64 {
+		v, _ := metricValue(t, reg, name, labels)
+		return v
+	}
+	if n := value("fluxora_webhook_backlog", nil); n != 0 {
+		t.Errorf("backlog %v, want 0: nothing is due", n)
+	}
+	if n := value("fluxora_webhook_scheduled", nil); n != 3 {
+		t.Errorf("scheduled %v, want 3", n)
+	}
+	for label, want := range map[string]float64{"circuit_open": 1, "rate_limited": 1, "probe_in_flight": 0} {
+		if n := value("fluxora_webhook_deferred", map[string]string{"reason": label}); n != want {
+			t.Errorf("deferred{reason=%q} = %v, want %v", label, n, want)
+		}
+	}
+	if age := value("fluxora_webhook_oldest_undelivered_age_seconds", nil); age < 1200 || age > 1500 {
+		t.Errorf("oldest_undelivered_age_seconds = %v, want about 1200", age)
 	}
 }

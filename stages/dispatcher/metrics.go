@@ -133,6 +133,7 @@ func (m *metrics) preinitialise() {
 	for _, s := range wakeSources {
 		m.wakeups.WithLabelValues(string(s))
 	}
+	m.wakeups.WithLabelValues("lapse") // the claiming loop's own: a renewal found the switch lapsed
 	for _, op := range redisstore.Ops {
 		m.storeRoundTrips.WithLabelValues(string(op))
 	}
@@ -219,19 +220,33 @@ func deferralClass(reason string) string {
 	}
 }
 
-// backlogCollector reads the due backlog and the age of the oldest due row at scrape time:
-// the numbers operators page on. One indexed query per scrape, bounded by a short timeout, so
-// a slow database makes the scrape miss these two series rather than hang.
+// backlogCollector reads the due backlog, the scheduled and deferred rows, and the ages of the
+// oldest due row and of the oldest undelivered event at scrape time: the numbers operators
+// page on. One query per scrape over the unprocessed rows (the due index's), bounded by a
+// short timeout, so a slow database makes the scrape miss these series rather than hang.
 type backlogCollector struct{ d *Dispatcher }
 
 var (
-	backlogDesc = prometheus.NewDesc(ns+"_backlog", "Unprocessed rows that are due and not leased (all instances).", nil, nil)
-	oldestDesc  = prometheus.NewDesc(ns+"_oldest_due_age_seconds", "Age of the oldest due, unprocessed, unleased row (0 when none).", nil, nil)
+	backlogDesc     = prometheus.NewDesc(ns+"_backlog", "Unprocessed rows that are due and not leased (all instances).", nil, nil)
+	oldestDesc      = prometheus.NewDesc(ns+"_oldest_due_age_seconds", "Age of the oldest due, unprocessed, unleased row (0 when none).", nil, nil)
+	scheduledDesc   = prometheus.NewDesc(ns+"_scheduled", "Unprocessed rows not yet due: retries waiting for their time, deferred and delayed rows (all instances).", nil, nil)
+	deferredDesc    = prometheus.NewDesc(ns+"_deferred", "Scheduled rows the gate held back, by reason: circuit_open, probe_in_flight, rate_limited.", []string{"reason"}, nil)
+	undeliveredDesc = prometheus.NewDesc(ns+"_oldest_undelivered_age_seconds", "Time since the first enqueue of the oldest event not yet delivered, scheduled retries and deferred rows included (0 when none): it grows through a consumer outage, when the backlog stays empty.", nil, nil)
 )
+
+// deferredLabels maps the reasons stored on deferred rows to the deferred gauge's labels.
+var deferredLabels = []struct{ reason, label string }{
+	{gate.DeferOpen.String(), "circuit_open"},
+	{gate.DeferProbe.String(), "probe_in_flight"},
+	{gate.DeferRateLimit.String(), "rate_limited"},
+}
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- backlogDesc
 	ch <- oldestDesc
+	ch <- scheduledDesc
+	ch <- deferredDesc
+	ch <- undeliveredDesc
 }
 
 func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
@@ -241,15 +256,29 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var n int64
-	var age float64
-	err := pool.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
-		FROM webhook_outbox WHERE NOT processed AND created_at <= now()
-		AND (lease_until IS NULL OR lease_until < now())`).Scan(&n, &age)
+	var n, scheduled, open, probe, limited int64
+	var age, undelivered float64
+	err := pool.QueryRow(ctx, `SELECT
+			count(*) FILTER (WHERE created_at <= now() AND (lease_until IS NULL OR lease_until < now())),
+			coalesce(extract(epoch FROM now() - min(created_at) FILTER (
+				WHERE created_at <= now() AND (lease_until IS NULL OR lease_until < now()))), 0),
+			count(*) FILTER (WHERE created_at > now()),
+			count(*) FILTER (WHERE created_at > now() AND deferred_reason = $1),
+			count(*) FILTER (WHERE created_at > now() AND deferred_reason = $2),
+			count(*) FILTER (WHERE created_at > now() AND deferred_reason = $3),
+			coalesce(extract(epoch FROM now() - min(enqueued_at)), 0)
+		FROM webhook_outbox WHERE NOT processed`,
+		deferredLabels[0].reason, deferredLabels[1].reason, deferredLabels[2].reason).
+		Scan(&n, &age, &scheduled, &open, &probe, &limited, &undelivered)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(backlogDesc, err)
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(n))
 	ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, age)
+	ch <- prometheus.MustNewConstMetric(scheduledDesc, prometheus.GaugeValue, float64(scheduled))
+	for i, v := range []int64{open, probe, limited} {
+		ch <- prometheus.MustNewConstMetric(deferredDesc, prometheus.GaugeValue, float64(v), deferredLabels[i].label)
+	}
+	ch <- prometheus.MustNewConstMetric(undeliveredDesc, prometheus.GaugeValue, undelivered)
 }

@@ -23,9 +23,9 @@ func pending(w *Waker) bool {
 func TestDropSeenKeepsWhatTheClaimDidNotSee(t *testing.T) {
 	t.Parallel()
 	w := New(Config{})
-	h := handler{w}
+	h := outboxHandler{w}
 	notify := func(payload string) {
-		_ = h.HandleNotification(context.Background(), &pgconn.Notification{Payload: payload}, nil)
+		_ = h.HandleNotification(context.Background(), &pgconn.Notification{Channel: Channel, Payload: payload}, nil)
 	}
 	seenUpTo := func(max uint64) func(uint64) bool { return func(x uint64) bool { return x <= max } }
 
@@ -74,5 +74,39 @@ func TestDefaultReconnectDelayIsAtMostASecond(t *testing.T) {
 	w := New(Config{})
 	if d := w.cfg.ReconnectDelay; d <= 0 || d > time.Second {
 		t.Fatalf("default ReconnectDelay = %s, want (0, 1s]", d)
+	}
+}
+
+// A connection that died silently is found out within PingInterval plus PingTimeout of the
+// last notification, and /readyz believes Connected until then: the defaults keep that within
+// about seven seconds, and a connection attempt on a dead network gives up within ten.
+func TestDefaultLivenessCheckFindsADeadConnectionWithinSeconds(t *testing.T) {
+	w := New(Config{})
+	if got := w.cfg.PingInterval + w.cfg.PingTimeout; w.cfg.PingInterval <= 0 || w.cfg.PingTimeout <= 0 || got > 7*time.Second {
+		t.Fatalf("default PingInterval %s + PingTimeout %s, want both positive and at most 7s together", w.cfg.PingInterval, w.cfg.PingTimeout)
+	}
+	if d := w.cfg.ConnectTimeout; d <= 0 || d > 10*time.Second {
+		t.Fatalf("default ConnectTimeout = %s, want (0, 10s]", d)
+	}
+}
+
+// A ping on PingChannel, the waker's own or another dispatcher's, is proof of life and
+// nothing else: it must neither wake the claiming loop nor count as a wake-up.
+func TestPingNotificationDoesNotWake(t *testing.T) {
+	t.Parallel()
+	var wakes int
+	w := New(Config{OnWake: func(Source) { wakes++ }})
+	before := time.Now()
+	for _, payload := range []string{w.pingToken + "-1", "another-1", "123"} {
+		_ = pingHandler{w}.HandleNotification(context.Background(), &pgconn.Notification{Channel: PingChannel, Payload: payload}, nil)
+	}
+	if pending(w) || wakes != 0 {
+		t.Fatalf("pings woke the loop (pending %t, %d wake-ups counted)", pending(w), wakes)
+	}
+	w.live.Lock()
+	heard := w.live.heard
+	w.live.Unlock()
+	if heard.Before(before) {
+		t.Fatal("a ping did not count as proof of life")
 	}
 }
