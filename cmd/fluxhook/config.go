@@ -39,8 +39,8 @@ type setting struct {
 var settings = []setting{
 	{env: "DATABASE_URL", help: "PostgreSQL connection URL (required)", secret: true},
 	{env: "REDIS_URL", help: "Redis for the circuit breaker and rate limit shared by every instance (redis://, rediss://, unix://; Sentinel with ?master_name=; Cluster with ?cluster=true&addr=...); empty = in-process", secret: true},
-	{env: "WEBHOOK_URL", help: "consumer URL for rows without endpoint_url; https unless loopback"},
-	{env: "WEBHOOK_SECRET", help: "HMAC signing secret (required)", secret: true},
+	{env: "WEBHOOK_URL", help: "consumer URL for rows without endpoint_url; https unless loopback (optional when endpoints are managed with `fluxhook endpoints`)"},
+	{env: "WEBHOOK_SECRET", help: "HMAC signing secret for WEBHOOK_URL and endpoint_url rows (required with WEBHOOK_URL)", secret: true},
 	{env: "WEBHOOK_SECRET_PREVIOUS", help: "previous secret during a rotation", secret: true},
 	{env: "WEBHOOK_SIGNATURE_SCHEME", def: "fluxora", help: "fluxora | standard"},
 	{env: "WEBHOOK_POLL_INTERVAL_MS", def: "10000", help: "backstop poll interval"},
@@ -53,9 +53,13 @@ var settings = []setting{
 	{env: "WEBHOOK_RETRY_SCHEDULE", def: "5s,1m,5m,30m,2h,6h,12h,24h", help: "waits before each retry; its length sets the attempts"},
 	{env: "WEBHOOK_MAX_PAYLOAD_BYTES", def: "1048576", help: "larger payloads are dead-lettered"},
 	{env: "WEBHOOK_RETRY_RPS", def: "10", help: "attempts per second per consumer URL before retries are deferred"},
+	{env: "WEBHOOK_RETRY_SHARE", def: "0.5", help: "share of WEBHOOK_RETRY_RPS kept for retries while first attempts fill the window"},
 	{env: "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", def: "0", help: "consecutive retryable failures that open an endpoint's circuit; 0 = off"},
 	{env: "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", def: "300000", help: "how long an open circuit stays open before one probe"},
 	{env: "WEBHOOK_RETENTION", def: "168h", help: "how long processed rows (the delivery log) are kept; dead letters are kept until purged"},
+	{env: "WEBHOOK_ENCRYPTION_KEY", help: "base64 of 32 random bytes: managed endpoints' secrets are sealed at rest with it (AES-256-GCM); without it they are stored in clear", secret: true},
+	{env: "WEBHOOK_ENCRYPTION_KEY_PREVIOUS", help: "the key being rotated out: still opens secrets sealed with it", secret: true},
+	{env: "WEBHOOK_ENDPOINT_DISABLE_AFTER", def: "120h", help: "disable a managed endpoint failing without a success for this long"},
 	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "private networks (CIDRs) endpoints may resolve to; by default private, link-local and metadata addresses are refused"},
 	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
 	{env: "LOG_FORMAT", def: "json", help: "json | console (coloured on a terminal unless NO_COLOR is set)"},
@@ -146,6 +150,13 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	c.drainTimeout = msOf("WEBHOOK_DRAIN_TIMEOUT_MS", 0)
 	d.MaxPayloadBytes = intOf("WEBHOOK_MAX_PAYLOAD_BYTES", 2)
 	d.RetryRPS = intOf("WEBHOOK_RETRY_RPS", 1)
+	if r := v["WEBHOOK_RETRY_SHARE"]; r != "" {
+		share, err := strconv.ParseFloat(r, 64)
+		if err != nil || !(share > 0 && share <= 1) {
+			bad("WEBHOOK_RETRY_SHARE", "must be a number more than 0 and at most 1 (e.g. 0.5), got %q", r)
+		}
+		d.RetryShare = share
+	}
 	d.BreakerThreshold = intOf("WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", 0)
 	d.BreakerReset = msOf("WEBHOOK_CIRCUIT_BREAKER_RESET_MS", 1)
 	d.RedisURL = v["REDIS_URL"]
@@ -170,11 +181,17 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 		// pgx's message can quote the URL; say what is wrong without echoing a password.
 		bad("DATABASE_URL", "is not a valid PostgreSQL connection string (%s)", redactURL(err.Error()))
 	}
-	if d.DefaultURL == "" {
-		bad("WEBHOOK_URL", "is required: the consumer's URL (https, or http on localhost)")
+	if d.DefaultURL != "" && d.Secret == "" {
+		bad("WEBHOOK_SECRET", "is required with WEBHOOK_URL: the secret consumers verify signatures with")
 	}
-	if d.Secret == "" {
-		bad("WEBHOOK_SECRET", "is required: the secret consumers verify signatures with")
+	d.EncryptionKey = v["WEBHOOK_ENCRYPTION_KEY"]
+	d.EncryptionKeyPrevious = v["WEBHOOK_ENCRYPTION_KEY_PREVIOUS"]
+	if r := v["WEBHOOK_ENDPOINT_DISABLE_AFTER"]; r != "" {
+		dur, err := time.ParseDuration(r)
+		if err != nil || dur <= 0 {
+			bad("WEBHOOK_ENDPOINT_DISABLE_AFTER", "must be a positive Go duration such as 120h, got %q", r)
+		}
+		d.EndpointDisableAfter = dur
 	}
 	sched, err := parseSchedule(v["WEBHOOK_RETRY_SCHEDULE"])
 	if err != nil {

@@ -365,7 +365,12 @@ func TestServeInvalidConfig(t *testing.T) {
 	}{
 		{"no database", map[string]string{"DATABASE_URL": ""}, "DATABASE_URL", "", nil, nil},
 		{"database url does not parse", map[string]string{"DATABASE_URL": "postgres://root:" + dbPassword + "@127.0.0.1:notaport/db"}, "DATABASE_URL", "", nil, nil},
-		{"no url", map[string]string{"WEBHOOK_URL": ""}, "WEBHOOK_URL", "", nil, nil},
+		// Without WEBHOOK_URL serve delivers to managed endpoints only; a secret without a
+		// URL is fine, a URL without a secret is not ("no secret" below).
+		{"encryption key not base64", map[string]string{"WEBHOOK_ENCRYPTION_KEY": "not-base64-key-9c1d"}, "WEBHOOK_ENCRYPTION_KEY", "not-base64-key-9c1d", nil, nil},
+		{"encryption key too short", map[string]string{"WEBHOOK_ENCRYPTION_KEY": "c2hvcnQ="}, "WEBHOOK_ENCRYPTION_KEY", "c2hvcnQ=", nil, nil},
+		{"retry share", map[string]string{"WEBHOOK_RETRY_SHARE": "1.5"}, "WEBHOOK_RETRY_SHARE", "", nil, nil},
+		{"endpoint disable after", map[string]string{"WEBHOOK_ENDPOINT_DISABLE_AFTER": "5 days"}, "WEBHOOK_ENDPOINT_DISABLE_AFTER", "", nil, nil},
 		{"ftp url", map[string]string{"WEBHOOK_URL": "ftp://x"}, "WEBHOOK_URL", "", nil, nil},
 		{"http url", map[string]string{"WEBHOOK_URL": "http://example.com"}, "WEBHOOK_URL", "", nil, nil},
 		{"url with credentials", map[string]string{"WEBHOOK_URL": "https://u:p4ssw0rd-in-url@example.com"}, "WEBHOOK_URL", "p4ssw0rd-in-url", nil, nil},

@@ -38,6 +38,8 @@ var (
 	heartbeatSQL string
 	//go:embed janitor.sql
 	janitorSQL string
+	//go:embed route.sql
+	routeSQL string
 )
 
 // Claimer leases rows for one dispatcher instance.
@@ -95,6 +97,10 @@ type Result struct {
 	HasNext bool
 	// Snapshot is the snapshot the claim saw the table in.
 	Snapshot Snapshot
+	// EndpointsVersion is webhook_endpoints_version as the claim read it: it moves with every
+	// change to webhook_endpoints, so a dispatcher whose cache was loaded at another version
+	// reloads it before routing or sending these rows. 0: no endpoint was ever written.
+	EndpointsVersion int64
 	// Last is the position of the last row claimed (the zero Cursor when none was): where
 	// the next claim may start while a backlog is being drained.
 	Last Cursor
@@ -197,10 +203,12 @@ func read(rows pgx.Rows, token int64) (Result, error) {
 	var payload []byte
 	var next *time.Duration
 	var snapshot, endpointURL *string
+	var version *int64
 	for rows.Next() {
 		d := &delivery.Delivery{}
 		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload,
-			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &endpointURL, &next, &snapshot); err != nil {
+			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &endpointURL, &d.EndpointID, &d.Tenant, &d.Routed,
+			&next, &snapshot, &version); err != nil {
 			return Result{}, fmt.Errorf("claim: scanning row: %w", err)
 		}
 		if snapshot != nil {
@@ -209,6 +217,9 @@ func read(rows pgx.Rows, token int64) (Result, error) {
 			// tell them apart, since a producer may insert any id, 0 included.
 			if next != nil {
 				res.Next, res.HasNext = max(*next, 0), true
+			}
+			if version != nil {
+				res.EndpointsVersion = *version
 			}
 			if snapshot != nil {
 				var err error
@@ -244,6 +255,72 @@ func read(rows pgx.Rows, token int64) (Result, error) {
 		res.Last = Cursor{DueAt: res.Rows[n-1].DueAt, ID: res.Rows[n-1].ID}
 	}
 	return res, nil
+}
+
+// Routed is what Route did with a batch of events.
+type Routed struct {
+	// Deliveries are the new rows, one per (event, matching endpoint), leased to this
+	// dispatcher with a token of their own: they go to the pipeline as claimed rows.
+	Deliveries []*delivery.Delivery
+	// Kept are the ids of the event rows that stay pending as the configured WEBHOOK_URL's
+	// delivery (events without a tenant, when the default consumer is configured).
+	Kept []int64
+	// Settled are the ids of event rows the statement settled (fanned out, or matched
+	// nothing and had no default consumer); Unrouted counts those that matched nothing.
+	Settled  []int64
+	Unrouted int
+}
+
+// NeedsRouting reports whether d is an event not yet fanned out to the endpoints: a first
+// attempt with neither a managed endpoint nor an endpoint_url of its own.
+func NeedsRouting(d *delivery.Delivery) bool {
+	return d.EndpointID == "" && d.EndpointURL == "" && !d.Routed && d.Attempt == 1 && d.Invalid == ""
+}
+
+// Route fans the claimed events out to the endpoints they match, in one statement (see
+// route.sql); keepDefault says the configured WEBHOOK_URL takes events without a tenant. An
+// event whose lease this claim no longer holds is left alone and appears in no list of the
+// result: its current holder routes it.
+func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDefault bool) (Routed, error) {
+	ids := make([]int64, len(events))
+	tokens := make([]int64, len(events))
+	for i, d := range events {
+		ids[i], tokens[i] = d.ID, d.LeaseToken
+	}
+	token := c.nextToken()
+	rows, err := c.pool.Query(ctx, routeSQL, ids, tokens, c.instance, keepDefault, token, c.lease.Milliseconds())
+	if err != nil {
+		return Routed{}, fmt.Errorf("routing events to endpoints: %w", err)
+	}
+	defer rows.Close()
+	var out Routed
+	var kind string
+	var payload []byte
+	var keep bool
+	var n int64
+	for rows.Next() {
+		d := &delivery.Delivery{LeaseToken: token, Routed: true}
+		if err := rows.Scan(&kind, &d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload, &d.Attempt,
+			&d.EnqueuedAt, &d.DueAt, &d.EndpointID, &d.Tenant, &keep, &n); err != nil {
+			return Routed{}, fmt.Errorf("routing events to endpoints: scanning: %w", err)
+		}
+		switch {
+		case kind == "d":
+			d.Payload = compact(payload)
+			out.Deliveries = append(out.Deliveries, d)
+		case keep:
+			out.Kept = append(out.Kept, d.ID)
+		default:
+			out.Settled = append(out.Settled, d.ID)
+			if n == 0 {
+				out.Unrouted++
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return Routed{}, fmt.Errorf("routing events to endpoints: %w", err)
+	}
+	return out, nil
 }
 
 // Snapshot is a PostgreSQL snapshot (pg_current_snapshot): which transactions' effects it

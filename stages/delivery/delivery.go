@@ -28,6 +28,14 @@ type Delivery struct {
 	DueAt time.Time
 	// EndpointURL is the row's own endpoint_url; empty means the configured default.
 	EndpointURL string
+	// EndpointID is the managed endpoint (webhook_endpoints) this delivery goes to; empty for
+	// an event row and for rows sent to EndpointURL or the configured default.
+	EndpointID string
+	// Tenant is the event's tenant, empty for none: it reaches only its tenant's endpoints.
+	Tenant string
+	// Routed says the event was already fanned out to its endpoints (routed_at is set), so
+	// this row is the default consumer's delivery, never routed again.
+	Routed bool
 	// Invalid, when set, is why the claim found the row can never be sent (its dead-letter
 	// reason); the dispatcher dead-letters it without an attempt.
 	Invalid string
@@ -61,8 +69,11 @@ type Endpoint struct {
 	// logs, metrics and Redis keys.
 	Hash string
 	// Key is the value the claim statement excludes while the endpoint is saturated: the row's
-	// endpoint_url, or "" for the configured default.
+	// endpoint_url, "" for the configured default, "ep:<id>" for a managed endpoint.
 	Key string
+	// Concurrency overrides the configured per-endpoint concurrency when positive (a managed
+	// endpoint's max_concurrency).
+	Concurrency int
 }
 
 // Kind is what settle does with a row.

@@ -82,6 +82,10 @@ type Config struct {
 	// RetryRPS is the most attempts per second per endpoint before retries are deferred
 	// (WEBHOOK_RETRY_RPS, default 10). First attempts are counted but never held back.
 	RetryRPS int
+	// RetryShare is the share of RetryRPS kept for retries while first attempts fill the
+	// window (WEBHOOK_RETRY_SHARE, default 0.5): retries make progress under sustained
+	// first-attempt traffic.
+	RetryShare float64
 	// Gate decides which rows may be attempted now. Nil means the breaker and rate-limit gate
 	// built from the fields above; tests set their own.
 	Gate gate.Gate
@@ -89,6 +93,13 @@ type Config struct {
 	// counter (METRICS_ENDPOINT_LABEL). Off by default: one series per endpoint can be too
 	// many for Prometheus when every tenant has its own URL.
 	MetricsEndpointLabel bool
+	// EncryptionKey opens (and EncryptionKeyPrevious, during a key rotation, also opens) the
+	// managed endpoints' secrets sealed at rest (WEBHOOK_ENCRYPTION_KEY,
+	// WEBHOOK_ENCRYPTION_KEY_PREVIOUS: base64 of 32 bytes). Empty: secrets are read in clear.
+	EncryptionKey, EncryptionKeyPrevious string
+	// EndpointDisableAfter disables a managed endpoint that has been failing without a
+	// success for this long (WEBHOOK_ENDPOINT_DISABLE_AFTER, default 5 days, as the peers do).
+	EndpointDisableAfter time.Duration
 	// Logger receives structured logs (nil = no logs).
 	Logger *zap.Logger
 	// AsyncCommit sets synchronous_commit=off on the dispatcher's own connections (default
@@ -149,6 +160,9 @@ func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
+	if c.EndpointDisableAfter == 0 {
+		c.EndpointDisableAfter = 5 * 24 * time.Hour
+	}
 	return c
 }
 
@@ -203,6 +217,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPayloadBytes < 2 {
 		bad("WEBHOOK_MAX_PAYLOAD_BYTES", "must be at least 2, got %d", c.MaxPayloadBytes)
+	}
+	if c.EndpointDisableAfter < time.Minute {
+		bad("WEBHOOK_ENDPOINT_DISABLE_AFTER", "must be at least 1m, got %s", c.EndpointDisableAfter)
 	}
 	if c.Scheme != sign.Fluxora && c.Scheme != sign.Standard {
 		bad("WEBHOOK_SIGNATURE_SCHEME", "must be %q or %q, got %q", sign.Fluxora, sign.Standard, c.Scheme)

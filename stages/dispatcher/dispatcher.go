@@ -18,6 +18,7 @@ import (
 
 	"github.com/fluxora/fluxhook/pipeline"
 	fluxsql "github.com/fluxora/fluxhook/sql"
+	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/stages/claim"
 	"github.com/fluxora/fluxhook/stages/delivery"
 	"github.com/fluxora/fluxhook/stages/gate"
@@ -66,6 +67,9 @@ type Dispatcher struct {
 	draining atomic.Bool
 	// gated are the endpoints the gate is holding back, which claims skip (see gatedEndpoints).
 	gated gatedEndpoints
+	// endpoints are the managed endpoints (webhook_endpoints), cipher opens their secrets.
+	endpoints endpointCache
+	cipher    *endpoints.Cipher
 
 	mu       sync.Mutex
 	started  bool
@@ -90,9 +94,14 @@ func New(cfg Config) (*Dispatcher, error) {
 	if err := cfg.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	signer, err := sign.New(sign.Config{Secret: cfg.Secret, PreviousSecret: cfg.PreviousSecret, Scheme: cfg.Scheme})
-	if err != nil {
-		errs = append(errs, err)
+	// Without WEBHOOK_URL and WEBHOOK_SECRET, managed endpoints (each with its own secret) are
+	// the only consumers; rows naming an endpoint_url cannot be signed and are dead-lettered.
+	var signer *sign.Signer
+	if cfg.Secret != "" || cfg.DefaultURL != "" {
+		var err error
+		if signer, err = sign.New(sign.Config{Secret: cfg.Secret, PreviousSecret: cfg.PreviousSecret, Scheme: cfg.Scheme}); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	sender, err := send.New(send.Config{
 		DefaultURL:          cfg.DefaultURL,
@@ -100,6 +109,10 @@ func New(cfg Config) (*Dispatcher, error) {
 		EndpointConcurrency: cfg.EndpointConcurrency,
 		AllowedNetworks:     cfg.AllowedNetworks,
 	})
+	if err != nil {
+		errs = append(errs, err)
+	}
+	cipher, err := endpoints.NewCipher(cfg.EncryptionKey, cfg.EncryptionKeyPrevious)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -124,6 +137,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		signer:  signer,
 		sender:  sender,
 		slots:   pipeline.NewSlots(cfg.MaxInFlight),
+		cipher:  cipher,
 		stopped: make(chan struct{}),
 		now:     time.Now,
 	}
@@ -136,9 +150,10 @@ func New(cfg Config) (*Dispatcher, error) {
 			d.metrics.countRoundTrips(store)
 		}
 		g, err := gate.NewBreakerGate(gs, gate.Params{
-			Threshold: cfg.BreakerThreshold,
-			Reset:     cfg.BreakerReset,
-			RetryRPS:  cfg.RetryRPS,
+			Threshold:  cfg.BreakerThreshold,
+			Reset:      cfg.BreakerReset,
+			RetryRPS:   cfg.RetryRPS,
+			RetryShare: cfg.RetryShare,
 			// The probe is held from the gate check through settle: the request timeout
 			// plus room to settle, so it cannot expire while its request is still running.
 			ProbeTimeout: cfg.Timeout + 5*time.Second,
@@ -218,7 +233,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	}
 	var connects atomic.Int64
 	d.waker = wake.New(wake.Config{
-		Connect:      func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, listenCfg) },
+		Connect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, listenCfg) },
 		// The listener's liveness check: a NOTIFY sent over the pool must come back on the
 		// listening connection, or that connection is replaced (a silently dead one would
 		// keep /readyz green while only the poll delivered).
@@ -445,7 +460,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		d.lastLoop.Store(time.Now().UnixNano())
 		free := d.slots.Free()
-		if free == 0 {
+		if free <= 0 { // below 0 while routed events' deliveries fill more than a batch's slots
 			hold.unseen() // saturations that begin while we wait are not watched
 			select {
 			case <-d.slots.Freed():
@@ -461,7 +476,11 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			continue
 		}
 		d.waker.Clear() // this claim answers every wake-up received so far
-		skip = d.gated.skip(now, saturated, skip)
+		var gatedUntil time.Time
+		skip, gatedUntil = d.gated.skip(now, saturated, skip)
+		if !gatedUntil.IsZero() {
+			d.waker.DueIn(gatedUntil.Sub(now)) // the skipped rows are due: claim when the gate opens
+		}
 		skipping = append(append(skipping[:0], skip.Endpoints...), skip.Retries...)
 		after := cursor
 		if now.Sub(headAt) >= claim.CursorMaxAge || !subset(skipped, skipping) {
@@ -493,6 +512,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		}
 		backoff = 0
 		d.stats.Claims.Add(1)
+		d.endpoints.version.Store(res.EndpointsVersion)
 		d.metrics.claimRows.Observe(float64(len(rows)))
 		full := len(rows) == limit
 		cursor = claim.Cursor{}
@@ -862,6 +882,7 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 			if err := d.claimer.Heartbeat(ctx, stale); err != nil && ctx.Err() == nil {
 				d.log.Warn("heartbeat failed", zap.Error(err))
 			}
+			d.disableStale(ctx)
 			if time.Since(lastPrune) >= time.Minute {
 				lastPrune = time.Now()
 				n, err := d.claimer.Prune(ctx, d.cfg.Retention, 1000)
@@ -878,6 +899,10 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 // prepare validates, gates and signs one claimed batch. Rows that are decided here (invalid,
 // held back by the gate) go straight to settle without an HTTP request.
 func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
+	d.refreshEndpoints(ctx)
+	if d.endpoints.any() {
+		batch = d.route(ctx, batch)
+	}
 	check := batch[:0:0]
 	for _, del := range batch {
 		if reason := d.validate(del); reason != "" {
@@ -897,7 +922,19 @@ func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
 			d.toSettle <- del
 			continue
 		}
-		d.signer.Sign(del, now)
+		if del.EndpointID == "" {
+			if d.signer == nil {
+				del.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: "invalid row: an endpoint_url row is signed with WEBHOOK_SECRET, which is not set"}
+				d.toSettle <- del
+				continue
+			}
+			d.signer.Sign(del, now)
+		} else if !d.signManaged(del, now) {
+			// Removed between validation and signing: never send it unsigned.
+			del.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: "endpoint " + del.EndpointID + " was removed"}
+			d.toSettle <- del
+			continue
+		}
 		d.toSend <- del
 	}
 }
@@ -926,6 +963,9 @@ func (d *Dispatcher) validate(del *delivery.Delivery) string {
 	}
 	if len(del.Payload) > d.cfg.MaxPayloadBytes {
 		return fmt.Sprintf("invalid row: payload is %d bytes, over the limit of %d (WEBHOOK_MAX_PAYLOAD_BYTES)", len(del.Payload), d.cfg.MaxPayloadBytes)
+	}
+	if del.EndpointID != "" {
+		return d.resolveManaged(del)
 	}
 	ep, err := d.sender.Endpoint(del.EndpointURL)
 	if err != nil {
@@ -993,6 +1033,7 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 	if len(settled) > 0 {
 		d.cfg.Gate.Record(ctx, settled)
 		d.resumeAfterProbe(ctx, settled)
+		d.noteEndpointOutcomes(ctx, settled)
 		d.metrics.settleRows.Observe(float64(len(settled)))
 		for _, del := range settled {
 			d.metrics.observe(del, now)

@@ -169,7 +169,7 @@ func testBreakerEndToEnd(t *testing.T, newStore func() gate.Store) {
 	// and the opening was reported after the store made it, so the margin covers only the
 	// scheduling of one hook call; 300 ms is generous for a loaded 2-core machine under -race
 	// and still tells the reset time (1.5 s after the opening) from a deferral of one window or
-	// MaxProbeWait (1 s) or of nothing.
+	// the probe wait or of nothing.
 	const margin = 300 * time.Millisecond
 	for _, g := range gates {
 		for _, d := range g.deferrals() {

@@ -73,25 +73,36 @@ func (g *gatedEndpoints) forget(key string) {
 }
 
 // skip returns the claim's skip lists at now: the saturated endpoints plus every endpoint
-// still gated, reusing dst's slices. Entries that ran out are removed.
-func (g *gatedEndpoints) skip(now time.Time, saturated []string, dst claim.Skip) claim.Skip {
+// still gated, reusing dst's slices, and when the first gated entry runs out (zero: none).
+// Entries that ran out are removed. The caller must look again by then: the rows the claim
+// skips are due, and no timer of the claim's own covers them.
+func (g *gatedEndpoints) skip(now time.Time, saturated []string, dst claim.Skip) (claim.Skip, time.Time) {
 	dst.Endpoints = append(dst.Endpoints[:0], saturated...)
 	dst.Retries = dst.Retries[:0]
+	var first time.Time
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for key, until := range g.all {
 		if !now.Before(until) {
 			delete(g.all, key)
-		} else if !slices.Contains(dst.Endpoints, key) {
+			continue
+		}
+		if first.IsZero() || until.Before(first) {
+			first = until
+		}
+		if !slices.Contains(dst.Endpoints, key) {
 			dst.Endpoints = append(dst.Endpoints, key)
 		}
 	}
 	for key, until := range g.retries {
 		if !now.Before(until) {
 			delete(g.retries, key)
-		} else {
-			dst.Retries = append(dst.Retries, key)
+			continue
 		}
+		if first.IsZero() || until.Before(first) {
+			first = until
+		}
+		dst.Retries = append(dst.Retries, key)
 	}
-	return dst
+	return dst, first
 }

@@ -39,6 +39,8 @@ type metrics struct {
 	settleErrors    prometheus.Counter
 	claimErrors     prometheus.Counter
 	staleSettles    prometheus.Counter
+	unrouted        prometheus.Counter
+	endpointChanges *prometheus.CounterVec
 }
 
 const ns = "fluxora_webhook"
@@ -83,6 +85,10 @@ func newMetrics(d *Dispatcher) *metrics {
 		Help: "Settle batches that could not be written, and rows the database refused to settle or dead-letter (both are redelivered after the lease)."})
 	m.claimErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "claim_errors_total",
 		Help: "Claim statements that failed."})
+	m.unrouted = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "unrouted_total",
+		Help: "Events that matched no endpoint and had no default consumer (recorded in the delivery log as 'no endpoint matched')."})
+	m.endpointChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "endpoint_lifecycle_total",
+		Help: "Managed endpoints disabled by this instance (a 410 Gone, or failing for WEBHOOK_ENDPOINT_DISABLE_AFTER)."}, []string{"change"})
 	m.staleSettles = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "stale_settles_total",
 		Help: "Outcomes refused at settle because the row's lease had run out and another claim held it (the current holder's outcome is written instead)."})
 	inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "in_flight",
@@ -91,7 +97,7 @@ func newMetrics(d *Dispatcher) *metrics {
 		Help: "The most rows this instance holds in flight (WEBHOOK_MAX_IN_FLIGHT)."}, func() float64 { return float64(d.slots.Size()) })
 	m.reg.MustRegister(m.deliveries, m.attemptSeconds, m.endToEndSeconds, m.retries, m.deadLetters, m.deferrals,
 		m.released, m.failOpen, m.storeRoundTrips, m.transitions, m.reconnects, m.wakeups, m.claimRows, m.settleRows, m.settleErrors,
-		m.claimErrors, m.staleSettles, inFlight, capacity, &backlogCollector{d: d},
+		m.claimErrors, m.staleSettles, m.unrouted, m.endpointChanges, inFlight, capacity, &backlogCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.preinitialise()
 	return m
@@ -103,7 +109,7 @@ func newMetrics(d *Dispatcher) *metrics {
 var (
 	outcomes        = []string{"delivered", "retry", "dead_letter", "deferred", "released"}
 	attemptOutcomes = []string{"delivered", "retry", "dead_letter"}
-	deadLetterKinds = []string{"permanent", "exhausted", "invalid", "settle_failed"}
+	deadLetterKinds = []string{"permanent", "exhausted", "invalid", "settle_failed", "endpoint_disabled"}
 	deferralReasons = []string{"circuit_open", "rate_limited", "other"}
 	breakerMoves    = [][2]gate.State{{gate.Closed, gate.Open}, {gate.Open, gate.HalfOpen}, {gate.HalfOpen, gate.Closed}, {gate.HalfOpen, gate.Open}}
 	wakeSources     = []wake.Source{wake.Notify, wake.Poll, wake.Timer, wake.Backlog, wake.Watch}
@@ -134,6 +140,7 @@ func (m *metrics) preinitialise() {
 		m.wakeups.WithLabelValues(string(s))
 	}
 	m.wakeups.WithLabelValues("lapse") // the claiming loop's own: a renewal found the switch lapsed
+	m.endpointChanges.WithLabelValues("disabled")
 	for _, op := range redisstore.Ops {
 		m.storeRoundTrips.WithLabelValues(string(op))
 	}
@@ -203,6 +210,8 @@ func deadLetterClass(reason string) string {
 		return "invalid"
 	case strings.HasPrefix(reason, "settle failed"):
 		return "settle_failed"
+	case strings.HasPrefix(reason, "endpoint disabled"), strings.HasSuffix(reason, "was removed"):
+		return "endpoint_disabled"
 	default:
 		return "permanent"
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,8 +28,14 @@ type Params struct {
 	// (WEBHOOK_CIRCUIT_BREAKER_RESET_MS, default 5 minutes).
 	Reset time.Duration
 	// RetryRPS is how many attempts per Window an endpoint may receive before retries are
-	// deferred (WEBHOOK_RETRY_RPS, default 10); negative disables the rate limiter.
+	// deferred, beyond the share reserved for them (WEBHOOK_RETRY_RPS, default 10); negative
+	// disables the rate limiter.
 	RetryRPS int
+	// RetryShare is the share of RetryRPS reserved for retries (WEBHOOK_RETRY_SHARE, default
+	// 0.5, at most 1): a retry is admitted while the window holds fewer than RetryRPS attempts,
+	// or while fewer than RetryReserve retries were admitted in it, so that first attempts at
+	// any rate cannot starve retries. See RetryReserve.
+	RetryShare float64
 	// Window is the rate limiter's sliding window (default 1 s, as REFERENCE.md specifies;
 	// settable for tests).
 	Window time.Duration
@@ -52,6 +59,9 @@ func (p Params) WithDefaults() Params {
 	}
 	if p.RetryRPS == 0 {
 		p.RetryRPS = 10
+	}
+	if p.RetryShare == 0 {
+		p.RetryShare = DefaultRetryShare
 	}
 	if p.Window == 0 {
 		p.Window = time.Second
@@ -77,6 +87,9 @@ func (p Params) Validate() error {
 	if p.Reset < time.Millisecond {
 		errs = append(errs, fmt.Errorf("WEBHOOK_CIRCUIT_BREAKER_RESET_MS: must be at least 1 ms, got %s", p.Reset))
 	}
+	if !(p.RetryShare > 0 && p.RetryShare <= 1) { // also refuses NaN
+		errs = append(errs, fmt.Errorf("WEBHOOK_RETRY_SHARE: must be more than 0 and at most 1, got %v", p.RetryShare))
+	}
 	if p.Window < time.Millisecond {
 		errs = append(errs, fmt.Errorf("gate: rate-limit window must be at least 1 ms, got %s", p.Window))
 	}
@@ -87,6 +100,27 @@ func (p Params) Validate() error {
 		errs = append(errs, fmt.Errorf("gate: store timeout must be positive and store retry not negative, got %s and %s", p.StoreTimeout, p.StoreRetry))
 	}
 	return errors.Join(errs...)
+}
+
+// DefaultRetryShare is RetryShare's default: half of the limit is reserved for retries.
+const DefaultRetryShare = 0.5
+
+// RetryReserve is how many retries per Window the rate limiter admits whatever the first
+// attempts: max(1, ceil(RetryRPS × RetryShare)), RetryShare 0 (or out of range) meaning
+// DefaultRetryShare. It is 0 when the limiter is off. Stores take it from here, so that they
+// all round alike.
+func (p Params) RetryReserve() int {
+	if !p.Limiter() {
+		return 0
+	}
+	share := p.RetryShare
+	if !(share > 0 && share <= 1) {
+		share = DefaultRetryShare
+	}
+	// The product of a decimal share and the limit is not exact in binary (10 × 0.7 is
+	// 7.000000000000001): a nanoscopic excess must not round up to one more retry.
+	r := int(math.Ceil(float64(p.RetryRPS)*share - 1e-9))
+	return min(max(1, r), p.RetryRPS)
 }
 
 // Breaker reports whether the circuit breaker is on.
@@ -102,6 +136,14 @@ type Hooks struct {
 	// instance that made it (feed fluxora_webhook_circuit_breaker_transitions_total with
 	// from and to; they are State values).
 	OnTransition func(from, to string)
+	// OnClosed is called once each time this gate's Record closes an endpoint's breaker (from
+	// half_open, or open, to closed: the probe it held succeeded), with the endpoint's hash,
+	// after OnTransition; other instances' gates do not call it. Rows deferred behind that
+	// breaker wait for its reset time or for the probe's expiry: the caller may bring them
+	// forward now (later rows of the same settled batch may already have opened it again, in
+	// which case they are deferred again when claimed). It is called synchronously on the
+	// settle path, so it should not block for long.
+	OnClosed func(hash string)
 	// OnFailOpen is called once per row allowed without a decision because the store could
 	// not be reached (feed fluxora_webhook_gate_fail_open_total).
 	OnFailOpen func()
@@ -332,6 +374,9 @@ func (g *BreakerGate) transitions(ts []Transition) {
 			g.log.Info("circuit breaker half-open: probing the endpoint", fields...)
 		case Closed:
 			g.log.Info("circuit breaker closed", fields...)
+			if g.hooks.OnClosed != nil {
+				g.hooks.OnClosed(t.Hash)
+			}
 		}
 	}
 }

@@ -3,6 +3,8 @@ package gate_test
 import (
 	"context"
 	"errors"
+	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -365,6 +367,58 @@ func TestParams(t *testing.T) {
 	}
 	if _, err := gate.NewBreakerGate(nil, gate.Params{}, gate.Hooks{}); err == nil {
 		t.Fatal("nil store accepted")
+	}
+	if p.RetryShare != 0.5 || p.RetryReserve() != 5 {
+		t.Fatalf("default retry share %v, reserve %d; want 0.5 and 5", p.RetryShare, p.RetryReserve())
+	}
+	for _, share := range []float64{-0.5, 1.01, 2, math.NaN(), math.Inf(1)} {
+		if _, err := gate.NewBreakerGate(&fakeStore{}, gate.Params{RetryShare: share}, gate.Hooks{}); err == nil ||
+			!strings.Contains(err.Error(), "WEBHOOK_RETRY_SHARE") {
+			t.Fatalf("retry share %v: %v, want an error naming WEBHOOK_RETRY_SHARE", share, err)
+		}
+	}
+	for _, share := range []float64{0.001, 0.5, 1} {
+		if _, err := gate.NewBreakerGate(&fakeStore{}, gate.Params{RetryShare: share}, gate.Hooks{}); err != nil {
+			t.Fatalf("retry share %v refused: %v", share, err)
+		}
+	}
+	for _, tc := range []struct {
+		rps   int
+		share float64
+		want  int
+	}{
+		{10, 0, 5}, {10, 0.5, 5}, {10, 0.25, 3}, {10, 0.7, 7}, {10, 0.3, 3}, {3, 0.5, 2}, {1, 0.5, 1},
+		{10, 0.01, 1}, {10, 1, 10}, {7, 1, 7}, {100, 0.07, 7}, {-1, 0.5, 0}, {10, 3, 5},
+	} {
+		if got := (gate.Params{RetryRPS: tc.rps, RetryShare: tc.share}).RetryReserve(); got != tc.want {
+			t.Errorf("RetryRPS %d, RetryShare %v: reserve %d, want %d", tc.rps, tc.share, got, tc.want)
+		}
+	}
+}
+
+// TestOnClosed: the hook is called once per closing the store reports from Record, after
+// OnTransition, with the endpoint's hash, and for no other transition.
+func TestOnClosed(t *testing.T) {
+	t.Parallel()
+	a, b := ep("https://a.example/1"), ep("https://b.example/2")
+	f := &fakeStore{record: func([]gate.EndpointResult) ([]gate.Transition, error) {
+		return []gate.Transition{
+			{Hash: a.Hash, From: gate.HalfOpen, To: gate.Closed},
+			{Hash: b.Hash, From: gate.HalfOpen, To: gate.Open},
+			{Hash: b.Hash, From: gate.Closed, To: gate.Open},
+		}, nil
+	}}
+	var calls []string
+	g := newGate(t, f, gate.Params{Threshold: 1}, gate.Hooks{
+		OnTransition: func(from, to string) { calls = append(calls, from+">"+to) },
+		OnClosed:     func(hash string) { calls = append(calls, "closed "+hash) },
+	})
+	batch := rows(a, 1)
+	settleAll(batch, delivery.Outcome{Kind: delivery.Delivered, Status: 200})
+	g.Record(context.Background(), batch)
+	want := []string{"half_open>closed", "closed " + a.Hash, "half_open>open", "closed>open"}
+	if !slices.Equal(calls, want) {
+		t.Fatalf("hook calls %v, want %v", calls, want)
 	}
 }
 

@@ -25,13 +25,18 @@
 //   - half-open (the reset time has passed): the first row checked, by any instance, becomes
 //     the probe. Its owner token, unique per check, is stored with a TTL of
 //     Params.ProbeTimeout and carried in delivery.Delivery.GateToken. Other rows are deferred
-//     until the probe's expiry, at most MaxProbeWait. Only the owner's result moves the
-//     breaker and only the owner releases the probe: success closes the circuit; a
-//     retryable failure opens it for another Reset; a permanent answer or no attempt
-//     (saturated endpoint, shutdown) gives the probe back unchanged, so the next row probes.
-//     A prober that crashes never reports; its probe expires after ProbeTimeout and another
-//     row probes. A probe that the rate limiter refuses is never taken (released at once, in
-//     the same atomic step), so it cannot wedge the breaker.
+//     until the probe expires (its whole remaining TTL), once: a shorter wait would bring every
+//     waiting row back, to be deferred again, every such wait for as long as a hung probe
+//     holds (a claim and a settle each time, for nothing). A probe that succeeds sooner must
+//     not leave them waiting, so the gate that records the success calls Hooks.OnClosed with
+//     the endpoint's hash, for the caller to bring forward the rows it deferred behind that
+//     breaker. Only the owner's result moves the breaker and only the
+//     owner releases the probe: success closes the circuit; a retryable failure opens it for
+//     another Reset; a permanent answer or no attempt (saturated endpoint, shutdown) gives the
+//     probe back unchanged, so the next row checked probes (rows already deferred behind it
+//     still wait for its expiry). A prober that crashes never reports; its probe expires after
+//     ProbeTimeout and another row probes. A probe that the rate limiter refuses is never
+//     taken (released at once, in the same atomic step), so it cannot wedge the breaker.
 //
 // Stragglers: a result that arrives while the circuit is open or half-open from an attempt
 // that does not hold the probe (it was admitted before the circuit opened, was admitted while
@@ -43,13 +48,38 @@
 // probe, decides when a circuit closes.
 //
 // Rate limiter (on when Params.RetryRPS > 0): a sliding window of Params.Window (1 s) per
-// endpoint that counts every attempt it admits (first attempts, retries, probes) and refuses
-// retries (attempt > 1) once it holds RetryRPS attempts. A refused retry is deferred until the
-// window actually frees a place (the oldest attempt that must leave it leaves), not a whole
-// window; when one check refuses several retries to one endpoint, the k-th waits k×Window/RetryRPS
-// longer, so they return spread out rather than all at once. First attempts are counted but
-// never refused: new events are not throttled, retries yield to them. Deferred rows are not
-// counted (they were not attempted).
+// endpoint counts every attempt it admits (first attempts, retries, probes) and, apart, the
+// retries among them. First attempts are counted but never refused: new events are not
+// throttled. A retry (attempt > 1) is admitted while the window holds fewer than RetryRPS
+// attempts, or while fewer than the reserve, max(1, ceil(RetryRPS × Params.RetryShare))
+// (RetryShare 0.5 by default), retries were admitted in it. Without a reserve, first attempts
+// at RetryRPS or more would keep the window full and no retry would ever be sent, however long
+// the backlog; with it, retries progress at the reserve per window under any first-attempt
+// load, and at RetryRPS per window with none. Retries still never exceed RetryRPS per window
+// (the reserve is at most RetryRPS), which is what the limit protects a struggling endpoint
+// from. A refused retry is deferred, never dropped, and not counted (it was not attempted).
+//
+// Deferred retries are spaced per endpoint, across batches and instances: the store keeps the
+// latest slot it handed a deferred retry (by its clock, forgotten a window and a second after
+// it), and each refused retry gets the next, slot = max(last slot + spacing, when the window
+// frees a place for a retry), with Delay = slot − now. The window frees a place when the attempt whose departure
+// takes it below RetryRPS leaves, or the retry whose departure takes the retries below the
+// reserve, whichever is first. Spaced per check instead, the retries of every batch (and every
+// instance) refused at the same moment would take the same moments: they would come back
+// together and collide again, and a backlog of B retries would cost about B²/RetryRPS
+// deferrals, a claim and a settle each. One sequence of slots per endpoint makes it about one
+// deferral per retry.
+//
+// The spacing is Window / max(reserve, retries admitted in the current window), at most
+// Window / RetryRPS: the rate at which the limiter admits retries now. A retry is refused only
+// when the window is full, so the retries in it are what RetryRPS left after first attempts
+// (RetryRPS − first attempts, never less than the reserve). Slots at that rate bring the
+// retries back about as fast as the limiter admits them, so a retry that returns at its slot is
+// normally admitted: a wider spacing would leave the limit unused, a narrower one would bring
+// retries back faster than they can be admitted, each one refused then going to the end of
+// the queue. The rate is measured, not foreseen: if first attempts rise after slots were
+// handed out, the retries that then find the window full take a slot at the end, a second
+// deferral rather than a collision with every other batch's.
 //
 // Deferral: a held row gets Outcome{Kind: delivery.Defer, Delay, Reason}; settle re-enqueues it
 // due after Delay with the same delivery id and attempt number, and it is claimed again then.
@@ -68,13 +98,14 @@
 // recorded best effort: those settled during an outage are lost, which can only delay an
 // opening (failures not counted) or leave a probe to expire after ProbeTimeout.
 //
-// Redis restarted without persistence: every circuit is closed and every window empty again;
-// scripts are reloaded automatically (NOSCRIPT → EVAL, once).
+// Redis restarted without persistence: every circuit is closed, every window empty and no slot
+// handed out again; scripts are reloaded automatically (NOSCRIPT → EVAL, once).
 //
 // Corrupt store state (a Redis key of the wrong type, a value or field no script wrote, a key
 // without its expiry) is never an error: it reads as no state (closed, no failures, no probe,
-// an empty window) and is deleted by the next decision or record on that endpoint, so the
-// breaker again opens after Threshold failures counted from there.
+// an empty window, no slot handed out) and is deleted by the next decision or record on that
+// endpoint that reads it, so the breaker again opens after Threshold failures counted from
+// there.
 //
 // In-process store: state is per process and lost on restart; with several instances, each
 // has its own breaker and limit (set REDIS_URL to share them).

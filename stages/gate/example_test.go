@@ -17,6 +17,7 @@ func ExampleNewBreakerGate() {
 		Threshold:    2,                // WEBHOOK_CIRCUIT_BREAKER_THRESHOLD
 		Reset:        5 * time.Minute,  // WEBHOOK_CIRCUIT_BREAKER_RESET_MS
 		RetryRPS:     10,               // WEBHOOK_RETRY_RPS
+		RetryShare:   0.5,              // WEBHOOK_RETRY_SHARE: retries keep 5 of the 10 whatever the first attempts
 		ProbeTimeout: 35 * time.Second, // the request timeout, plus time to settle
 	}, gate.Hooks{
 		OnTransition: func(from, to string) { fmt.Println("breaker:", from, "->", to) },

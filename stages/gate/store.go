@@ -58,10 +58,11 @@ const (
 	// DeferOpen: the circuit is open; Delay is the time left until its reset.
 	DeferOpen
 	// DeferProbe: the circuit is half-open and another attempt holds the probe; Delay is
-	// how long until that probe expires, at most MaxProbeWait.
+	// how long until that probe expires (Hooks.OnClosed tells when it succeeded sooner).
 	DeferProbe
-	// DeferRateLimit: a retry over the endpoint's rate limit; Delay is when the window
-	// frees a place for it.
+	// DeferRateLimit: a retry over the endpoint's rate limit; Delay is how long until the
+	// slot the store handed it: when the window frees a place for it, or later, after the
+	// slots of the retries deferred before it.
 	DeferRateLimit
 )
 
@@ -173,9 +174,3 @@ type Snapshot struct {
 // (beyond an open circuit's reset time): state is kept only for endpoints with trouble, and an
 // endpoint nobody has called for a day starts again closed rather than leaving keys behind.
 const StateTTL = 24 * time.Hour
-
-// MaxProbeWait caps how long rows are deferred while another attempt holds the half-open
-// probe. The probe usually answers within a request's time; a short wait lets the backlog
-// follow within about a second of a successful probe, while a hung probe costs each waiting
-// row at most one deferral per MaxProbeWait.
-const MaxProbeWait = time.Second

@@ -127,6 +127,22 @@ func (s *Sender) Endpoint(raw string) (*delivery.Endpoint, error) {
 	return ep, nil
 }
 
+// ManagedEndpoint validates rawURL and returns the target of a managed endpoint (a row of
+// webhook_endpoints): its own key, so that its concurrency, breaker and rate limit are its own
+// even when another endpoint shares the URL, and its concurrency limit (0: the configured
+// default). The hash, the name in logs, metrics and Redis keys, is derived from the key for
+// the same reason.
+func ManagedEndpoint(rawURL, key string, concurrency int) (*delivery.Endpoint, error) {
+	if err := ValidateURL(rawURL); err != nil {
+		return nil, err
+	}
+	ep := newEndpoint(rawURL, key)
+	sum := sha256.Sum256([]byte(key))
+	ep.Hash = hex.EncodeToString(sum[:])
+	ep.Concurrency = concurrency
+	return ep, nil
+}
+
 func newEndpoint(rawURL, key string) *delivery.Endpoint {
 	sum := sha256.Sum256([]byte(rawURL))
 	ep := &delivery.Endpoint{URL: rawURL, Hash: hex.EncodeToString(sum[:]), Key: key}

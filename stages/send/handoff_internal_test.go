@@ -120,7 +120,7 @@ func TestSlotAccountingUnderContention(t *testing.T) {
 				if (w+i)%5 == 0 {
 					cancel()
 				}
-				if !s.acquire(ctx, key) {
+				if !s.acquire(ctx, key, s.cfg.EndpointConcurrency) {
 					refused.Add(1)
 					cancel()
 					continue

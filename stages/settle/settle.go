@@ -40,6 +40,8 @@ var (
 	deadLetterSQL string
 	//go:embed resume.sql
 	resumeSQL string
+	//go:embed dead_letter_endpoint.sql
+	deadLetterEndpointSQL string
 )
 
 // DefaultSchedule is the wait before each retry: about two days in all, like the peers that
@@ -233,6 +235,18 @@ func (s *Settler) Resume(ctx context.Context, key string, reasons []string) (int
 	tag, err := s.pool.Exec(ctx, resumeSQL, key, reasons)
 	if err != nil {
 		return 0, fmt.Errorf("resuming deferred rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// DeadLetterEndpoint moves the pending deliveries of the managed endpoint id that no live
+// lease holds to the dead-letter table with reason, and returns how many it moved. The
+// dispatcher calls it when an endpoint is disabled: its deliveries wait there, replayable once
+// it is enabled again, instead of retrying against a consumer that is gone.
+func (s *Settler) DeadLetterEndpoint(ctx context.Context, id, reason string) (int64, error) {
+	tag, err := s.pool.Exec(ctx, deadLetterEndpointSQL, id, reason)
+	if err != nil {
+		return 0, fmt.Errorf("dead-lettering endpoint %s's deliveries: %w", id, err)
 	}
 	return tag.RowsAffected(), nil
 }

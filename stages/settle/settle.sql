@@ -40,21 +40,21 @@ WITH input AS (
     WHERE o.id = i.id AND i.kind IN (1, 2, 3) AND o.processed IS NOT TRUE
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
-              o.endpoint_url, i.kind, i.status, i.error, i.delay_ms, i.reason
+              o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, i.kind, i.status, i.error, i.delay_ms, i.reason
 ), requeued AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt,
-                                enqueued_at, endpoint_url)
+                                enqueued_at, endpoint_url, tenant, endpoint_id, routed_at)
     SELECT stream_id, event_type, payload, now() + delay_ms * interval '1 millisecond', delivery_id,
-           attempt + 1, enqueued_at, endpoint_url
+           attempt + 1, enqueued_at, endpoint_url, tenant, endpoint_id, routed_at
     FROM settled
     WHERE kind = 2
     RETURNING id
 ), dead AS (
     INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload,
                                      endpoint_url, attempts, last_status, last_error, reason,
-                                     enqueued_at)
+                                     enqueued_at, tenant, endpoint_id)
     SELECT id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt,
-           nullif(status, 0), nullif(error, ''), reason, enqueued_at
+           nullif(status, 0), nullif(error, ''), reason, enqueued_at, tenant, endpoint_id
     FROM settled
     WHERE kind = 3
     RETURNING id

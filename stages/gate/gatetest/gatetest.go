@@ -14,6 +14,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -66,13 +67,16 @@ func Run(t *testing.T, newBackend func(t testing.TB) Backend) {
 		fn   func(t *testing.T, b Backend)
 	}{
 		{"RateLimitConcurrentChecksAdmitExactlyTheLimit", testRateLimitConcurrent},
-		{"RateLimitSpacesRefusedRetriesOfOneBatch", testRateLimitSpacing},
+		{"RateLimitSpacesRefusedRetriesAcrossBatchesAndInstances", testRateLimitSpacing},
 		{"RateLimitCountsButNeverRefusesFirstAttempts", testRateLimitFirstAttempts},
+		{"RateLimitReservesAShareForRetries", testRateLimitReserve},
+		{"RateLimitBacklogCostsLinearDeferrals", testRateLimitBacklog},
 		{"BreakerConcurrentFailuresAllCount", testBreakerConcurrentFailures},
 		{"BreakerOpensExactlyAtThreshold", testBreakerOpensAtThreshold},
 		{"BreakerCountsConsecutiveFailuresOnly", testBreakerConsecutive},
 		{"BreakerOpenDefersToResetWithoutAttempt", testBreakerOpenDefers},
 		{"HalfOpenConcurrentClaimsOneWins", testHalfOpenOneWinner},
+		{"RowsBehindAProbeWaitUntilItExpiresAndOnClosedBringsThemBack", testRowsWaitForProbeExpiry},
 		{"ProbeTimeoutAllowsANewProbe", testProbeTimeout},
 		{"ProbeFailureReopensAndReleaseGivesItBack", testProbeFailureAndRelease},
 		{"RateLimitRefusedProbeDoesNotWedge", testRefusedProbe},
@@ -108,10 +112,23 @@ func rows(ep *delivery.Endpoint, attempts ...int) []*delivery.Delivery {
 	return out
 }
 
-// recorder collects a gate's transitions.
+// recorder collects a gate's transitions and the endpoints its OnClosed hook was called for.
 type recorder struct {
-	mu    sync.Mutex
-	trans []string
+	mu     sync.Mutex
+	trans  []string
+	closed []string
+}
+
+func (r *recorder) onClosed(hash string) {
+	r.mu.Lock()
+	r.closed = append(r.closed, hash)
+	r.mu.Unlock()
+}
+
+func (r *recorder) closedHashes() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.closed)
 }
 
 func (r *recorder) add(from, to string) {
@@ -140,6 +157,7 @@ func newGate(t testing.TB, store gate.Store, p gate.Params, rec *recorder) *gate
 	hooks := gate.Hooks{OnFailOpen: func() { t.Errorf("gate failed open: the store returned an error") }}
 	if rec != nil {
 		hooks.OnTransition = rec.add
+		hooks.OnClosed = rec.onClosed
 	}
 	g, err := gate.NewBreakerGate(store, p, hooks)
 	if err != nil {
@@ -206,7 +224,9 @@ func probe(g *gate.BreakerGate, ep *delivery.Endpoint, attempt int) *delivery.De
 
 func testRateLimitConcurrent(t *testing.T, b Backend) {
 	store := b.NewStore(t)
-	g := newGate(t, store, gate.Params{RetryRPS: 5, Window: time.Second}, nil)
+	const limit = 5
+	window := time.Second
+	g := newGate(t, store, gate.Params{RetryRPS: limit, Window: window}, nil)
 	ep := endpoint()
 	start := time.Now()
 	batches := make([][]*delivery.Delivery, 50)
@@ -216,36 +236,45 @@ func testRateLimitConcurrent(t *testing.T, b Backend) {
 		wg.Go(func() { g.Check(ctx(), batches[i]) })
 	}
 	wg.Wait()
+	elapsed := time.Since(start)
 	admitted := 0
+	var delays []time.Duration
 	for _, batch := range batches {
 		if allowed(batch[0]) {
 			admitted++
 			continue
 		}
-		if d := deferredFor(t, batch[0], gate.DeferRateLimit); d <= 0 || d > time.Second {
-			t.Fatalf("refused retry deferred by %s, want within the window", d)
+		delays = append(delays, deferredFor(t, batch[0], gate.DeferRateLimit))
+	}
+	if admitted != limit {
+		t.Fatalf("50 concurrent retries against a limit of %d admitted %d", limit, admitted)
+	}
+	// The refused retries get one slot each, one window/limit apart (the window held `limit`
+	// retries: the limiter admits that many per window), the first when the oldest admitted
+	// attempt leaves the window. Each check saw its own moment of the store's clock, within
+	// the time the checks took.
+	slices.Sort(delays)
+	spacing := window / limit
+	for k, d := range delays {
+		want := window + time.Duration(k)*spacing
+		if d > want+time.Microsecond || d < want-elapsed-b.Slack() {
+			t.Fatalf("refused retry %d of %d deferred by %s, want its slot %s (less the %s the checks took)", k, len(delays), d, want, elapsed)
 		}
 	}
-	if admitted != 5 {
-		t.Fatalf("50 concurrent retries against a limit of 5 admitted %d", admitted)
-	}
-	// The next retry waits until the oldest admitted attempt leaves the window: at most a
-	// window, less the time that has passed since the first admission.
-	sixth := probe(g, ep, 2)
-	elapsed := time.Since(start)
-	wait := deferredFor(t, sixth, gate.DeferRateLimit)
-	if wait > time.Second || wait < time.Second-elapsed-b.Slack() {
-		t.Fatalf("sixth retry deferred by %s, want when the oldest attempt leaves the window (%s after it, %s ago)", wait, time.Second, elapsed)
-	}
-	b.Advance(t, wait)
-	if next := probe(g, ep, 2); !allowed(next) {
-		t.Fatalf("after the deferral (%s) a retry is still refused: %s %q", wait, next.Outcome.Kind, next.Outcome.Reason)
+	// The next retry, however much later, queues behind them.
+	next := probe(g, ep, 2)
+	want := window + time.Duration(len(delays))*spacing
+	if d := deferredFor(t, next, gate.DeferRateLimit); d > want+time.Microsecond || d < want-time.Since(start)-b.Slack() {
+		t.Fatalf("the next retry deferred by %s, want the slot after the last one handed out (%s)", d, want)
 	}
 }
 
 func testRateLimitSpacing(t *testing.T, b Backend) {
-	g := newGate(t, b.NewStore(t), gate.Params{RetryRPS: 5, Window: time.Second}, nil)
+	p := gate.Params{RetryRPS: 5, Window: time.Second}
+	g := newGate(t, b.NewStore(t), p, nil)
+	other := newGate(t, b.NewStore(t), p, nil)
 	ep := endpoint()
+	start := time.Now()
 	batch := rows(ep, 2, 2, 2, 2, 2, 2, 2, 2)
 	g.Check(ctx(), batch)
 	for i, d := range batch[:5] {
@@ -261,6 +290,17 @@ func testRateLimitSpacing(t *testing.T, b Backend) {
 			t.Fatalf("refused retry %d deferred by %s, want %s", k, got, want)
 		}
 	}
+	// Another instance's batch refused at (about) the same moment takes the next slots, rather
+	// than the same ones: they would all come back together and collide again.
+	later := rows(ep, 2, 2)
+	other.Check(ctx(), later)
+	elapsed := time.Since(start)
+	for k, d := range later {
+		want := time.Second + time.Duration(3+k)*200*time.Millisecond
+		if got := deferredFor(t, d, gate.DeferRateLimit); got > want || got < want-elapsed-b.Slack() {
+			t.Fatalf("the other instance's refused retry %d deferred by %s, want the slot after the first batch's (%s)", k, got, want)
+		}
+	}
 }
 
 func testRateLimitFirstAttempts(t *testing.T, b Backend) {
@@ -273,11 +313,188 @@ func testRateLimitFirstAttempts(t *testing.T, b Backend) {
 			t.Fatalf("first attempt %d refused: %s %q", i, d.Outcome.Kind, d.Outcome.Reason)
 		}
 	}
-	// Five attempts are in the window against a limit of 3: a retry waits until three have
-	// left, i.e. a whole window here (they were all counted at once).
-	retry := probe(g, ep, 2)
-	if d := deferredFor(t, retry, gate.DeferRateLimit); d > time.Second || d < time.Second-b.Slack() {
+	// Five attempts are in the window against a limit of 3. Retries still get their reserved
+	// share (ceil(3 × 0.5) = 2); the third waits until a place frees: three attempts have left,
+	// i.e. a whole window here (they were all counted at once).
+	retries := rows(ep, 2, 2, 2)
+	g.Check(ctx(), retries)
+	if !allowed(retries[0]) || !allowed(retries[1]) {
+		t.Fatalf("retries within the reserve refused: %q, %q", retries[0].Outcome.Reason, retries[1].Outcome.Reason)
+	}
+	if d := deferredFor(t, retries[2], gate.DeferRateLimit); d > time.Second || d < time.Second-b.Slack() {
 		t.Fatalf("retry deferred by %s, want about a window", d)
+	}
+	// First attempts are still never refused, however full the window.
+	more := rows(ep, 1, 1, 1)
+	g.Check(ctx(), more)
+	for i, d := range more {
+		if !allowed(d) {
+			t.Fatalf("first attempt %d refused over the limit: %q", i, d.Outcome.Reason)
+		}
+	}
+}
+
+// repeat returns n copies of attempt.
+func repeat(attempt, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = attempt
+	}
+	return out
+}
+
+func testRateLimitReserve(t *testing.T, b Backend) {
+	window := time.Second
+	const limit = 10
+	p := gate.Params{RetryRPS: limit, Window: window}
+	half := newGate(t, b.NewStore(t), p, nil) // RetryShare 0: the default, 0.5
+	p.RetryShare = 0.25
+	quarter := newGate(t, b.NewStore(t), p, nil)
+	lanes := []struct {
+		g       *gate.BreakerGate
+		ep      *delivery.Endpoint
+		reserve int
+	}{
+		{half, endpoint(), 5},    // ceil(10 × 0.5)
+		{quarter, endpoint(), 3}, // ceil(10 × 0.25)
+	}
+	// Two windows with first attempts at three times the limit, then one with none.
+	for round, firsts := range []int{3 * limit, 3 * limit, 0} {
+		start := time.Now()
+		for _, l := range lanes {
+			fb := rows(l.ep, repeat(1, firsts)...)
+			l.g.Check(ctx(), fb)
+			for i, d := range fb {
+				if !allowed(d) {
+					t.Fatalf("round %d: first attempt %d refused: %q", round, i, d.Outcome.Reason)
+				}
+			}
+			rb := rows(l.ep, repeat(2, 12)...)
+			l.g.Check(ctx(), rb)
+			want := l.reserve // under first-attempt traffic, the reserved share
+			if firsts == 0 {
+				want = limit // without it, the whole limit
+			}
+			for i, d := range rb {
+				if i < want {
+					if !allowed(d) {
+						t.Fatalf("round %d (%d first attempts, reserve %d): retry %d refused (%q), want %d of 12 admitted",
+							round, firsts, l.reserve, i, d.Outcome.Reason, want)
+					}
+					continue
+				}
+				delay := deferredFor(t, d, gate.DeferRateLimit)
+				if round > 0 {
+					continue // later slots queue behind the earlier rounds' (see the spacing tests)
+				}
+				// The first refused retry waits until the window frees a place (the
+				// reserve's retries, or the first attempts, leave it: a window, less the
+				// moments between the calls); the next ones a window/reserve apart, the rate
+				// at which the reserve admits retries.
+				k := time.Duration(i - want)
+				ideal := window + k*window/time.Duration(l.reserve)
+				if delay > ideal+time.Microsecond || delay < ideal-time.Since(start)-b.Slack() {
+					t.Fatalf("reserve %d: refused retry %d deferred by %s, want %s", l.reserve, k, delay, ideal)
+				}
+			}
+		}
+		if round < 2 {
+			b.Advance(t, window) // every attempt of this round leaves the window
+		}
+	}
+}
+
+// testRateLimitBacklog drives backlogs of retries to two endpoints through two instances,
+// batch by batch as the dispatcher claims them, each deferred retry claimed again once its
+// delay has passed, and counts the deferrals: spacing the deferred retries globally costs
+// about one deferral per retry; spacing them per batch made every batch's retries come back
+// together with the other batches', at a cost growing like backlog²/limit.
+func testRateLimitBacklog(t *testing.T, b Backend) {
+	const (
+		limit     = 20
+		window    = 100 * time.Millisecond
+		step      = 5 * time.Millisecond
+		batchSize = 20
+		deadline  = 10 * time.Second // by the test's clock; the backlogs drain in about 1 s
+	)
+	p := gate.Params{RetryRPS: limit, Window: window}
+	gates := []*gate.BreakerGate{newGate(t, b.NewStore(t), p, nil), newGate(t, b.NewStore(t), p, nil)}
+	type lane struct {
+		ep        *delivery.Endpoint
+		firsts    bool            // a first attempt every step: `limit` per window, retries get the reserve
+		due       []time.Duration // per retry, when it is claimed (again); -1 once admitted
+		left      int
+		deferrals int
+	}
+	lanes := []*lane{
+		{ep: endpoint(), due: make([]time.Duration, 200)},
+		{ep: endpoint(), due: make([]time.Duration, 100), firsts: true},
+	}
+	for _, l := range lanes {
+		l.left = len(l.due)
+	}
+	turn := 0
+	// now is the test's clock: the sum of Advance calls, which is never ahead of the store's
+	// (Advance lets at least that much pass), so a retry is never claimed before its delay.
+	for now := time.Duration(0); ; now += step {
+		busy := false
+		for _, l := range lanes {
+			if l.left == 0 {
+				continue
+			}
+			busy = true
+			var claimed []int // retry indexes, in claim order
+			for i, d := range l.due {
+				if d >= 0 && d <= now {
+					claimed = append(claimed, i)
+				}
+			}
+			first := l.firsts
+			for len(claimed) > 0 || first {
+				n := min(len(claimed), batchSize)
+				attempts := repeat(2, n)
+				if first {
+					attempts = append([]int{1}, attempts...)
+					if len(attempts) > batchSize {
+						attempts, n = attempts[:batchSize], n-1
+					}
+				}
+				batch := rows(l.ep, attempts...)
+				gates[turn%len(gates)].Check(ctx(), batch)
+				turn++
+				if first {
+					if !allowed(batch[0]) {
+						t.Fatalf("a first attempt was refused: %q", batch[0].Outcome.Reason)
+					}
+					batch, first = batch[1:], false
+				}
+				for j, d := range batch {
+					i := claimed[j]
+					if allowed(d) {
+						l.due[i] = -1
+						l.left--
+						continue
+					}
+					l.due[i] = now + deferredFor(t, d, gate.DeferRateLimit)
+					l.deferrals++
+				}
+				claimed = claimed[n:]
+			}
+			if l.deferrals > 2*len(l.due) {
+				t.Fatalf("backlog of %d retries (first attempts: %v): %d deferrals with %d retries still waiting, want at most %d in all",
+					len(l.due), l.firsts, l.deferrals, l.left, 2*len(l.due))
+			}
+		}
+		if !busy {
+			for _, l := range lanes {
+				t.Logf("backlog of %d retries (first attempts: %v): %d deferrals, drained in %s", len(l.due), l.firsts, l.deferrals, now)
+			}
+			return
+		}
+		if now > deadline {
+			t.Fatalf("backlogs not drained after %s: %d and %d retries left", now, lanes[0].left, lanes[1].left)
+		}
+		b.Advance(t, step)
 	}
 }
 
@@ -400,8 +617,8 @@ func testHalfOpenOneWinner(t *testing.T, b Backend) {
 			won++
 			continue
 		}
-		if wait := deferredFor(t, d, gate.DeferProbe); wait <= 0 || wait > gate.MaxProbeWait {
-			t.Fatalf("row behind the probe deferred by %s, want (0, %s]", wait, gate.MaxProbeWait)
+		if wait := deferredFor(t, d, gate.DeferProbe); wait <= 0 || wait > time.Minute {
+			t.Fatalf("row behind the probe deferred by %s, want (0, %s]: until the probe expires", wait, time.Minute)
 		}
 	}
 	if won != 1 {
@@ -412,6 +629,64 @@ func testHalfOpenOneWinner(t *testing.T, b Backend) {
 	}
 	if s := inspect(t, store, ep); s.State != gate.HalfOpen || !s.ProbeHeld {
 		t.Fatalf("during the probe: %+v", s)
+	}
+}
+
+func testRowsWaitForProbeExpiry(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	rec, otherRec := &recorder{}, &recorder{}
+	reset, probeTimeout := 100*time.Millisecond, time.Minute
+	p := gate.Params{Threshold: 1, Reset: reset, RetryRPS: -1, ProbeTimeout: probeTimeout}
+	g := newGate(t, store, p, rec)
+	other := newGate(t, b.NewStore(t), p, otherRec)
+	ep := endpoint()
+	openBreaker(t, g, ep)
+	b.Advance(t, reset)
+	start := time.Now()
+	held := probe(g, ep, 2)
+	if held.GateToken == "" {
+		t.Fatal("no probe granted after the reset")
+	}
+	// The probe hangs. Rows behind it, on any instance, wait until it expires, once, rather
+	// than coming back every second to be deferred again; a success would bring them forward
+	// sooner (OnClosed).
+	for _, gi := range []*gate.BreakerGate{g, other} {
+		batch := rows(ep, 1, 2, 3)
+		gi.Check(ctx(), batch)
+		for _, d := range batch {
+			if wait := deferredFor(t, d, gate.DeferProbe); wait > probeTimeout || wait < probeTimeout-time.Since(start)-b.Slack() {
+				t.Fatalf("row behind a held probe deferred by %s, want until the probe expires (%s)", wait, probeTimeout)
+			}
+		}
+	}
+	passed := 200 * time.Millisecond
+	b.Advance(t, passed)
+	if wait := deferredFor(t, probe(other, ep, 1), gate.DeferProbe); wait > probeTimeout-passed || wait < probeTimeout-passed-time.Since(start)-b.Slack() {
+		t.Fatalf("%s later, a row behind the probe deferred by %s, want the probe's remaining time (%s)", passed, wait, probeTimeout-passed)
+	}
+	// The probe fails: the circuit opens again, nothing to bring forward.
+	settle(g, []*delivery.Delivery{held}, fail503)
+	if got := rec.closedHashes(); len(got) != 0 {
+		t.Fatalf("OnClosed called for %v when the probe failed", got)
+	}
+	b.Advance(t, reset)
+	// The other instance's probe succeeds: its gate, and only its gate, calls OnClosed once,
+	// with the endpoint's hash.
+	next := probe(other, ep, 1)
+	if next.GateToken == "" {
+		t.Fatal("no probe granted after the second reset")
+	}
+	settle(other, []*delivery.Delivery{next}, delivered)
+	settle(other, rows(ep, 1), delivered) // successes while closed close nothing
+	settle(g, []*delivery.Delivery{held}, delivered)
+	if got := otherRec.closedHashes(); !slices.Equal(got, []string{ep.Hash}) {
+		t.Fatalf("OnClosed of the instance whose probe succeeded: %v, want once with the endpoint's hash", got)
+	}
+	if got := rec.closedHashes(); len(got) != 0 {
+		t.Fatalf("OnClosed called on an instance that closed nothing: %v", got)
+	}
+	if n := otherRec.count("half_open>closed"); n != 1 {
+		t.Fatalf("half_open>closed reported %d times", n)
 	}
 }
 
@@ -493,15 +768,15 @@ func testRefusedProbe(t *testing.T, b Backend) {
 	// A probe timeout far longer than the test: a wedged probe would never come free.
 	g := newGate(t, store, gate.Params{Threshold: 1, Reset: reset, RetryRPS: 1, Window: window, ProbeTimeout: time.Hour}, nil)
 	ep := endpoint()
-	first := probe(g, ep, 1) // fills the window (limit 1)
+	first := probe(g, ep, 2) // a retry: fills the window and the retries' reserve (limit 1, reserve 1)
 	if !allowed(first) {
-		t.Fatal("first attempt refused")
+		t.Fatal("first retry refused")
 	}
 	settle(g, []*delivery.Delivery{first}, fail503) // opens the circuit
 	b.Advance(t, reset)
 	refused := probe(g, ep, 2)
 	if wait := deferredFor(t, refused, gate.DeferRateLimit); wait > window-reset || wait < window-reset-b.Slack() {
-		t.Fatalf("refused probe deferred by %s, want until the first attempt leaves the window (%s)", wait, window-reset)
+		t.Fatalf("refused probe deferred by %s, want until the first retry leaves the window (%s)", wait, window-reset)
 	}
 	if s := inspect(t, store, ep); s.ProbeHeld {
 		t.Fatalf("the rate limiter refused the probe but it is still held: %+v", s)

@@ -7,7 +7,7 @@
 //
 // Each call holds one mutex for the whole batch, which makes every endpoint's decision atomic
 // exactly as a Redis script is. The clock is injectable so that tests can move time without
-// waiting; the expiries that Redis applies to keys (probe timeout, state TTL, window) are
+// waiting; the expiries that Redis applies to keys (probe timeout, state TTL, window, slot) are
 // applied here when an endpoint is next touched, and by a periodic sweep that keeps memory
 // bounded by the endpoints with recent activity.
 package memstore
@@ -46,6 +46,9 @@ type endpoint struct {
 	probe        string    // owner token of the half-open probe, "" = none
 	probeExpires time.Time
 	window       []time.Time // the newest attempts in the rate-limit window (at most the limit), oldest first
+	retries      []time.Time // the newest retries admitted in the window (at most the limit), oldest first
+	slot         time.Time   // the latest slot handed to a deferred retry (zero = none)
+	slotExpires  time.Time   // when slot is forgotten (a Redis key's TTL)
 }
 
 // sweepEvery is how many calls pass between sweeps of idle endpoints.
@@ -124,22 +127,48 @@ func (e *endpoint) expire(now time.Time) {
 	if e.probe != "" && !now.Before(e.probeExpires) {
 		e.probe = ""
 	}
+	if !e.slot.IsZero() && !now.Before(e.slotExpires) {
+		e.slot, e.slotExpires = time.Time{}, time.Time{}
+	}
 }
 
-// prune drops the attempts that have left the window (at or before now-window).
+// prune drops the attempts and retries that have left the window (at or before now-window).
 func (e *endpoint) prune(now time.Time, window time.Duration) {
-	cut := now.Add(-window)
+	e.window = pruneTimes(e.window, now.Add(-window))
+	e.retries = pruneTimes(e.retries, now.Add(-window))
+}
+
+func pruneTimes(ts []time.Time, cut time.Time) []time.Time {
 	n := 0
-	for n < len(e.window) && !e.window[n].After(cut) {
+	for n < len(ts) && !ts[n].After(cut) {
 		n++
 	}
 	if n > 0 {
-		e.window = append(e.window[:0], e.window[n:]...)
+		ts = append(ts[:0], ts[n:]...)
 	}
+	return ts
+}
+
+// insert adds t to the sorted ts (kept sorted even if the clock stepped back) and keeps only
+// the newest limit entries: only those decide anything (is the window full, when does the
+// entry that must leave leave), as in the Redis script.
+func insert(ts []time.Time, t time.Time, limit int) []time.Time {
+	i := len(ts)
+	for i > 0 && ts[i-1].After(t) {
+		i--
+	}
+	ts = append(ts, time.Time{})
+	copy(ts[i+1:], ts[i:])
+	ts[i] = t
+	if n := len(ts); n > limit {
+		ts = append(ts[:0], ts[n-limit:]...)
+	}
+	return ts
 }
 
 func (e *endpoint) idle() bool {
-	return e.state == "" && e.failures == 0 && e.probe == "" && len(e.window) == 0
+	return e.state == "" && e.failures == 0 && e.probe == "" && len(e.window) == 0 &&
+		len(e.retries) == 0 && e.slot.IsZero()
 }
 
 func (s *Store) get(hash string, now time.Time) *endpoint {
@@ -173,45 +202,59 @@ type limiter struct {
 	e       *endpoint
 	now     time.Time
 	p       gate.Params
+	reserve int
 	pruned  bool
-	base    time.Duration // delay of the first refused retry of this check
-	refused int
+	refused bool
+	from    time.Time     // the earliest slot for this check's refused retries: when the window frees a place
+	spacing time.Duration // between consecutive slots
 }
 
-// admit counts an attempt, or refuses a retry over the limit with the delay until the window
-// frees a place for it; the k-th refused retry of one check is spaced k×window/limit later.
+// admit counts an attempt, or refuses a retry over the limit and beyond the reserve, handing
+// it the endpoint's next slot and returning the delay until it: slot = max(last slot +
+// spacing, when the window frees a place), spacing = window / max(reserve, retries admitted in
+// the window). See the gate package documentation.
 func (l *limiter) admit(retry bool) (time.Duration, bool) {
 	if !l.p.Limiter() {
 		return 0, false
 	}
 	if !l.pruned {
 		l.e.prune(l.now, l.p.Window)
+		l.reserve = l.p.RetryReserve()
 		l.pruned = true
 	}
 	limit := l.p.RetryRPS
-	count := len(l.e.window)
-	if retry && count >= limit {
-		if l.refused == 0 {
-			l.base = l.e.window[count-limit].Add(l.p.Window).Sub(l.now)
+	count, retries := len(l.e.window), len(l.e.retries)
+	if retry && count >= limit && retries >= l.reserve {
+		if !l.refused {
+			// The window frees a place for a retry when the attempt whose departure takes
+			// it below the limit leaves, or the retry whose departure takes the retries
+			// below the reserve, whichever comes first.
+			l.from = l.e.window[count-limit].Add(l.p.Window)
+			if r := l.e.retries[retries-l.reserve].Add(l.p.Window); r.Before(l.from) {
+				l.from = r
+			}
+			l.spacing = l.p.Window / time.Duration(min(limit, max(l.reserve, retries)))
+			l.refused = true
 		}
-		d := l.base + time.Duration(l.refused)*l.p.Window/time.Duration(limit)
-		l.refused++
-		return d, true
+		slot := l.from
+		if !l.e.slot.IsZero() {
+			slot = later(slot, l.e.slot.Add(l.spacing))
+		}
+		l.e.slot, l.e.slotExpires = slot, slot.Add(l.p.Window+time.Second)
+		return slot.Sub(l.now), true
 	}
-	// Keep the window sorted even if the clock stepped back.
-	i := len(l.e.window)
-	for i > 0 && l.e.window[i-1].After(l.now) {
-		i--
-	}
-	l.e.window = append(l.e.window, time.Time{})
-	copy(l.e.window[i+1:], l.e.window[i:])
-	l.e.window[i] = l.now
-	// Only the newest limit entries decide anything (is the window full, when does the
-	// entry that must leave leave): keep just those, as the Redis script does.
-	if n := len(l.e.window); n > limit {
-		l.e.window = append(l.e.window[:0], l.e.window[n-limit:]...)
+	l.e.window = insert(l.e.window, l.now, limit)
+	if retry {
+		l.e.retries = insert(l.e.retries, l.now, limit)
 	}
 	return 0, false
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func (s *Store) decide(now time.Time, p gate.Params, c gate.EndpointCheck) gate.EndpointDecision {
@@ -232,8 +275,9 @@ func (s *Store) decide(now time.Time, p gate.Params, c gate.EndpointCheck) gate.
 	case state == gate.Open || state == gate.HalfOpen:
 		for i, retry := range c.Retry {
 			if e.probe != "" {
-				wait := min(e.probeExpires.Sub(now), gate.MaxProbeWait)
-				rows[i] = gate.RowDecision{Verdict: gate.DeferProbe, Delay: max(wait, time.Millisecond)}
+				// Until the probe expires: its success closes the circuit sooner, and the
+				// caller learns that from Hooks.OnClosed.
+				rows[i] = gate.RowDecision{Verdict: gate.DeferProbe, Delay: max(e.probeExpires.Sub(now), time.Millisecond)}
 				continue
 			}
 			if d, refused := lim.admit(retry); refused {

@@ -32,6 +32,8 @@ const (
 	breakerKey = iota
 	probeKey
 	windowKey
+	retriesKey
+	slotKey
 )
 
 type corruption struct {
@@ -126,6 +128,28 @@ var corruptions = []corruption{
 	{"window/scores +inf", windowKey, scores(func(time.Time) float64 { return math.Inf(1) }, 10)},
 	{"window/scores in an hour", windowKey, scores(func(now time.Time) float64 { return float64(now.Add(time.Hour).UnixMicro()) }, 10)},
 	{"window/scores -inf", windowKey, scores(func(time.Time) float64 { return math.Inf(-1) }, 10)},
+
+	{"retries/string", retriesKey, str("not a zset", time.Hour)},
+	{"retries/hash", retriesKey, hash},
+	{"retries/list", retriesKey, list},
+	{"retries/scores +inf", retriesKey, scores(func(time.Time) float64 { return math.Inf(1) }, 10)},
+	{"retries/scores in an hour", retriesKey, scores(func(now time.Time) float64 { return float64(now.Add(time.Hour).UnixMicro()) }, 10)},
+	{"retries/scores -inf", retriesKey, scores(func(time.Time) float64 { return math.Inf(-1) }, 10)},
+
+	{"slot/hash", slotKey, hash},
+	{"slot/zset", slotKey, zset},
+	{"slot/not a number", slotKey, str("soon", time.Hour)},
+	{"slot/negative", slotKey, str("-5", time.Hour)},
+	{"slot/fractional", slotKey, str("1.5", time.Hour)},
+	{"slot/in a minute without expiry", slotKey, at(time.Minute, 0)},
+	{"slot/in a century expiring in an hour", slotKey, at(100*365*24*time.Hour, time.Hour)},
+}
+
+// at writes a slot key holding the time after from now (µs), expiring after ttl (0: never).
+func at(after, ttl time.Duration) func(context.Context, redis.UniversalClient, string, time.Time) error {
+	return func(ctx context.Context, c redis.UniversalClient, key string, now time.Time) error {
+		return c.Set(ctx, key, strconv.FormatInt(now.Add(after).UnixMicro(), 10), ttl).Err()
+	}
 }
 
 // TestCorruptKeys writes each corruption, makes a first call (Decide, Record or Inspect), and
@@ -167,8 +191,11 @@ func TestCorruptKeys(t *testing.T) {
 				cs.expect(cs.decide(false, true), gate.DeferOpen, gate.DeferOpen)
 
 				cb, _, rl := s.Keys(ep.Hash)
+				retries, slot := s.RetryKeys(ep.Hash)
 				cs.key(cb, "hash")
 				cs.key(rl, "zset")
+				cs.key(retries, "zset")
+				cs.key(slot, "string")
 			})
 		}
 	}
@@ -209,8 +236,8 @@ func TestCorruptProbe(t *testing.T) {
 			dec, token := cs.decideToken(false, true, true)
 			rows := cs.expect(dec, gate.Probe, gate.DeferProbe, gate.DeferProbe)
 			for _, r := range rows[1:] {
-				if r.Delay <= 0 || r.Delay > gate.MaxProbeWait {
-					t.Fatalf("row deferred behind the probe for %s, want at most %s", r.Delay, gate.MaxProbeWait)
+				if r.Delay <= 0 || r.Delay > p.ProbeTimeout {
+					t.Fatalf("row deferred behind the probe for %s, want until it expires, at most %s", r.Delay, p.ProbeTimeout)
 				}
 			}
 			if !slices.Equal(dec.Transitions, []gate.Transition{{Hash: ep.Hash, From: gate.Open, To: gate.HalfOpen}}) {
@@ -234,9 +261,10 @@ func TestCorruptProbe(t *testing.T) {
 }
 
 // TestCorruptWindowHugeCount: a window holding far more entries than the limit, with scores
-// that are fine (now) and members the script never writes, refuses retries for at most about a
-// window (as a full window would), is trimmed to the limit by the first admitted attempt, and
-// one window later admits the limit again.
+// that are fine (now) and members the script never writes, admits retries only within their
+// reserve and refuses the others for at most about a window (as a full window would), is
+// trimmed to the limit by the first admitted attempt, and one window later admits the limit
+// again.
 func TestCorruptWindowHugeCount(t *testing.T) {
 	t.Parallel()
 	s := redistest.Open(t, redistest.Prefix(t))
@@ -264,14 +292,13 @@ return redis.call('ZCARD', KEYS[1])`)
 	p := corruptParams
 	p.Window = 3 * time.Second
 	cs := &checker{t: t, s: s, hash: ep.Hash, p: p}
-	// One first attempt (counted, never refused) and five retries, all refused.
-	rows := cs.expect(cs.decide(false, true, true, true, true, true),
-		gate.Allow, gate.DeferRateLimit, gate.DeferRateLimit, gate.DeferRateLimit, gate.DeferRateLimit, gate.DeferRateLimit)
-	w, limit := p.Window, time.Duration(p.RetryRPS)
-	for k, r := range rows[1:] {
-		if most := w + time.Duration(k)*w/limit + time.Microsecond; r.Delay <= 0 || r.Delay > most {
-			t.Fatalf("refused retry %d deferred for %s, want at most %s", k+1, r.Delay, most)
-		}
+	// One first attempt (counted, never refused) and three retries: the two of the reserve
+	// (ceil(3 × 0.5)) admitted, the third refused.
+	rows := cs.expect(cs.decide(false, true, true, true),
+		gate.Allow, gate.Allow, gate.Allow, gate.DeferRateLimit)
+	w := p.Window
+	if r := rows[3]; r.Delay <= 0 || r.Delay > w+time.Microsecond {
+		t.Fatalf("refused retry deferred for %s, want at most %s", r.Delay, w)
 	}
 	if n := s.Client().ZCard(ctx, rl).Val(); n > int64(p.RetryRPS) {
 		t.Fatalf("window holds %d entries after an admitted attempt, want at most the limit %d", n, p.RetryRPS)
@@ -320,8 +347,9 @@ func corrupt(t *testing.T, s *redisstore.Store, ep *delivery.Endpoint, c corrupt
 		return
 	}
 	ctx := context.Background()
-	keys := make([]string, 3)
+	keys := make([]string, 5)
 	keys[breakerKey], keys[probeKey], keys[windowKey] = s.Keys(ep.Hash)
+	keys[retriesKey], keys[slotKey] = s.RetryKeys(ep.Hash)
 	now, err := redistest.Now(ctx, s.Client())
 	if err != nil {
 		t.Fatal(err)

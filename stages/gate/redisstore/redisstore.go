@@ -15,15 +15,21 @@
 //	                           expires gate.StateTTL after its last change (plus the reset
 //	                           time while open)
 //	webhook_cb_probe:{<hash>}  the half-open probe's owner token; expires after the probe timeout
-//	webhook_rl:{<hash>}        rate-limit window (sorted set); expires a second after the window
+//	webhook_rl:{<hash>}        rate-limit window: every attempt admitted (sorted set, scored by
+//	                           time, at most the limit's newest); expires a second after the window
+//	webhook_rl_retry:{<hash>}  the retries among them (sorted set, the same bounds), for the
+//	                           share of the limit reserved for retries
+//	webhook_rl_slot:{<hash>}   the latest slot handed to a deferred retry (µs by Redis's clock,
+//	                           a string); expires a window and a second after that slot
 //
 // A key holding something no script wrote (a key of another type, a field the scripts never
-// write, a breaker or probe key without expiry, window entries scored in the future) never makes
-// a script fail: decide.lua and record.lua read it as absent (a closed circuit with no failures,
-// no probe in flight, an empty window) and delete it, so the endpoint behaves as a clean one
-// from that call on (the breaker opens after Threshold failures counted from there); Inspect
-// reads it the same way and leaves it. A probe key is a probe only while it expires within the
-// longer of the probe timeout and gate.StateTTL (Inspect: gate.StateTTL). See state.lua.
+// write, a breaker, probe or slot key without expiry, window entries scored in the future, a
+// slot later than its key's expiry) never makes a script fail: decide.lua and record.lua read
+// it as absent (a closed circuit with no failures, no probe in flight, an empty window, no slot
+// handed out) and delete it, so the endpoint behaves as a clean one from that call on (the
+// breaker opens after Threshold failures counted from there); Inspect reads it the same way and
+// leaves it. A probe key is a probe only while it expires within the longer of the probe timeout
+// and gate.StateTTL (Inspect: gate.StateTTL). See state.lua.
 //
 // The hash inside braces is a Redis Cluster hash tag: an endpoint's keys share a slot, so each
 // script runs on one node, and a pipeline spanning several endpoints is split per node by the
@@ -119,21 +125,30 @@ func (s *Store) Close() error {
 	return s.client.Close()
 }
 
-// Keys returns an endpoint's breaker state, probe and rate-limit keys.
+// Keys returns an endpoint's breaker state, probe and rate-limit window keys. RetryKeys
+// returns the rate limiter's other two.
 func (s *Store) Keys(hash string) (breaker, probe, rateLimit string) {
 	return s.prefix + "webhook_cb:{" + hash + "}",
 		s.prefix + "webhook_cb_probe:{" + hash + "}",
 		s.prefix + "webhook_rl:{" + hash + "}"
 }
 
+// RetryKeys returns an endpoint's rate-limit keys for retries: the retries admitted in the
+// window (for the share reserved for them) and the latest slot handed to a deferred retry.
+func (s *Store) RetryKeys(hash string) (retries, slot string) {
+	return s.prefix + "webhook_rl_retry:{" + hash + "}",
+		s.prefix + "webhook_rl_slot:{" + hash + "}"
+}
+
 func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }
 
 // Decide implements gate.Store: one pipeline of one decide.lua call per endpoint.
 func (s *Store) Decide(ctx context.Context, p gate.Params, checks []gate.EndpointCheck) ([]gate.EndpointDecision, error) {
-	limit := max(p.RetryRPS, 0)
+	limit, reserve := max(p.RetryRPS, 0), p.RetryReserve()
 	cmds, err := s.run(ctx, OpDecide, decideScript, len(checks), func(i int) ([]string, []any) {
 		c := checks[i]
 		cb, probe, rl := s.Keys(c.Hash)
+		retries, slot := s.RetryKeys(c.Hash)
 		flags := make([]byte, len(c.Retry))
 		for j, retry := range c.Retry {
 			flags[j] = '0'
@@ -141,9 +156,9 @@ func (s *Store) Decide(ctx context.Context, p gate.Params, checks []gate.Endpoin
 				flags[j] = '1'
 			}
 		}
-		return []string{cb, probe, rl}, []any{
+		return []string{cb, probe, rl, retries, slot}, []any{
 			max(p.Threshold, 0), limit, max(1, p.Window.Microseconds()), ms(p.ProbeTimeout),
-			ms(gate.StateTTL), ms(gate.MaxProbeWait), c.Token, string(flags),
+			ms(gate.StateTTL), reserve, c.Token, string(flags),
 		}
 	})
 	if err != nil {

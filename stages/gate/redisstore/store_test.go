@@ -171,41 +171,63 @@ func TestKeys(t *testing.T) {
 	ep := endpoint(url)
 	ctx := context.Background()
 
-	rows := batch(6, ep)
+	rows := batch(6, ep) // four first attempts and two retries, all within the limit of 5 and the reserve of 3
 	g.Check(ctx, rows)
 	rows[0].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503}
 	g.Record(ctx, rows[:1])
 
 	cb, probe, rl := s.Keys(ep.Hash)
-	for _, k := range []string{cb, probe, rl} {
+	retries, slot := s.RetryKeys(ep.Hash)
+	all := []string{cb, probe, rl, retries, slot}
+	for _, k := range all {
 		if !strings.HasPrefix(k, prefix) || !strings.Contains(k, "{"+ep.Hash+"}") {
 			t.Fatalf("key %q: want the prefix and the full hash in braces", k)
 		}
 	}
-	if want := prefix + "webhook_cb:{" + ep.Hash + "}"; cb != want {
-		t.Fatalf("breaker key %q, want %q", cb, want)
-	}
-	if want := prefix + "webhook_cb_probe:{" + ep.Hash + "}"; probe != want {
-		t.Fatalf("probe key %q, want %q", probe, want)
-	}
-	if want := prefix + "webhook_rl:{" + ep.Hash + "}"; rl != want {
-		t.Fatalf("rate-limit key %q, want %q", rl, want)
+	for k, want := range map[string]string{
+		cb:      "webhook_cb:{",
+		probe:   "webhook_cb_probe:{",
+		rl:      "webhook_rl:{",
+		retries: "webhook_rl_retry:{",
+		slot:    "webhook_rl_slot:{",
+	} {
+		if want = prefix + want + ep.Hash + "}"; k != want {
+			t.Fatalf("key %q, want %q", k, want)
+		}
 	}
 	client := s.Client()
 	// The cluster slot of every key is the hash's.
-	slot := redisSlot(ep.Hash)
-	for _, k := range []string{cb, probe, rl} {
-		if redisSlot(k) != slot {
+	hashSlot := redisSlot(ep.Hash)
+	for _, k := range all {
+		if redisSlot(k) != hashSlot {
 			t.Fatalf("key %q is not in the endpoint's cluster slot", k)
 		}
 	}
+
+	// The breaker opened: take the rate-limit keys alone on a second endpoint, with retries
+	// refused so that a slot is handed out.
+	ep2 := endpoint(url + "&other")
+	rows2 := batch(12, ep2)
+	for _, d := range rows2 {
+		d.Attempt = 2
+	}
+	g.Check(ctx, rows2)
+	if d := rows2[len(rows2)-1]; d.Outcome.Kind != delivery.Defer {
+		t.Fatalf("the 12th retry against a limit of 5 was not deferred: %s", d.Outcome.Kind)
+	}
+	lastDelay := rows2[len(rows2)-1].Outcome.Delay
+	_, _, rl2 := s.Keys(ep2.Hash)
+	retries2, slot2 := s.RetryKeys(ep2.Hash)
 
 	keys, err := client.Keys(ctx, prefix+"*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != 2 { // breaker state (open) and rate-limit window; no probe yet
-		t.Fatalf("keys %v, want the breaker and rate-limit keys", keys)
+	slices.Sort(keys)
+	want := []string{cb, rl, retries, rl2, retries2, slot2} // no probe yet; no slot for ep
+	slices.Sort(want)
+	if !slices.Equal(keys, want) {
+		t.Fatalf("keys %v, want %v", keys, want)
 	}
 	for _, k := range keys {
 		ttl, err := client.PTTL(ctx, k).Result()
@@ -223,8 +245,17 @@ func TestKeys(t *testing.T) {
 			t.Fatalf("key %q stores the endpoint URL", k)
 		}
 	}
-	if ttl := client.PTTL(ctx, rl).Val(); ttl > 2*time.Second {
-		t.Fatalf("rate-limit window TTL %s, want about the window", ttl)
+	for _, k := range []string{rl, retries, rl2, retries2} {
+		if ttl := client.PTTL(ctx, k).Val(); ttl > 2*time.Second {
+			t.Fatalf("rate-limit key %q TTL %s, want about the window", k, ttl)
+		}
+		if n := client.ZCard(ctx, k).Val(); n < 1 || n > 5 {
+			t.Fatalf("rate-limit key %q holds %d entries, want 1 to the limit (5)", k, n)
+		}
+	}
+	// The slot key expires a window and a second after the last slot handed out.
+	if ttl := client.PTTL(ctx, slot2).Val(); ttl < lastDelay || ttl > lastDelay+2*time.Second+time.Millisecond {
+		t.Fatalf("slot key TTL %s, want a window and a second after the last slot (%s from now)", ttl, lastDelay)
 	}
 	if ttl := client.PTTL(ctx, cb).Val(); ttl < reset {
 		t.Fatalf("open breaker TTL %s, shorter than the reset time", ttl)

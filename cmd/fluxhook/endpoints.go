@@ -1,0 +1,749 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fluxora/fluxhook/sql/endpoints"
+)
+
+func init() {
+	commands["endpoints"] = command{summary: "manage webhook endpoints: add, list, show, update, disable, enable, rotate-secret, remove, reencrypt", run: runEndpoints}
+}
+
+const endpointsUsage = `usage:
+  fluxhook endpoints add --url URL [--event-types TYPE,PREFIX.*] [--tenant T] [--scheme fluxora|standard]
+                         [--secret S] [--description D] [--retry-rps N] [--max-concurrency N]
+                         [--header NAME=VALUE]... [--disabled] [--json]
+  fluxhook endpoints list [--json]
+  fluxhook endpoints show ID [--json]
+  fluxhook endpoints update ID [--url URL] [--event-types LIST] [--tenant T] [--description D]
+                         [--retry-rps N] [--max-concurrency N] [--header NAME=VALUE]... [--clear-headers]
+                         [--scheme fluxora|standard [--secret S]] [--json]
+  fluxhook endpoints disable ID [--reason R] [--json]
+  fluxhook endpoints enable ID [--json]
+  fluxhook endpoints rotate-secret ID [--secret S] [--grace 24h] [--json]
+  fluxhook endpoints remove ID [--pending refuse|dead-letter|drop] [--json]
+  fluxhook endpoints reencrypt [--json]
+
+An endpoint receives the events its filter matches (exact types and "prefix.*" patterns:
+"order.*" matches order.created, not order nor orders.x; no filter = every event) and its
+tenant's (no tenant = events without a tenant), signed with its own secret.
+
+Secrets are printed once: by add, rotate-secret, and update --scheme (a scheme change comes
+with a new secret). list and show never print them. Without --secret one is generated:
+"whsec_" + base64 of 24 random bytes for standard, 64 hex digits for fluxora.
+rotate-secret keeps the old secret signing for --grace (0: not at all, for a leaked secret).
+
+With WEBHOOK_ENCRYPTION_KEY (base64 of 32 bytes: openssl rand -base64 32) secrets are stored
+encrypted (AES-256-GCM); without it they are stored in clear. To change the key, give the new
+one in WEBHOOK_ENCRYPTION_KEY and the old one in WEBHOOK_ENCRYPTION_KEY_PREVIOUS, to the
+dispatchers too; run reencrypt; then remove the old key. reencrypt also seals secrets stored
+in clear.
+
+disable stops routing to the endpoint; the dispatcher dead-letters its pending deliveries.
+remove refuses while deliveries are pending: --pending dead-letter moves them to the
+dead-letter table (reason "endpoint removed"); --pending drop deletes them: they are lost.
+`
+
+// runEndpoints manages webhook_endpoints without hand-written SQL: the operator's way to add a
+// consumer, change its filter, rotate its secret or retire it, with every value validated as
+// the dispatcher will validate it.
+func runEndpoints(ctx context.Context, env *environment, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(env.stderr, endpointsUsage)
+		return usageError("endpoints needs a subcommand: add, list, show, update, disable, enable, rotate-secret, remove or reencrypt")
+	}
+	run, ok := map[string]func(context.Context, *environment, []string) error{
+		"add":           runEndpointsAdd,
+		"list":          runEndpointsList,
+		"show":          runEndpointsShow,
+		"update":        runEndpointsUpdate,
+		"disable":       runEndpointsDisable,
+		"enable":        runEndpointsEnable,
+		"rotate-secret": runEndpointsRotateSecret,
+		"remove":        runEndpointsRemove,
+		"reencrypt":     runEndpointsReencrypt,
+	}[args[0]]
+	switch {
+	case args[0] == "help" || args[0] == "-h" || args[0] == "--help":
+		fmt.Fprint(env.stdout, endpointsUsage)
+		return nil
+	case !ok:
+		fmt.Fprint(env.stderr, endpointsUsage)
+		return usageError("unknown endpoints subcommand %q", args[0])
+	}
+	err := run(ctx, env, args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return endpointsError(err)
+}
+
+// endpointsError turns the store's validation errors into usage errors (exit status 2) that
+// name the flag to fix, and its refusal to remove an endpoint with pending deliveries into
+// the flags that decide their fate.
+func endpointsError(err error) error {
+	var inv *endpoints.InvalidError
+	var pending *endpoints.PendingError
+	switch {
+	case errors.As(err, &inv):
+		return usageError("--%s: %v", fieldFlag(inv.Field), inv.Err)
+	case errors.As(err, &pending):
+		return fmt.Errorf("endpoint %s has %d deliveries pending; nothing was removed: pass --pending dead-letter (kept in the dead-letter table) or --pending drop (lost)",
+			pending.ID, pending.Pending)
+	}
+	return err
+}
+
+// fieldFlag names the flag that sets a field of webhook_endpoints.
+func fieldFlag(field string) string {
+	if field == "headers" {
+		return "header"
+	}
+	return strings.ReplaceAll(field, "_", "-")
+}
+
+// endpointsEnv is what every endpoints subcommand opens: the database and the cipher built
+// from WEBHOOK_ENCRYPTION_KEY and WEBHOOK_ENCRYPTION_KEY_PREVIOUS. The keys are read from the
+// environment only: a flag would put them in the shell history and the process list.
+func endpointsEnv(ctx context.Context, env *environment, dbURL string) (*pgxpool.Pool, *endpoints.Cipher, error) {
+	c, err := endpoints.NewCipher(env.getenv("WEBHOOK_ENCRYPTION_KEY"), env.getenv("WEBHOOK_ENCRYPTION_KEY_PREVIOUS"))
+	if err != nil {
+		return nil, nil, usageError("%v", err)
+	}
+	pool, err := connectCurrent(ctx, dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pool, c, nil
+}
+
+// warnClear says, where a secret is written, that it is stored readable by anyone who can
+// read the table, and how to fix it.
+func warnClear(env *environment, c *endpoints.Cipher) {
+	if !c.HasKey() {
+		fmt.Fprintln(env.stderr, "warning: WEBHOOK_ENCRYPTION_KEY is not set, so the secret is stored in clear in webhook_endpoints;"+
+			" set it (openssl rand -base64 32) and run `fluxhook endpoints reencrypt`")
+	}
+}
+
+// oneID parses flags and the one endpoint id a subcommand takes.
+func oneID(fs *flag.FlagSet, args []string, sub string) (string, error) {
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		return "", err
+	}
+	if len(positional) != 1 {
+		return "", usageError("endpoints %s takes exactly one endpoint id (see `fluxhook endpoints list`)", sub)
+	}
+	return positional[0], nil
+}
+
+// optString is a string flag that remembers whether it was given, for update, where "not
+// given" (leave it) and "given empty" (clear it) differ.
+type optString struct {
+	set bool
+	v   string
+}
+
+func (o *optString) String() string {
+	if o == nil {
+		return ""
+	}
+	return o.v
+}
+
+func (o *optString) Set(s string) error { o.set, o.v = true, s; return nil }
+
+func (o *optString) ptr() *string {
+	if !o.set {
+		return nil
+	}
+	return &o.v
+}
+
+// optInt is optString for integers: 0 restores the dispatcher's default.
+type optInt struct {
+	set bool
+	v   int
+}
+
+func (o *optInt) String() string {
+	if o == nil || !o.set {
+		return ""
+	}
+	return strconv.Itoa(o.v)
+}
+
+func (o *optInt) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want a whole number ≥ 0 (0 = the dispatcher's default), got %q", s)
+	}
+	o.set, o.v = true, n
+	return nil
+}
+
+func (o *optInt) ptr() *int {
+	if !o.set {
+		return nil
+	}
+	return &o.v
+}
+
+// headerFlag collects repeated --header NAME=VALUE flags.
+type headerFlag map[string]string
+
+func (h headerFlag) String() string { return "" }
+
+func (h headerFlag) Set(s string) error {
+	name, value, ok := strings.Cut(s, "=")
+	if !ok || name == "" {
+		return fmt.Errorf("want NAME=VALUE, got %q", s)
+	}
+	h[name] = value
+	return nil
+}
+
+// eventTypes splits a --event-types list; "" is the empty filter (every event). Spaces after
+// commas are forgiven, since "a, b" is how people write lists.
+func eventTypes(s string) []string {
+	list := []string{}
+	if strings.TrimSpace(s) == "" {
+		return list
+	}
+	for _, t := range strings.Split(s, ",") {
+		list = append(list, strings.TrimSpace(t))
+	}
+	return list
+}
+
+// endpointReport is an endpoint as the subcommands' --json prints it: the fields of show,
+// plus the secret where one was just created (add, rotate-secret, a scheme change), the only
+// moment it is ever printed.
+type endpointReport struct {
+	endpoints.Details
+	Secret string `json:"secret,omitempty"`
+}
+
+// describe reads an endpoint back after a change, for printing it as show does.
+func describe(ctx context.Context, pool *pgxpool.Pool, c *endpoints.Cipher, id string) (endpoints.Details, error) {
+	d, err := endpoints.Describe(ctx, pool, c, id)
+	if err != nil {
+		return d, err
+	}
+	d.Endpoint = forDisplay(d.Endpoint)
+	return d, nil
+}
+
+// forDisplay readies an endpoint for output: the password of a URL stored by SQL masked, and
+// the values of headers that look like credentials (Authorization, a token, an API key)
+// masked, since show and list must never print a secret, and such a header is one.
+func forDisplay(e endpoints.Endpoint) endpoints.Endpoint {
+	e.Secret, e.PreviousSecret = "", ""
+	e.URL = redactURL(e.URL)
+	h := maps.Clone(e.Headers)
+	for k := range h {
+		if sensitiveHeader(k) {
+			h[k] = redactedPassword
+		}
+	}
+	e.Headers = h
+	return e
+}
+
+func sensitiveHeader(name string) bool {
+	n := strings.ToLower(name)
+	if n == "authorization" || n == "proxy-authorization" || n == "cookie" {
+		return true
+	}
+	for _, part := range []string{"token", "secret", "key", "auth", "password", "signature", "session"} {
+		if strings.Contains(n, part) {
+			return true
+		}
+	}
+	return false
+}
+
+// printSecret prints a new secret once, with what the operator must do about it.
+func printSecret(w io.Writer, id, secret string) {
+	fmt.Fprintf(w, "\n  secret: %s\n\n", secret)
+	fmt.Fprintf(w, "Store this secret now, in the consumer's configuration: it is not shown again.\n")
+	fmt.Fprintf(w, "(If it is lost, `fluxhook endpoints rotate-secret %s` issues a new one.)\n", id)
+}
+
+func runEndpointsAdd(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet("endpoints add", env, "fluxhook endpoints add --url URL [flags]")
+	dbURL := databaseURLFlag(fs, env)
+	var n endpoints.New
+	fs.StringVar(&n.URL, "url", "", "where deliveries go: https://..., or http:// for a loopback host (required)")
+	types := fs.String("event-types", "", `comma-separated event types and "prefix.*" patterns (default every event)`)
+	fs.StringVar(&n.Tenant, "tenant", "", "receive only this tenant's events (default: events without a tenant)")
+	fs.StringVar(&n.Scheme, "scheme", endpoints.SchemeFluxora, "signature scheme: fluxora | standard")
+	fs.StringVar(&n.Secret, "secret", "", "signing secret (default: generated; standard: whsec_ + base64)")
+	fs.StringVar(&n.Description, "description", "", "free text for people")
+	fs.IntVar(&n.RetryRPS, "retry-rps", 0, "attempts per second before retries are deferred (default WEBHOOK_RETRY_RPS)")
+	fs.IntVar(&n.MaxConcurrency, "max-concurrency", 0, "concurrent requests (default WEBHOOK_ENDPOINT_CONCURRENCY)")
+	headers := headerFlag{}
+	fs.Var(headers, "header", "extra request header NAME=VALUE (repeatable)")
+	fs.BoolVar(&n.Disabled, "disabled", false, "add it without routing events to it yet")
+	asJSON := fs.Bool("json", false, "print the endpoint, with its secret, as one JSON object")
+	if err := noArguments(fs, args); err != nil {
+		return err
+	}
+	if n.URL == "" {
+		return usageError("--url is required")
+	}
+	n.EventTypes, n.Headers = eventTypes(*types), headers
+	pool, c, err := endpointsEnv(ctx, env, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	added, err := endpoints.Add(ctx, pool, c, n)
+	if err != nil {
+		return err
+	}
+	warnClear(env, c)
+	d, err := describe(ctx, pool, c, added.ID)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, endpointReport{Details: d, Secret: added.Secret})
+	}
+	state := "enabled"
+	if !added.Enabled {
+		state = "disabled: nothing is routed to it until `fluxhook endpoints enable " + added.ID + "`"
+	}
+	fmt.Fprintf(env.stdout, "added endpoint %s (%s, %s)\n", added.ID, added.Scheme, state)
+	printSecret(env.stdout, added.ID, added.Secret)
+	return nil
+}
+
+func runEndpointsList(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet("endpoints list", env, "fluxhook endpoints list [--json]")
+	dbURL := databaseURLFlag(fs, env)
+	asJSON := fs.Bool("json", false, "print a JSON array of endpoints (never their secrets)")
+	if err := noArguments(fs, args); err != nil {
+		return err
+	}
+	pool, c, err := endpointsEnv(ctx, env, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	list, err := endpoints.List(ctx, pool, c)
+	if err != nil {
+		return err
+	}
+	for i := range list {
+		list[i] = forDisplay(list[i])
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, list)
+	}
+	if len(list) == 0 {
+		_, err := fmt.Fprintln(env.stdout, "no endpoints; add one with `fluxhook endpoints add --url URL`")
+		return err
+	}
+	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tURL\tTENANT\tEVENTS\tENABLED\tDISABLED REASON")
+	for _, e := range list {
+		enabled, reason := "yes", "-"
+		if !e.Enabled {
+			enabled, reason = "no", shorten(printable(e.DisabledReason), 50)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, shorten(printable(listURL(e.URL)), 60), orDash(e.Tenant),
+			shorten(printable(filterText(e.EventTypes)), 40), enabled, reason)
+	}
+	return tw.Flush()
+}
+
+// listURL shortens a URL for the table: scheme, host and path, with "?…" standing for a query,
+// which may carry a token the table has no reason to show (show prints it).
+func listURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return raw
+	}
+	short := u.Scheme + "://" + u.Host + u.EscapedPath()
+	if u.RawQuery != "" || u.ForceQuery {
+		short += "?…"
+	}
+	return short
+}
+
+func filterText(types []string) string {
+	if len(types) == 0 {
+		return "*"
+	}
+	return strings.Join(types, ",")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return printable(s)
+}
+
+func runEndpointsShow(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet("endpoints show", env, "fluxhook endpoints show ID [--json]")
+	dbURL := databaseURLFlag(fs, env)
+	asJSON := fs.Bool("json", false, "print the endpoint as one JSON object (never its secrets)")
+	id, err := oneID(fs, args, "show")
+	if err != nil {
+		return err
+	}
+	pool, c, err := endpointsEnv(ctx, env, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	d, err := describe(ctx, pool, c, id)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, d)
+	}
+	return printEndpoint(env.stdout, d, c.HasKey())
+}
+
+func printEndpoint(w io.Writer, d endpoints.Details, haveKey bool) error {
+	when := func(t time.Time, none string) string {
+		if t.IsZero() {
+			return none
+		}
+		return formatTime(t)
+	}
+	limit := func(n int, env string) string {
+		if n == 0 {
+			return "default (" + env + ")"
+		}
+		return strconv.Itoa(n)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "id\t%s\n", d.ID)
+	fmt.Fprintf(tw, "url\t%s\n", printable(d.URL))
+	fmt.Fprintf(tw, "description\t%s\n", orDash(d.Description))
+	tenant := "- (receives events without a tenant)"
+	if d.Tenant != "" {
+		tenant = printable(d.Tenant)
+	}
+	fmt.Fprintf(tw, "tenant\t%s\n", tenant)
+	events := "* (every event)"
+	if len(d.EventTypes) > 0 {
+		events = printable(strings.Join(d.EventTypes, ", "))
+	}
+	fmt.Fprintf(tw, "event_types\t%s\n", events)
+	fmt.Fprintf(tw, "scheme\t%s\n", d.Scheme)
+	if d.Enabled {
+		fmt.Fprintf(tw, "enabled\tyes\n")
+	} else {
+		fmt.Fprintf(tw, "enabled\tno, since %s: %s\n", when(d.DisabledAt, "?"), orDash(d.DisabledReason))
+	}
+	fmt.Fprintf(tw, "retry_rps\t%s\n", limit(d.RetryRPS, "WEBHOOK_RETRY_RPS"))
+	fmt.Fprintf(tw, "max_concurrency\t%s\n", limit(d.MaxConcurrency, "WEBHOOK_ENDPOINT_CONCURRENCY"))
+	if len(d.Headers) == 0 {
+		fmt.Fprintf(tw, "headers\t-\n")
+	}
+	for i, k := range slices.Sorted(maps.Keys(d.Headers)) {
+		label := ""
+		if i == 0 {
+			label = "headers"
+		}
+		fmt.Fprintf(tw, "%s\t%s: %s\n", label, printable(k), printable(d.Headers[k]))
+	}
+	switch {
+	case d.SecretEncrypted:
+		fmt.Fprintf(tw, "secret\tencrypted at rest (WEBHOOK_ENCRYPTION_KEY); never shown\n")
+	case haveKey:
+		fmt.Fprintf(tw, "secret\tstored in clear; never shown: run `fluxhook endpoints reencrypt` to encrypt it\n")
+	default:
+		fmt.Fprintf(tw, "secret\tstored in clear; never shown: set WEBHOOK_ENCRYPTION_KEY and run `fluxhook endpoints reencrypt`\n")
+	}
+	switch {
+	case d.PreviousSecretInGrace:
+		fmt.Fprintf(tw, "previous_secret\tstill signs until %s (rotation grace)\n", formatTime(d.PreviousUntil))
+	case !d.PreviousUntil.IsZero():
+		fmt.Fprintf(tw, "previous_secret\tgrace ended %s; no longer signs\n", formatTime(d.PreviousUntil))
+	default:
+		fmt.Fprintf(tw, "previous_secret\tnone\n")
+	}
+	fmt.Fprintf(tw, "pending_deliveries\t%d\n", d.PendingDeliveries)
+	fmt.Fprintf(tw, "last_success_at\t%s\n", when(d.LastSuccessAt, "- (none yet)"))
+	fmt.Fprintf(tw, "failing_since\t%s\n", when(d.FailingSince, "- (not failing)"))
+	fmt.Fprintf(tw, "created_at\t%s\n", formatTime(d.CreatedAt))
+	fmt.Fprintf(tw, "updated_at\t%s\n", formatTime(d.UpdatedAt))
+	if d.LoadError != "" {
+		fmt.Fprintf(tw, "problem\t%s\n", printable(d.LoadError))
+	}
+	return tw.Flush()
+}
+
+func runEndpointsUpdate(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet("endpoints update", env, "fluxhook endpoints update ID [flags]")
+	dbURL := databaseURLFlag(fs, env)
+	var u, types, tenant, description, scheme, secret optString
+	var rps, conc optInt
+	fs.Var(&u, "url", "new URL")
+	fs.Var(&types, "event-types", `new filter, comma-separated ("" = every event)`)
+	fs.Var(&tenant, "tenant", `new tenant ("" = none: events without a tenant)`)
+	fs.Var(&description, "description", "new description")
+	fs.Var(&rps, "retry-rps", "new retry rate (0 = WEBHOOK_RETRY_RPS)")
+	fs.Var(&conc, "max-concurrency", "new concurrency limit (0 = WEBHOOK_ENDPOINT_CONCURRENCY)")
+	headers := headerFlag{}
+	fs.Var(headers, "header", "add or replace the header NAME=VALUE (repeatable)")
+	clearHeaders := fs.Bool("clear-headers", false, "remove every custom header first (then --header sets the new ones)")
+	fs.Var(&scheme, "scheme", "new signature scheme; a change comes with a new secret, printed once")
+	fs.Var(&secret, "secret", "the new secret for a --scheme change (default: generated)")
+	asJSON := fs.Bool("json", false, "print the updated endpoint as one JSON object")
+	id, err := oneID(fs, args, "update")
+	if err != nil {
+		return err
+	}
+	p := endpoints.Patch{URL: u.ptr(), Description: description.ptr(), Tenant: tenant.ptr(), RetryRPS: rps.ptr(),
+		MaxConcurrency: conc.ptr(), Scheme: scheme.ptr(), Secret: secret.ptr()}
+	if types.set {
+		list := eventTypes(types.v)
+		p.EventTypes = &list
+	}
+	if len(headers) > 0 || *clearHeaders {
+		h := map[string]string(headers)
+		p.Headers, p.MergeHeaders = &h, !*clearHeaders
+	}
+	if secret.set && !scheme.set {
+		return usageError("--secret changes the secret only with --scheme; to replace it, use `fluxhook endpoints rotate-secret %s --secret S`", id)
+	}
+	if !u.set && !types.set && !tenant.set && !description.set && !rps.set && !conc.set && len(headers) == 0 && !*clearHeaders && !scheme.set {
+		return usageError("endpoints update needs something to change: --url, --event-types, --tenant, --description, --retry-rps, --max-concurrency, --header, --clear-headers or --scheme")
+	}
+	pool, c, err := endpointsEnv(ctx, env, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	newSecret, err := endpoints.Update(ctx, pool, c, id, p)
+	if err != nil {
+		return err
+	}
+	if newSecret != "" {
+		warnClear(env, c)
+	}
+	d, err := describe(ctx, pool, c, id)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, endpointReport{Details: d, Secret: newSecret})
+	}
+	fmt.Fprintf(env.stdout, "updated endpoint %s\n", d.ID)
+	if newSecret != "" {
+		fmt.Fprintf(env.stdout, "The scheme is now %s, with a new secret; the old one no longer signs.\n", d.Scheme)
+		printSecret(env.stdout, d.ID, newSecret)
+	}
+	return nil
+}
+
+func runEndpointsDisable(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet("endpoints disable", env, "fluxhook endpoints disable ID [--reason R] [--json]")
+	dbURL := databaseURLFlag(fs, env)
+	reason := fs.String("reason", "", "why, shown by list and show (default \""+endpoints.DefaultDisabledReason+"\")")
+	asJSON := fs.Bool("json", false, "print the endpoint as one JSON object")
+	id, err := oneID(fs, args, "disable")
+	if err != nil {
+		return err
+	}
+	pool, c, err := endpointsEnv(ctx, env, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	if err := endpoints.Disable(ctx, pool, id, *reason); err != nil {
+		return err
+	}
+	d, err := describe(ctx, pool, c, id)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, d)
+	}
+	fmt.Fprintf(env.stdout, "disabled endpoint %s: %s\nNo events are routed to it", d.ID, printable(d.DisabledReason))
+	if d.PendingDeliveries > 0 {
+		fmt.Fprintf(env.stdout, "; the dispatcher dead-letters its %d pending deliveries (replayable with `fluxhook dlq replay` once it is enabled)", d.PendingDeliveries)
+	}
+	_, err = fmt.Fprintln(env.stdout, ".")
+	return err
+}
+
+func runEndpointsEnable(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet("endpoints enable", env, "fluxhook endpoints enable ID [--json]")
+	dbURL := databaseURLFlag(fs, env)
+	asJSON := fs.Bool("json", false, "print the endpoint as one JSON object")
+	id, err := oneID(fs, args, "enable")
+	if err != nil {
+		return err
+	}
+	pool, c, err := endpointsEnv(ctx, env, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	if err := endpoints.Enable(ctx, pool, id); err != nil {
+		return err
+	}
+	d, err := describe(ctx, pool, c, id)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, d)
+	}
+	_, err = fmt.Fprintf(env.stdout, "enabled endpoint %s: events are routed to it again\n", d.ID)
+	return err
+}
+
+func runEndpointsRotateSecret(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet("endpoints rotate-secret", env, "fluxhook endpoints rotate-secret ID [--secret S] [--grace 24h] [--json]")
+	dbURL := databaseURLFlag(fs, env)
+	secret := fs.String("secret", "", "the new secret (default: generated in the endpoint's scheme)")
+	grace := fs.Duration("grace", endpoints.DefaultGrace, "how long the old secret keeps signing; 0 drops it at once (a leaked secret)")
+	asJSON := fs.Bool("json", false, "print the endpoint, with its new secret, as one JSON object")
+	id, err := oneID(fs, args, "rotate-secret")
+	if err != nil {
+		return err
+	}
+	g := *grace
+	switch {
+	case g < 0:
+		return usageError("--grace must not be negative, got %v", g)
+	case g == 0:
+		g = endpoints.NoGrace
+	}
+	pool, c, err := endpointsEnv(ctx, env, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	newSecret, err := endpoints.RotateSecret(ctx, pool, c, id, *secret, g)
+	if err != nil {
+		return err
+	}
+	warnClear(env, c)
+	d, err := describe(ctx, pool, c, id)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, endpointReport{Details: d, Secret: newSecret})
+	}
+	fmt.Fprintf(env.stdout, "rotated the secret of endpoint %s\n", d.ID)
+	if d.PreviousSecretInGrace {
+		fmt.Fprintf(env.stdout, "The old secret keeps signing until %s; give the consumer the new one before then.\n", formatTime(d.PreviousUntil))
+	} else {
+		fmt.Fprintf(env.stdout, "The old secret no longer signs.\n")
+	}
+	printSecret(env.stdout, d.ID, newSecret)
+	return nil
+}
+
+// removeReport is `endpoints remove --json`.
+type removeReport struct {
+	ID           string `json:"id"`
+	Removed      bool   `json:"removed"`
+	DeadLettered int64  `json:"dead_lettered"`
+	Dropped      int64  `json:"dropped"`
+}
+
+func runEndpointsRemove(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet("endpoints remove", env, "fluxhook endpoints remove ID [--pending refuse|dead-letter|drop] [--json]")
+	dbURL := databaseURLFlag(fs, env)
+	pending := fs.String("pending", string(endpoints.PendingRefuse),
+		"what to do with deliveries still pending: refuse (remove nothing), dead-letter (move them to the dead-letter table) or drop (delete them: they are lost)")
+	asJSON := fs.Bool("json", false, "print what was removed as one JSON object")
+	id, err := oneID(fs, args, "remove")
+	if err != nil {
+		return err
+	}
+	action, err := endpoints.ParsePendingAction(*pending)
+	if err != nil {
+		return err
+	}
+	pool, _, err := endpointsEnv(ctx, env, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	r, err := endpoints.Remove(ctx, pool, id, action)
+	if err != nil {
+		return err
+	}
+	// Report the id as stored, whatever case it was typed in.
+	id = strings.ToLower(id)
+	if *asJSON {
+		return writeJSON(env.stdout, removeReport{ID: id, Removed: true, DeadLettered: r.DeadLettered, Dropped: r.Dropped})
+	}
+	fmt.Fprintf(env.stdout, "removed endpoint %s\n", id)
+	switch {
+	case r.DeadLettered > 0:
+		fmt.Fprintf(env.stdout, "%d pending deliveries moved to the dead-letter table (reason \"endpoint removed\")\n", r.DeadLettered)
+	case r.Dropped > 0:
+		fmt.Fprintf(env.stdout, "%d pending deliveries dropped\n", r.Dropped)
+	}
+	return nil
+}
+
+func runEndpointsReencrypt(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet("endpoints reencrypt", env, "fluxhook endpoints reencrypt [--json]")
+	dbURL := databaseURLFlag(fs, env)
+	asJSON := fs.Bool("json", false, `print {"reencrypted": N}`)
+	if err := noArguments(fs, args); err != nil {
+		return err
+	}
+	pool, c, err := endpointsEnv(ctx, env, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	n, err := endpoints.Reencrypt(ctx, pool, c)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, map[string]int{"reencrypted": n})
+	}
+	if n == 0 {
+		_, err = fmt.Fprintln(env.stdout, "nothing to re-encrypt: every secret is encrypted with WEBHOOK_ENCRYPTION_KEY")
+	} else {
+		_, err = fmt.Fprintf(env.stdout, "re-encrypted the secrets of %d endpoints with WEBHOOK_ENCRYPTION_KEY\n", n)
+	}
+	if err == nil && env.getenv("WEBHOOK_ENCRYPTION_KEY_PREVIOUS") != "" {
+		_, err = fmt.Fprintln(env.stdout, "WEBHOOK_ENCRYPTION_KEY_PREVIOUS can be removed once every dispatcher runs with the new key.")
+	}
+	return err
+}

@@ -1,0 +1,210 @@
+package endpoints
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Schemes an endpoint signs with (the values of webhook_endpoints.scheme).
+const (
+	SchemeFluxora  = "fluxora"
+	SchemeStandard = "standard"
+)
+
+// Endpoint is one row of webhook_endpoints, its secrets opened.
+type Endpoint struct {
+	ID          string `json:"id"`
+	URL         string `json:"url"`
+	Description string `json:"description"`
+	// Tenant is empty for an endpoint without one (it receives events without a tenant).
+	Tenant string `json:"tenant,omitempty"`
+	// EventTypes filters events: exact names and "prefix.*" patterns; empty matches all.
+	EventTypes []string `json:"event_types"`
+	Scheme     string   `json:"scheme"`
+	// Secret and PreviousSecret are never printed by the CLI's list and show (json:"-"):
+	// only add and rotate-secret print a secret, once.
+	Secret         string    `json:"-"`
+	PreviousSecret string    `json:"-"`
+	PreviousUntil  time.Time `json:"previous_secret_expires_at,omitzero"`
+	Enabled        bool      `json:"enabled"`
+	DisabledAt     time.Time `json:"disabled_at,omitzero"`
+	DisabledReason string    `json:"disabled_reason"`
+	// RetryRPS and MaxConcurrency override WEBHOOK_RETRY_RPS and
+	// WEBHOOK_ENDPOINT_CONCURRENCY when positive.
+	RetryRPS       int               `json:"retry_rps,omitempty"`
+	MaxConcurrency int               `json:"max_concurrency,omitempty"`
+	Headers        map[string]string `json:"headers"`
+	LastSuccessAt  time.Time         `json:"last_success_at,omitzero"`
+	FailingSince   time.Time         `json:"failing_since,omitzero"`
+	CreatedAt      time.Time         `json:"created_at"`
+	UpdatedAt      time.Time         `json:"updated_at"`
+}
+
+// Matches reports whether an event of eventType passes the endpoint's filter: no filter, an
+// exact name, or a "prefix.*" pattern whose prefix (with its dot) starts the type. The
+// routing statement (route.sql in stages/claim) applies the same rule in SQL; a test keeps
+// the two in agreement.
+func Matches(filter []string, eventType string) bool {
+	if len(filter) == 0 {
+		return true
+	}
+	for _, f := range filter {
+		if prefix, ok := strings.CutSuffix(f, "*"); ok && strings.HasSuffix(prefix, ".") {
+			if strings.HasPrefix(eventType, prefix) {
+				return true
+			}
+		} else if f == eventType {
+			return true
+		}
+	}
+	return false
+}
+
+// ValidateFilter returns an error naming the first filter entry that is neither an exact event
+// type nor a "prefix.*" pattern.
+func ValidateFilter(filter []string) error {
+	for _, f := range filter {
+		switch {
+		case strings.TrimSpace(f) == "" || f != strings.TrimSpace(f):
+			return fmt.Errorf("event type filter %q: empty or surrounded by spaces", f)
+		case strings.Contains(f, "*") && (!strings.HasSuffix(f, ".*") || strings.Count(f, "*") > 1 || f == ".*"):
+			return fmt.Errorf("event type filter %q: a pattern is a prefix ending in \".*\" (e.g. \"stream.*\"); \"*\" elsewhere is not supported", f)
+		}
+	}
+	return nil
+}
+
+// reservedHeaders are the headers fluxhook sets itself: a custom header may not replace them,
+// or an endpoint's configuration could forge or break the signature a consumer verifies.
+var reservedHeaders = []string{
+	"content-type", "content-length", "host", "user-agent", "transfer-encoding", "connection",
+	"x-fluxora-delivery-id", "x-fluxora-timestamp", "x-fluxora-event", "x-fluxora-signature", "x-fluxora-attempt",
+	"webhook-id", "webhook-timestamp", "webhook-signature",
+}
+
+// ValidateHeaders returns an error naming the first custom header that is reserved or not a
+// valid HTTP header.
+func ValidateHeaders(h map[string]string) error {
+	for k, v := range h {
+		name := strings.ToLower(k)
+		if slices.Contains(reservedHeaders, name) {
+			return fmt.Errorf("header %q is reserved: fluxhook sets it itself", k)
+		}
+		if k == "" || strings.ContainsFunc(k, func(r rune) bool { return r <= ' ' || r >= 0x7f || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", r) }) {
+			return fmt.Errorf("header name %q is not a valid HTTP header name", k)
+		}
+		if strings.ContainsFunc(v, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+			return fmt.Errorf("header %q: the value has a control character", k)
+		}
+	}
+	return nil
+}
+
+// Header returns the custom headers in canonical form, ready to add to a request.
+func (e *Endpoint) Header() http.Header {
+	h := make(http.Header, len(e.Headers))
+	for k, v := range e.Headers {
+		h.Set(k, v)
+	}
+	return h
+}
+
+//go:embed queries/load.sql
+var loadSQL string
+
+// Querier is what the functions here run their statements through: a pool, a connection or
+// a transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// LoadAll reads every endpoint, opening secrets with c. An endpoint whose secret cannot be
+// opened (sealed with another key) is returned with Err set rather than failing the others:
+// the dispatcher dead-letters its deliveries with that reason.
+func LoadAll(ctx context.Context, q Querier, c *Cipher) ([]Endpoint, []error, error) {
+	rows, err := q.Query(ctx, loadSQL, "")
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading webhook_endpoints: %w", err)
+	}
+	return collect(rows, c)
+}
+
+// scan reads one row of load.sql.
+func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
+	var e Endpoint
+	var tenant, prev, disabledReason *string
+	var prevUntil, disabledAt, lastSuccess, failingSince *time.Time
+	var retryRPS, maxConc *int32
+	var headers []byte
+	var secret string
+	if err := row.Scan(&e.ID, &e.URL, &e.Description, &tenant, &e.EventTypes, &e.Scheme, &secret, &prev, &prevUntil,
+		&e.Enabled, &disabledAt, &disabledReason, &retryRPS, &maxConc, &headers, &lastSuccess, &failingSince,
+		&e.CreatedAt, &e.UpdatedAt); err != nil {
+		return e, fmt.Errorf("reading webhook_endpoints: %w", err)
+	}
+	deref := func(s *string) string {
+		if s == nil {
+			return ""
+		}
+		return *s
+	}
+	derefT := func(t *time.Time) time.Time {
+		if t == nil {
+			return time.Time{}
+		}
+		return *t
+	}
+	e.Tenant, e.DisabledReason = deref(tenant), deref(disabledReason)
+	e.PreviousUntil, e.DisabledAt, e.LastSuccessAt, e.FailingSince = derefT(prevUntil), derefT(disabledAt), derefT(lastSuccess), derefT(failingSince)
+	if retryRPS != nil {
+		e.RetryRPS = int(*retryRPS)
+	}
+	if maxConc != nil {
+		e.MaxConcurrency = int(*maxConc)
+	}
+	if e.EventTypes == nil {
+		e.EventTypes = []string{}
+	}
+	e.Headers = map[string]string{}
+	if err := json.Unmarshal(headers, &e.Headers); err != nil {
+		return e, fmt.Errorf("endpoint %s: headers must be a JSON object of strings: %w", e.ID, err)
+	}
+	var err error
+	if e.Secret, err = c.Open(secret); err != nil {
+		return e, fmt.Errorf("endpoint %s: %w", e.ID, err)
+	}
+	if prev != nil {
+		if e.PreviousSecret, err = c.Open(*prev); err != nil {
+			return e, fmt.Errorf("endpoint %s: previous secret: %w", e.ID, err)
+		}
+	}
+	return e, nil
+}
+
+// collect scans every row, keeping endpoints whose secret could not be opened (with their
+// error at the same index of errs) so that one bad row cannot hide the others.
+func collect(rows pgx.Rows, c *Cipher) ([]Endpoint, []error, error) {
+	defer rows.Close()
+	var out []Endpoint
+	var errs []error
+	for rows.Next() {
+		e, err := scan(rows, c)
+		out = append(out, e)
+		errs = append(errs, err)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("reading webhook_endpoints: %w", err)
+	}
+	return out, errs, nil
+}

@@ -1,0 +1,10 @@
+package endpoints_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package if a test leaves a goroutine behind (a pool not closed).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

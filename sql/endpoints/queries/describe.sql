@@ -1,0 +1,9 @@
+-- What `endpoints show` adds to an endpoint ($1): its secrets as stored (to tell sealed from
+-- clear, never printed), whether the previous secret is still in its grace (as the dispatcher
+-- decides it: an expiry ahead; one without an expiry never signs), and how many deliveries
+-- to it are pending.
+SELECT e.secret, e.previous_secret,
+       e.previous_secret IS NOT NULL AND e.previous_secret_expires_at > clock_timestamp(),
+       (SELECT count(*) FROM webhook_outbox o WHERE o.endpoint_id = e.id AND NOT o.processed)
+FROM webhook_endpoints e
+WHERE e.id = $1::uuid

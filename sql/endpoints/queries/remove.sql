@@ -1,0 +1,44 @@
+-- Remove an endpoint ($1) and decide the fate of its pending deliveries (unprocessed outbox
+-- rows with its endpoint_id) by $2:
+--   'refuse'       remove nothing if any is pending;
+--   'dead-letter'  settle them as the dispatcher settles a dead letter (processed, with the
+--                  reason in error) and copy them to webhook_dead_letter, reason 'endpoint removed';
+--   'drop'         delete them.
+-- One statement, so that the check, the deliveries and the endpoint change together. Locking
+-- the endpoint row makes a concurrent update or rotation wait. A row that a dispatcher settles
+-- meanwhile is re-checked by PostgreSQL (processed) and left to the dispatcher; one that is
+-- mid-attempt is settled here, and the dispatcher's later, fenced settle of it finds nothing
+-- to write. Returns: whether the endpoint existed, the pending count seen, the rows
+-- dead-lettered, the rows dropped, and whether the endpoint was deleted.
+WITH target AS (
+    SELECT id FROM webhook_endpoints WHERE id = $1::uuid FOR UPDATE
+), pending AS (
+    SELECT count(*) AS n FROM webhook_outbox WHERE endpoint_id = $1::uuid AND NOT processed
+), decision AS (
+    SELECT EXISTS (SELECT 1 FROM target) AND ($2::text <> 'refuse' OR (SELECT n FROM pending) = 0) AS ok
+), settled AS (
+    UPDATE webhook_outbox
+    SET processed = true, processed_at = now(), lease_until = NULL, error = 'endpoint removed',
+        deferred_reason = NULL
+    WHERE endpoint_id = $1::uuid AND NOT processed AND $2::text = 'dead-letter' AND (SELECT ok FROM decision)
+    RETURNING id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, enqueued_at,
+              tenant, endpoint_id
+), dead AS (
+    INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, endpoint_url,
+                                     attempts, reason, enqueued_at, tenant, endpoint_id)
+    SELECT id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, 'endpoint removed',
+           enqueued_at, tenant, endpoint_id
+    FROM settled
+    ORDER BY id
+    RETURNING 1
+), dropped AS (
+    DELETE FROM webhook_outbox
+    WHERE endpoint_id = $1::uuid AND NOT processed AND $2::text = 'drop' AND (SELECT ok FROM decision)
+    RETURNING 1
+), removed AS (
+    DELETE FROM webhook_endpoints
+    WHERE id IN (SELECT id FROM target) AND (SELECT ok FROM decision)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM target), (SELECT n FROM pending), (SELECT count(*) FROM dead),
+       (SELECT count(*) FROM dropped), EXISTS (SELECT 1 FROM removed)

@@ -1,0 +1,22 @@
+-- Apply a patch to one endpoint ($1). $2 names the columns the patch sets; the others are
+-- left as they are, so that two operators changing different fields do not undo each other.
+-- Guarded by the scheme and headers Update read ($3, $4; see state.sql).
+--   $5 url, $6 description, $7 tenant (NULL: none), $8 event types, $9 retry rps and
+--   $10 max concurrency (NULL: the dispatcher's default), $11 headers, $12 scheme,
+--   $13 a new secret as stored (NULL: keep the secret). A new secret comes only with a scheme
+--   change, and drops the previous secret: that one belongs to the other scheme, which the
+--   consumer no longer verifies.
+UPDATE webhook_endpoints
+SET url = CASE WHEN 'url' = ANY ($2::text[]) THEN $5::text ELSE url END,
+    description = CASE WHEN 'description' = ANY ($2::text[]) THEN $6::text ELSE description END,
+    tenant = CASE WHEN 'tenant' = ANY ($2::text[]) THEN $7::text ELSE tenant END,
+    event_types = CASE WHEN 'event_types' = ANY ($2::text[]) THEN $8::text[] ELSE event_types END,
+    retry_rps = CASE WHEN 'retry_rps' = ANY ($2::text[]) THEN $9::integer ELSE retry_rps END,
+    max_concurrency = CASE WHEN 'max_concurrency' = ANY ($2::text[]) THEN $10::integer ELSE max_concurrency END,
+    headers = CASE WHEN 'headers' = ANY ($2::text[]) THEN $11::jsonb ELSE headers END,
+    scheme = CASE WHEN 'scheme' = ANY ($2::text[]) THEN $12::text ELSE scheme END,
+    secret = coalesce($13::text, secret),
+    previous_secret = CASE WHEN $13::text IS NULL THEN previous_secret END,
+    previous_secret_expires_at = CASE WHEN $13::text IS NULL THEN previous_secret_expires_at END
+WHERE id = $1::uuid AND scheme = $3::text AND headers = $4::jsonb
+RETURNING id::text

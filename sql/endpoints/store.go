@@ -1,0 +1,743 @@
+package endpoints
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The store's statements, one file each, so that every query fluxhook runs on
+// webhook_endpoints can be read (and explained) as SQL.
+var (
+	//go:embed queries/insert.sql
+	insertSQL string
+	//go:embed queries/state.sql
+	stateSQL string
+	//go:embed queries/update.sql
+	updateSQL string
+	//go:embed queries/disable.sql
+	disableSQL string
+	//go:embed queries/enable.sql
+	enableSQL string
+	//go:embed queries/rotate.sql
+	rotateSQL string
+	//go:embed queries/describe.sql
+	describeSQL string
+	//go:embed queries/remove.sql
+	removeSQL string
+	//go:embed queries/secrets.sql
+	secretsSQL string
+	//go:embed queries/reseal.sql
+	resealSQL string
+)
+
+// ErrNotFound is matched (errors.Is) by the error for an id that names no endpoint, including
+// an id that is not a UUID at all: to the caller both are an endpoint that does not exist.
+var ErrNotFound = errors.New("endpoint not found")
+
+// notFoundError is ErrNotFound with the id, and for a malformed id what an id looks like.
+type notFoundError struct {
+	id        string
+	malformed bool
+}
+
+func (e *notFoundError) Error() string {
+	if e.malformed {
+		id := e.id
+		if len(id) > 64 {
+			id = id[:64] + "…"
+		}
+		return fmt.Sprintf("endpoint %q not found: endpoint ids are UUIDs (like 0b6f3c1e-9a4d-4c52-8f0e-3d2a1b4c5d6e)", id)
+	}
+	return "endpoint " + e.id + " not found"
+}
+
+func (e *notFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// parseID returns id in the form id::text has (lower case), so that an id typed in upper
+// case, as some tools print UUIDs, finds its endpoint. Anything but the 8-4-4-4-12 hex form is
+// not found: rejecting it here, rather than letting the ::uuid cast fail, gives the caller
+// ErrNotFound and not a database error.
+func parseID(id string) (string, error) {
+	if len(id) != 36 {
+		return "", &notFoundError{id: id, malformed: true}
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return "", &notFoundError{id: id, malformed: true}
+			}
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
+		default:
+			return "", &notFoundError{id: id, malformed: true}
+		}
+	}
+	return strings.ToLower(id), nil
+}
+
+// New is an endpoint to add. Only URL is required; the zero value of every other field is the
+// usual choice.
+type New struct {
+	// URL is where deliveries go: https, or http for a loopback host; no user or password.
+	URL string
+	// Description is free text for people.
+	Description string
+	// Tenant restricts the endpoint to its tenant's events; "" receives only events without
+	// a tenant.
+	Tenant string
+	// EventTypes filters events (exact names and "prefix.*" patterns, see Matches); empty
+	// receives every event.
+	EventTypes []string
+	// Scheme is SchemeFluxora (the default, for "") or SchemeStandard.
+	Scheme string
+	// Secret is the signing secret; "" has one generated (see GenerateSecret). A Standard
+	// secret must be "whsec_" followed by base64.
+	Secret string
+	// Disabled adds the endpoint without routing anything to it yet. It is a negative so
+	// that the zero value, enabled, is the common case.
+	Disabled bool
+	// RetryRPS and MaxConcurrency override the dispatcher's defaults when positive.
+	RetryRPS       int
+	MaxConcurrency int
+	// Headers are extra request headers; the signature and transport headers are reserved.
+	Headers map[string]string
+}
+
+// Add validates n and inserts it, with its secret sealed by c (in clear when c has no key).
+// The returned endpoint holds the secret in plain text: the caller shows it once, since
+// nothing prints it afterwards. A validation error matches ErrInvalid and names the field.
+func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
+	if n.Scheme == "" {
+		n.Scheme = SchemeFluxora
+	}
+	if n.EventTypes == nil {
+		n.EventTypes = []string{}
+	}
+	if n.Headers == nil {
+		n.Headers = map[string]string{}
+	}
+	err := errors.Join(validateURL(n.URL), validateScheme(n.Scheme), validateTenant(n.Tenant),
+		validateFilter(n.EventTypes), validateLimit("retry_rps", n.RetryRPS),
+		validateLimit("max_concurrency", n.MaxConcurrency), validateHeaders(n.Headers))
+	if err != nil {
+		return Endpoint{}, firstError(err)
+	}
+	secret := n.Secret
+	if secret == "" {
+		if secret, err = GenerateSecret(n.Scheme); err != nil {
+			return Endpoint{}, err
+		}
+	} else if err := ValidateSecret(n.Scheme, secret); err != nil {
+		return Endpoint{}, err
+	}
+	headers, err := json.Marshal(n.Headers)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("encoding headers: %w", err)
+	}
+	rows, err := q.Query(ctx, insertSQL, n.URL, n.Description, nullString(n.Tenant), n.EventTypes, n.Scheme,
+		c.Seal(secret), !n.Disabled, nullInt(n.RetryRPS), nullInt(n.MaxConcurrency), string(headers))
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("adding endpoint: %w", err)
+	}
+	list, errs, err := collect(rows, c)
+	switch {
+	case err != nil:
+		return Endpoint{}, fmt.Errorf("adding endpoint: %w", err)
+	case len(list) != 1:
+		return Endpoint{}, fmt.Errorf("adding endpoint: the insert returned %d rows", len(list))
+	case errs[0] != nil:
+		return list[0], errs[0]
+	}
+	return list[0], nil
+}
+
+// firstError returns the first of a joined set of validation errors: reporting one at a time,
+// each naming its field, reads better on a command line than a list.
+func firstError(err error) error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		if errs := j.Unwrap(); len(errs) > 0 {
+			return errs[0]
+		}
+	}
+	return err
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nullInt(n int) *int32 {
+	if n == 0 {
+		return nil
+	}
+	v := int32(n)
+	return &v
+}
+
+// Get returns the endpoint with that id, its secrets opened with c. When a secret does not
+// open (ErrNoKey, or sealed with another key), the error comes with the endpoint's other
+// fields filled in. An unknown or malformed id gives an error matching ErrNotFound.
+func Get(ctx context.Context, q Querier, c *Cipher, id string) (Endpoint, error) {
+	key, err := parseID(id)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	rows, err := q.Query(ctx, loadSQL, key)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("reading endpoint %s: %w", key, err)
+	}
+	list, errs, err := collect(rows, c)
+	switch {
+	case err != nil:
+		return Endpoint{}, err
+	case len(list) == 0:
+		return Endpoint{}, &notFoundError{id: key}
+	}
+	return list[0], errs[0]
+}
+
+// List returns every endpoint, oldest first, for display. A secret that does not open with c
+// is left empty instead of failing the listing, because listing must work for an operator
+// who does not hold the key (nothing displayed needs the secret). Use LoadAll where the
+// secrets matter: it says, per endpoint, why one does not open.
+func List(ctx context.Context, q Querier, c *Cipher) ([]Endpoint, error) {
+	list, _, err := LoadAll(ctx, q, c)
+	if err != nil {
+		return nil, err
+	}
+	if list == nil {
+		list = []Endpoint{}
+	}
+	return list, nil
+}
+
+// Details is an endpoint as `fluxhook endpoints show` reports it: the row, without its
+// secrets (Endpoint never marshals them), plus what an operator needs to know about them and
+// about the deliveries waiting for it.
+type Details struct {
+	Endpoint
+	// SecretEncrypted reports whether every stored secret of the row (the current one and a
+	// previous one) is sealed. False means at least one is readable by anyone who can read
+	// the table: set WEBHOOK_ENCRYPTION_KEY and run Reencrypt.
+	SecretEncrypted bool `json:"secret_encrypted"`
+	// PreviousSecretInGrace reports whether a rotated-out secret still signs (Standard sends
+	// both signatures) until PreviousUntil. A previous secret without an expiry (set by SQL)
+	// is not in its grace: the dispatcher signs only with one whose expiry is ahead.
+	PreviousSecretInGrace bool `json:"previous_secret_in_grace"`
+	// PendingDeliveries counts this endpoint's unprocessed outbox rows, the ones Remove asks
+	// about.
+	PendingDeliveries int64 `json:"pending_deliveries"`
+	// LoadError says why the dispatcher cannot use the row (a secret that does not open with
+	// the key given, headers that are not strings); empty when it can.
+	LoadError string `json:"load_error,omitempty"`
+}
+
+// Describe returns the endpoint with that id and its Details. Unlike Get it does not fail
+// when a secret does not open with c: it reports that in LoadError, which is the kind of
+// problem one looks an endpoint up to find.
+func Describe(ctx context.Context, q Querier, c *Cipher, id string) (Details, error) {
+	e, err := Get(ctx, q, c, id)
+	var d Details
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return d, err
+	case err != nil && e.ID == "":
+		return d, err
+	case err != nil:
+		d.LoadError = err.Error()
+	}
+	d.Endpoint = e
+	var secret string
+	var previous *string
+	err = q.QueryRow(ctx, describeSQL, e.ID).Scan(&secret, &previous, &d.PreviousSecretInGrace, &d.PendingDeliveries)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Removed between the two reads.
+		return Details{}, &notFoundError{id: e.ID}
+	}
+	if err != nil {
+		return Details{}, fmt.Errorf("reading endpoint %s: %w", e.ID, err)
+	}
+	d.SecretEncrypted = IsSealed(secret) && (previous == nil || IsSealed(*previous))
+	return d, nil
+}
+
+// Patch is a change to an endpoint's configuration: nil fields are left as they are. The
+// secret is changed by RotateSecret, except along with a scheme change (see Update).
+type Patch struct {
+	URL         *string
+	Description *string
+	// Tenant "" removes the tenant (the endpoint then receives events without one).
+	Tenant *string
+	// EventTypes empty receives every event.
+	EventTypes *[]string
+	// RetryRPS and MaxConcurrency 0 restore the dispatcher's default.
+	RetryRPS       *int
+	MaxConcurrency *int
+	// Headers replaces every custom header (an empty map removes them all), or, with
+	// MergeHeaders, is added to the current ones, replacing those of the same name
+	// (case-insensitively).
+	Headers      *map[string]string
+	MergeHeaders bool
+	// Scheme changes the signature scheme. A change replaces the secret (with Secret, or a
+	// generated one) and drops any previous secret: a consumer switching schemes changes its
+	// verification anyway, and the new secret is then guaranteed to be in the new scheme's
+	// form. Setting the scheme the endpoint already has changes nothing.
+	Scheme *string
+	// Secret is the new secret for a scheme change; "" or nil generates one. It is refused
+	// without a scheme change: rotate with RotateSecret, which keeps the old one in its grace.
+	Secret *string
+}
+
+// empty reports whether p changes nothing.
+func (p Patch) empty() bool {
+	return p.URL == nil && p.Description == nil && p.Tenant == nil && p.EventTypes == nil && p.RetryRPS == nil &&
+		p.MaxConcurrency == nil && p.Headers == nil && p.Scheme == nil && p.Secret == nil
+}
+
+// validate checks every field p sets on its own; what depends on the current row (merged
+// headers, a secret against the scheme) is checked by Update once it has read the row.
+func (p Patch) validate() error {
+	var errs []error
+	if p.URL != nil {
+		errs = append(errs, validateURL(*p.URL))
+	}
+	if p.Tenant != nil {
+		errs = append(errs, validateTenant(*p.Tenant))
+	}
+	if p.EventTypes != nil {
+		errs = append(errs, validateFilter(*p.EventTypes))
+	}
+	if p.RetryRPS != nil {
+		errs = append(errs, validateLimit("retry_rps", *p.RetryRPS))
+	}
+	if p.MaxConcurrency != nil {
+		errs = append(errs, validateLimit("max_concurrency", *p.MaxConcurrency))
+	}
+	if p.Scheme != nil {
+		errs = append(errs, validateScheme(*p.Scheme))
+	}
+	if p.Secret != nil && p.Scheme == nil {
+		errs = append(errs, errSecretWithoutScheme)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return firstError(err)
+	}
+	return nil
+}
+
+// errSecretWithoutScheme keeps rotation in one place, RotateSecret, where the old secret
+// gets its grace; Update replacing it outright would break consumers mid-rotation.
+var errSecretWithoutScheme = invalid("secret", "changes only with a scheme change; to replace the secret, rotate it (rotate-secret), which keeps the old one valid for a grace period")
+
+// state is what state.sql reads: the fields an Update or a rotation decides from, which then
+// guard its write.
+type state struct {
+	scheme  string
+	headers []byte
+}
+
+func readState(ctx context.Context, q Querier, id string) (state, error) {
+	var s state
+	err := q.QueryRow(ctx, stateSQL, id).Scan(&s.scheme, &s.headers)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, &notFoundError{id: id}
+	}
+	if err != nil {
+		return s, fmt.Errorf("reading endpoint %s: %w", id, err)
+	}
+	return s, nil
+}
+
+// casAttempts bounds the read-decide-write loops of Update, RotateSecret and Reencrypt: each
+// retry means someone changed what the decision was based on meanwhile, which an operator's
+// command meets once in a blue moon; a loop that keeps losing reports it rather than spinning.
+const casAttempts = 5
+
+// Update applies p to the endpoint with that id, validating it as Add does. It returns the
+// new secret in plain text when p changed the scheme (the caller shows it once, as after
+// Add), "" otherwise. An empty patch changes nothing and only checks that the endpoint exists.
+func Update(ctx context.Context, q Querier, c *Cipher, id string, p Patch) (newSecret string, err error) {
+	key, err := parseID(id)
+	if err != nil {
+		return "", err
+	}
+	if err := p.validate(); err != nil {
+		return "", err
+	}
+	for range casAttempts {
+		s, err := readState(ctx, q, key)
+		if err != nil || p.empty() {
+			return "", err
+		}
+		w, err := p.write(s, c)
+		if err != nil {
+			return "", err
+		}
+		var got string
+		err = q.QueryRow(ctx, updateSQL, key, w.set, s.scheme, string(s.headers), w.url, w.description, w.tenant,
+			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed).Scan(&got)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // its scheme or headers changed (or it was removed) since the read: decide again
+		}
+		if err != nil {
+			return "", fmt.Errorf("updating endpoint %s: %w", key, err)
+		}
+		return w.secret, nil
+	}
+	return "", fmt.Errorf("updating endpoint %s: it kept changing while being updated; try again", key)
+}
+
+// write is a Patch turned into update.sql's arguments.
+type write struct {
+	// set names the columns written; the other fields are ignored.
+	set            []string
+	url            string
+	description    string
+	tenant         *string
+	eventTypes     []string
+	retryRPS       *int32
+	maxConcurrency *int32
+	headers        *string
+	scheme         string
+	// sealed is the new secret as stored, nil to keep the secret; secret is it in plain text.
+	sealed *string
+	secret string
+}
+
+// write computes what p writes over the state s it was decided on: merged headers, and the
+// new secret of a scheme change.
+func (p Patch) write(s state, c *Cipher) (write, error) {
+	var w write
+	if p.URL != nil {
+		w.set, w.url = append(w.set, "url"), *p.URL
+	}
+	if p.Description != nil {
+		w.set, w.description = append(w.set, "description"), *p.Description
+	}
+	if p.Tenant != nil {
+		w.set, w.tenant = append(w.set, "tenant"), nullString(*p.Tenant)
+	}
+	if p.EventTypes != nil {
+		w.set, w.eventTypes = append(w.set, "event_types"), *p.EventTypes
+		if w.eventTypes == nil {
+			w.eventTypes = []string{}
+		}
+	}
+	if p.RetryRPS != nil {
+		w.set, w.retryRPS = append(w.set, "retry_rps"), nullInt(*p.RetryRPS)
+	}
+	if p.MaxConcurrency != nil {
+		w.set, w.maxConcurrency = append(w.set, "max_concurrency"), nullInt(*p.MaxConcurrency)
+	}
+	if p.Headers != nil {
+		h := map[string]string{}
+		if p.MergeHeaders {
+			if err := json.Unmarshal(s.headers, &h); err != nil {
+				return w, invalid("headers", "the stored headers are not a JSON object of strings (%v); replace them all instead of adding to them", err)
+			}
+			for name := range *p.Headers {
+				maps.DeleteFunc(h, func(k, _ string) bool { return strings.EqualFold(k, name) })
+			}
+		}
+		maps.Copy(h, *p.Headers)
+		if err := validateHeaders(h); err != nil {
+			return w, err
+		}
+		b, err := json.Marshal(h)
+		if err != nil {
+			return w, fmt.Errorf("encoding headers: %w", err)
+		}
+		encoded := string(b)
+		w.set, w.headers = append(w.set, "headers"), &encoded
+	}
+	if p.Scheme == nil || *p.Scheme == s.scheme {
+		if p.Secret != nil {
+			return w, errSecretWithoutScheme
+		}
+		return w, nil
+	}
+	w.set, w.scheme = append(w.set, "scheme"), *p.Scheme
+	if p.Secret != nil && *p.Secret != "" {
+		if err := ValidateSecret(w.scheme, *p.Secret); err != nil {
+			return w, err
+		}
+		w.secret = *p.Secret
+	} else {
+		var err error
+		if w.secret, err = GenerateSecret(w.scheme); err != nil {
+			return w, err
+		}
+	}
+	sealed := c.Seal(w.secret)
+	w.sealed = &sealed
+	return w, nil
+}
+
+// DefaultDisabledReason is stored by Disable when no reason is given, so that list and show
+// never leave a disabled endpoint unexplained.
+const DefaultDisabledReason = "disabled by an operator"
+
+// Disable stops routing events to the endpoint, keeping its configuration. The dispatcher
+// dead-letters the deliveries already pending for it (reason "endpoint disabled: " and
+// reason) when it sees the change, so that they can be replayed once it is enabled again.
+// reason is shown by list and show; "" stores DefaultDisabledReason.
+func Disable(ctx context.Context, q Querier, id, reason string) error {
+	if reason == "" {
+		reason = DefaultDisabledReason
+	}
+	return updateOne(ctx, q, disableSQL, "disabling", id, reason)
+}
+
+// Enable routes events to the endpoint again and clears its disabled reason and failure
+// streak (failing_since).
+func Enable(ctx context.Context, q Querier, id string) error {
+	return updateOne(ctx, q, enableSQL, "enabling", id)
+}
+
+// updateOne runs a single-row statement that returns the id it wrote, turning "no row" into
+// not found.
+func updateOne(ctx context.Context, q Querier, sql, verb, id string, args ...any) error {
+	key, err := parseID(id)
+	if err != nil {
+		return err
+	}
+	var got string
+	err = q.QueryRow(ctx, sql, append([]any{key}, args...)...).Scan(&got)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &notFoundError{id: key}
+	}
+	if err != nil {
+		return fmt.Errorf("%s endpoint %s: %w", verb, key, err)
+	}
+	return nil
+}
+
+// DefaultGrace is how long a rotated-out secret keeps signing when RotateSecret is given no
+// grace: a day covers a consumer deploying its new secret on its own schedule.
+const DefaultGrace = 24 * time.Hour
+
+// NoGrace, as RotateSecret's grace, drops the current secret at once: for a secret that
+// leaked, where every signature it still makes is a forgery risk.
+const NoGrace time.Duration = -1
+
+// RotateSecret replaces the endpoint's secret with newSecret ("" generates one, as Add does)
+// and returns the new secret in plain text, for the caller to show once. The current secret
+// becomes the previous secret until grace from now (0 means DefaultGrace, NoGrace keeps
+// none): Standard endpoints are signed with both meanwhile, and Fluxora consumers may accept
+// both. A previous secret still in its grace is replaced: rotating twice within the grace
+// leaves consumers that only know the oldest secret failing.
+func RotateSecret(ctx context.Context, q Querier, c *Cipher, id, newSecret string, grace time.Duration) (string, error) {
+	key, err := parseID(id)
+	if err != nil {
+		return "", err
+	}
+	var graceMicros *int64
+	switch {
+	case grace == 0:
+		us := DefaultGrace.Microseconds()
+		graceMicros = &us
+	case grace > 0:
+		us := grace.Microseconds()
+		graceMicros = &us
+	}
+	for range casAttempts {
+		s, err := readState(ctx, q, key)
+		if err != nil {
+			return "", err
+		}
+		secret := newSecret
+		if secret == "" {
+			if secret, err = GenerateSecret(s.scheme); err != nil {
+				return "", err
+			}
+		} else if err := ValidateSecret(s.scheme, secret); err != nil {
+			return "", err
+		}
+		var got string
+		err = q.QueryRow(ctx, rotateSQL, key, s.scheme, c.Seal(secret), graceMicros).Scan(&got)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // its scheme changed (or it was removed) since the read: check the secret again
+		}
+		if err != nil {
+			return "", fmt.Errorf("rotating the secret of endpoint %s: %w", key, err)
+		}
+		return secret, nil
+	}
+	return "", fmt.Errorf("rotating the secret of endpoint %s: it kept changing meanwhile; try again", key)
+}
+
+// PendingAction is what Remove does with the endpoint's pending deliveries.
+type PendingAction string
+
+const (
+	// PendingRefuse (the default, also for "") removes nothing while deliveries are pending:
+	// removing an endpoint must not lose events silently.
+	PendingRefuse PendingAction = "refuse"
+	// PendingDeadLetter moves them to webhook_dead_letter, reason "endpoint removed", where
+	// they stay, for inspection, until purged.
+	PendingDeadLetter PendingAction = "dead-letter"
+	// PendingDrop deletes them: those events are lost for this endpoint.
+	PendingDrop PendingAction = "drop"
+)
+
+// ParsePendingAction checks a PendingAction given as text ("" is PendingRefuse).
+func ParsePendingAction(s string) (PendingAction, error) {
+	switch a := PendingAction(s); a {
+	case "":
+		return PendingRefuse, nil
+	case PendingRefuse, PendingDeadLetter, PendingDrop:
+		return a, nil
+	}
+	return "", invalid("pending", "%q is not an action; use %q, %q or %q", s, PendingRefuse, PendingDeadLetter, PendingDrop)
+}
+
+// PendingError is Remove's refusal: the endpoint has deliveries pending and the action was
+// PendingRefuse. Nothing was changed.
+type PendingError struct {
+	ID      string
+	Pending int64
+}
+
+// Error says what is pending and that nothing changed; the CLI replaces it with its flags.
+func (e *PendingError) Error() string {
+	return fmt.Sprintf("endpoint %s has %d deliveries pending; nothing was removed: choose whether they are dead-lettered or dropped", e.ID, e.Pending)
+}
+
+// Removed is what Remove did with the pending deliveries.
+type Removed struct {
+	DeadLettered int64
+	Dropped      int64
+}
+
+// Remove deletes the endpoint, doing with its pending deliveries (unprocessed outbox rows
+// routed to it) what action says, in one statement. A delivery a dispatcher is attempting at
+// that moment is settled here; the dispatcher's own settle of it then writes nothing. Events
+// routed after the removal no longer match it; a delivery routed in the same instant, which
+// this statement could not see, is dead-lettered by the dispatcher ("endpoint ... was
+// removed"). Dead letters of a removed endpoint are kept for inspection: replaying one sends
+// it back to the endpoint, which no longer exists, so it is dead-lettered again.
+func Remove(ctx context.Context, q Querier, id string, action PendingAction) (Removed, error) {
+	key, err := parseID(id)
+	if err != nil {
+		return Removed{}, err
+	}
+	if action, err = ParsePendingAction(string(action)); err != nil {
+		return Removed{}, err
+	}
+	var existed, removed bool
+	var pending int64
+	var r Removed
+	err = q.QueryRow(ctx, removeSQL, key, string(action)).Scan(&existed, &pending, &r.DeadLettered, &r.Dropped, &removed)
+	switch {
+	case err != nil:
+		return Removed{}, fmt.Errorf("removing endpoint %s: %w", key, err)
+	case !existed:
+		return Removed{}, &notFoundError{id: key}
+	case !removed:
+		return Removed{}, &PendingError{ID: key, Pending: pending}
+	}
+	return r, nil
+}
+
+// Reencrypt seals every secret (current and previous) with c's current key, and returns how
+// many endpoints it rewrote. It is the second half of a key rotation (set
+// WEBHOOK_ENCRYPTION_KEY to the new key and WEBHOOK_ENCRYPTION_KEY_PREVIOUS to the old one,
+// run this, then unset the previous key), and it also seals secrets stored in clear, by SQL
+// or before a key was set. Secrets already sealed with the current key are left as they are,
+// so running it again rewrites nothing. It needs a key: without one there is nothing to seal
+// with. If any secret does not open (sealed with a key c does not hold), nothing is written
+// and the error names the endpoints.
+func Reencrypt(ctx context.Context, q Querier, c *Cipher) (int, error) {
+	if !c.HasKey() {
+		return 0, errors.New("WEBHOOK_ENCRYPTION_KEY is not set: there is no key to seal the secrets with")
+	}
+	// Opens only what the current key sealed: anything else needs re-sealing.
+	current := &Cipher{current: c.current}
+	stale := func(stored *string) bool {
+		if stored == nil {
+			return false
+		}
+		if !IsSealed(*stored) {
+			return true
+		}
+		_, err := current.Open(*stored)
+		return err != nil
+	}
+	total := 0
+	for range casAttempts {
+		rows, err := q.Query(ctx, secretsSQL)
+		if err != nil {
+			return total, fmt.Errorf("reading secrets: %w", err)
+		}
+		type stored struct {
+			id       string
+			secret   string
+			previous *string
+		}
+		all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stored, error) {
+			var s stored
+			return s, r.Scan(&s.id, &s.secret, &s.previous)
+		})
+		if err != nil {
+			return total, fmt.Errorf("reading secrets: %w", err)
+		}
+		var ids, oldSecrets, newSecrets []string
+		var oldPrevious, newPrevious []*string
+		var problems []error
+		for _, s := range all {
+			if !stale(&s.secret) && !stale(s.previous) {
+				continue
+			}
+			plain, err := c.Open(s.secret)
+			if err != nil {
+				problems = append(problems, fmt.Errorf("endpoint %s: %w", s.id, err))
+				continue
+			}
+			var prev *string
+			if s.previous != nil {
+				p, err := c.Open(*s.previous)
+				if err != nil {
+					problems = append(problems, fmt.Errorf("endpoint %s: previous secret: %w", s.id, err))
+					continue
+				}
+				sealed := c.Seal(p)
+				prev = &sealed
+			}
+			ids = append(ids, s.id)
+			oldSecrets, oldPrevious = append(oldSecrets, s.secret), append(oldPrevious, s.previous)
+			newSecrets, newPrevious = append(newSecrets, c.Seal(plain)), append(newPrevious, prev)
+		}
+		if len(problems) > 0 {
+			what := "nothing was re-sealed"
+			if total > 0 {
+				what = fmt.Sprintf("stopped after re-sealing %d", total)
+			}
+			return total, fmt.Errorf("%s: %w", what, errors.Join(problems...))
+		}
+		if len(ids) == 0 {
+			return total, nil
+		}
+		var n int
+		if err := q.QueryRow(ctx, resealSQL, ids, oldSecrets, oldPrevious, newSecrets, newPrevious).Scan(&n); err != nil {
+			return total, fmt.Errorf("re-sealing secrets: %w", err)
+		}
+		total += n
+		if n == len(ids) {
+			return total, nil
+		}
+		// Some rows changed since the read (a rotation): read them again.
+	}
+	return total, errors.New("re-sealing secrets: they kept changing meanwhile; run it again")
+}

@@ -1,0 +1,609 @@
+package endpoints_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/endpoints"
+	"github.com/fluxora/fluxhook/sql/sqltest"
+	"github.com/fluxora/fluxhook/stages/send"
+)
+
+func newCipher(t *testing.T, key, previous string) *endpoints.Cipher {
+	t.Helper()
+	c, err := endpoints.NewCipher(key, previous)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func mustAdd(t *testing.T, db *sqltest.DB, c *endpoints.Cipher, n endpoints.New) endpoints.Endpoint {
+	t.Helper()
+	e, err := endpoints.Add(context.Background(), db.Pool, c, n)
+	if err != nil {
+		t.Fatalf("Add(%+v): %v", n, err)
+	}
+	return e
+}
+
+func mustGet(t *testing.T, db *sqltest.DB, c *endpoints.Cipher, id string) endpoints.Endpoint {
+	t.Helper()
+	e, err := endpoints.Get(context.Background(), db.Pool, c, id)
+	if err != nil {
+		t.Fatalf("Get(%s): %v", id, err)
+	}
+	return e
+}
+
+// rowText is the endpoint's whole row as PostgreSQL prints it: what anyone with read access
+// to the table (or a dump of it) sees.
+func rowText(t *testing.T, db *sqltest.DB, id string) string {
+	t.Helper()
+	var s string
+	if err := db.Pool.QueryRow(context.Background(), "SELECT e::text FROM webhook_endpoints e WHERE id = $1::uuid", id).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func storedSecrets(t *testing.T, db *sqltest.DB, id string) (string, *string) {
+	t.Helper()
+	var secret string
+	var previous *string
+	err := db.Pool.QueryRow(context.Background(), "SELECT secret, previous_secret FROM webhook_endpoints WHERE id = $1::uuid", id).Scan(&secret, &previous)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secret, previous
+}
+
+func TestAddGetRoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, withKey := range []bool{false, true} {
+		t.Run(map[bool]string{false: "clear", true: "sealed"}[withKey], func(t *testing.T) {
+			t.Parallel()
+			db := sqltest.NewMigrated(t)
+			var c *endpoints.Cipher
+			if withKey {
+				c = newCipher(t, endpoints.GenerateKey(), "")
+			}
+			n := endpoints.New{
+				URL:            "https://consumer.example/hooks?token=abc",
+				Description:    "billing",
+				Tenant:         "acme",
+				EventTypes:     []string{"order.created", "stream.*"},
+				Scheme:         endpoints.SchemeStandard,
+				RetryRPS:       5,
+				MaxConcurrency: 3,
+				Headers:        map[string]string{"X-Team": "billing", "Authorization": "Bearer t"},
+			}
+			added := mustAdd(t, db, c, n)
+			if !strings.HasPrefix(added.Secret, "whsec_") {
+				t.Fatalf("generated standard secret %q lacks whsec_", added.Secret)
+			}
+			if key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(added.Secret, "whsec_")); err != nil || len(key) != 24 {
+				t.Errorf("generated standard secret decodes to %d bytes, %v; want 24", len(key), err)
+			}
+			got := mustGet(t, db, c, added.ID)
+			if got.URL != n.URL || got.Description != n.Description || got.Tenant != n.Tenant ||
+				!slices.Equal(got.EventTypes, n.EventTypes) || got.Scheme != n.Scheme || got.RetryRPS != 5 ||
+				got.MaxConcurrency != 3 || !maps.Equal(got.Headers, n.Headers) || !got.Enabled ||
+				got.Secret != added.Secret || got.PreviousSecret != "" || got.CreatedAt.IsZero() {
+				t.Errorf("Get = %+v\nafter Add(%+v) = %+v", got, n, added)
+			}
+			// Upper case ids (as some tools print UUIDs) find the endpoint too.
+			if e := mustGet(t, db, c, strings.ToUpper(added.ID)); e.ID != added.ID {
+				t.Errorf("Get(upper case id) = %s", e.ID)
+			}
+			stored, _ := storedSecrets(t, db, added.ID)
+			if endpoints.IsSealed(stored) != withKey {
+				t.Errorf("stored secret sealed = %v, want %v", endpoints.IsSealed(stored), withKey)
+			}
+
+			// Defaults: fluxora, every event, no tenant, enabled, limits from the dispatcher.
+			def := mustAdd(t, db, c, endpoints.New{URL: "http://127.0.0.1:8080/hook"})
+			if raw, err := hex.DecodeString(def.Secret); err != nil || len(raw) != 32 {
+				t.Errorf("generated fluxora secret %q: want 64 hex digits", def.Secret)
+			}
+			got = mustGet(t, db, c, def.ID)
+			if got.Scheme != endpoints.SchemeFluxora || len(got.EventTypes) != 0 || got.EventTypes == nil ||
+				got.Tenant != "" || !got.Enabled || got.RetryRPS != 0 || got.MaxConcurrency != 0 ||
+				len(got.Headers) != 0 || got.DisabledReason != "" {
+				t.Errorf("defaults: %+v", got)
+			}
+
+			off := mustAdd(t, db, c, endpoints.New{URL: "https://x.example/", Disabled: true, Secret: "given-secret"})
+			if off.Enabled || off.DisabledAt.IsZero() || off.DisabledReason == "" || off.Secret != "given-secret" {
+				t.Errorf("added disabled: %+v", off)
+			}
+
+			list, err := endpoints.List(context.Background(), db.Pool, c)
+			if err != nil || len(list) != 3 || list[0].ID != added.ID || list[2].ID != off.ID {
+				t.Errorf("List = %d endpoints, %v; want the 3 added, oldest first", len(list), err)
+			}
+		})
+	}
+}
+
+// TestSecretNotInTableWithKey is the point of WEBHOOK_ENCRYPTION_KEY: a reader of the table
+// (a replica, a dump, a support query) never sees a secret, current or previous.
+func TestSecretNotInTableWithKey(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	c := newCipher(t, endpoints.GenerateKey(), "")
+	e := mustAdd(t, db, c, endpoints.New{URL: "https://consumer.example/", Secret: "fluxora-plaintext-secret-1"})
+	if row := rowText(t, db, e.ID); strings.Contains(row, "fluxora-plaintext-secret-1") || !strings.Contains(row, "enc:v1:") {
+		t.Fatalf("the row shows the secret in clear: %s", row)
+	}
+	newSecret, err := endpoints.RotateSecret(ctx, db.Pool, c, e.ID, "rotated-plaintext-secret-2", 0)
+	if err != nil || newSecret != "rotated-plaintext-secret-2" {
+		t.Fatalf("RotateSecret = %q, %v", newSecret, err)
+	}
+	row := rowText(t, db, e.ID)
+	for _, plain := range []string{"fluxora-plaintext-secret-1", "rotated-plaintext-secret-2"} {
+		if strings.Contains(row, plain) {
+			t.Errorf("the row shows %q in clear after a rotation: %s", plain, row)
+		}
+	}
+	got := mustGet(t, db, c, e.ID)
+	if got.Secret != "rotated-plaintext-secret-2" || got.PreviousSecret != "fluxora-plaintext-secret-1" {
+		t.Errorf("secrets read back as %q, %q", got.Secret, got.PreviousSecret)
+	}
+
+	// Without a key the secret is stored as it is: the documented trade-off.
+	clear := mustAdd(t, db, nil, endpoints.New{URL: "https://consumer.example/", Secret: "visible-secret"})
+	if !strings.Contains(rowText(t, db, clear.ID), "visible-secret") {
+		t.Errorf("without a key the secret is expected in clear")
+	}
+}
+
+func TestWrongKey(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	rightKey := endpoints.GenerateKey()
+	right := newCipher(t, rightKey, "")
+	e := mustAdd(t, db, right, endpoints.New{URL: "https://consumer.example/", Tenant: "acme"})
+
+	wrong := newCipher(t, endpoints.GenerateKey(), "")
+	got, err := endpoints.Get(ctx, db.Pool, wrong, e.ID)
+	if err == nil || !strings.Contains(err.Error(), "does not open with WEBHOOK_ENCRYPTION_KEY") || strings.Contains(err.Error(), e.Secret) {
+		t.Errorf("Get with the wrong key: %v", err)
+	}
+	if got.ID != e.ID || got.Tenant != "acme" || got.Secret != "" {
+		t.Errorf("Get with the wrong key returned %+v; want the endpoint without its secret", got)
+	}
+	if _, err := endpoints.Get(ctx, db.Pool, nil, e.ID); !errors.Is(err, endpoints.ErrNoKey) {
+		t.Errorf("Get without a key: %v, want ErrNoKey", err)
+	}
+	// Listing and describing need no secret: they work with any key or none.
+	for _, c := range []*endpoints.Cipher{wrong, nil} {
+		list, err := endpoints.List(ctx, db.Pool, c)
+		if err != nil || len(list) != 1 || list[0].ID != e.ID || list[0].Secret != "" {
+			t.Errorf("List with a key that does not open: %v, %+v", err, list)
+		}
+		d, err := endpoints.Describe(ctx, db.Pool, c, e.ID)
+		if err != nil || d.ID != e.ID || d.LoadError == "" || !d.SecretEncrypted {
+			t.Errorf("Describe with a key that does not open: %v, %+v", err, d)
+		}
+	}
+	// The previous key opens what it sealed: a key rotation never makes a secret unreadable.
+	both := newCipher(t, endpoints.GenerateKey(), rightKey)
+	if got := mustGet(t, db, both, e.ID); got.Secret != e.Secret {
+		t.Errorf("WEBHOOK_ENCRYPTION_KEY_PREVIOUS does not open the secret it sealed")
+	}
+}
+
+func TestReencrypt(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+
+	if _, err := endpoints.Reencrypt(ctx, db.Pool, nil); err == nil || !strings.Contains(err.Error(), "WEBHOOK_ENCRYPTION_KEY is not set") {
+		t.Errorf("Reencrypt without a key: %v", err)
+	}
+
+	oldKey := endpoints.GenerateKey()
+	old := newCipher(t, oldKey, "")
+	sealedOld := mustAdd(t, db, old, endpoints.New{URL: "https://a.example/", Secret: "secret-a"})
+	if _, err := endpoints.RotateSecret(ctx, db.Pool, old, sealedOld.ID, "secret-a2", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// A secret inserted by SQL, in clear: reencrypt seals it.
+	var clearID string
+	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret) VALUES ('https://b.example/', 'secret-b') RETURNING id::text`).Scan(&clearID); err != nil {
+		t.Fatal(err)
+	}
+
+	// Key rotation: the new key, with the old one as previous.
+	newKey := endpoints.GenerateKey()
+	rotating := newCipher(t, newKey, oldKey)
+	sealedNew := mustAdd(t, db, rotating, endpoints.New{URL: "https://c.example/", Secret: "secret-c"})
+	n, err := endpoints.Reencrypt(ctx, db.Pool, rotating)
+	if err != nil || n != 2 {
+		t.Fatalf("Reencrypt = %d, %v; want 2 (the old-key endpoint and the clear one)", n, err)
+	}
+	newOnly := newCipher(t, newKey, "")
+	for id, want := range map[string][2]string{sealedOld.ID: {"secret-a2", "secret-a"}, clearID: {"secret-b", ""}, sealedNew.ID: {"secret-c", ""}} {
+		got := mustGet(t, db, newOnly, id)
+		if got.Secret != want[0] || got.PreviousSecret != want[1] {
+			t.Errorf("after Reencrypt, %s opens with the new key alone to %q, %q; want %q", id, got.Secret, got.PreviousSecret, want)
+		}
+		if row := rowText(t, db, id); strings.Contains(row, want[0]) {
+			t.Errorf("after Reencrypt the row still shows its secret: %s", row)
+		}
+	}
+	if n, err := endpoints.Reencrypt(ctx, db.Pool, newOnly); err != nil || n != 0 {
+		t.Errorf("a second Reencrypt = %d, %v; want 0: everything is sealed with the current key", n, err)
+	}
+
+	// A secret no key given opens: nothing is written, and the error names the endpoint.
+	stranger := mustAdd(t, db, newCipher(t, endpoints.GenerateKey(), ""), endpoints.New{URL: "https://d.example/"})
+	mustExec := func(sql string) {
+		if _, err := db.Pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustExec(`UPDATE webhook_endpoints SET secret = 'secret-e' WHERE url = 'https://a.example/'`)
+	before, _ := storedSecrets(t, db, sealedOld.ID)
+	if _, err := endpoints.Reencrypt(ctx, db.Pool, newOnly); err == nil || !strings.Contains(err.Error(), stranger.ID) ||
+		!strings.Contains(err.Error(), "nothing was re-sealed") {
+		t.Errorf("Reencrypt with an unopenable secret: %v", err)
+	}
+	if after, _ := storedSecrets(t, db, sealedOld.ID); after != before {
+		t.Errorf("a failed Reencrypt wrote a secret")
+	}
+}
+
+func TestAddValidation(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ok := endpoints.New{URL: "https://consumer.example/hook"}
+	with := func(f func(*endpoints.New)) endpoints.New {
+		n := ok
+		f(&n)
+		return n
+	}
+	cases := []struct {
+		name  string
+		n     endpoints.New
+		field string
+		text  string
+	}{
+		{"empty url", with(func(n *endpoints.New) { n.URL = "" }), "url", "empty"},
+		{"plain http", with(func(n *endpoints.New) { n.URL = "http://consumer.example/" }), "url", "loopback"},
+		{"ftp", with(func(n *endpoints.New) { n.URL = "ftp://consumer.example/" }), "url", "not supported"},
+		{"credentials", with(func(n *endpoints.New) { n.URL = "https://u:p@consumer.example/" }), "url", "password"},
+		{"star filter", with(func(n *endpoints.New) { n.EventTypes = []string{"*"} }), "event_types", `"*"`},
+		{"inner star", with(func(n *endpoints.New) { n.EventTypes = []string{"a.*.b"} }), "event_types", "prefix"},
+		{"blank filter", with(func(n *endpoints.New) { n.EventTypes = []string{""} }), "event_types", "empty"},
+		{"reserved header", with(func(n *endpoints.New) { n.Headers = map[string]string{"Webhook-Signature": "x"} }), "headers", "reserved"},
+		{"bad header name", with(func(n *endpoints.New) { n.Headers = map[string]string{"X Team": "x"} }), "headers", "not a valid"},
+		{"header newline", with(func(n *endpoints.New) { n.Headers = map[string]string{"X-Team": "a\nb"} }), "headers", "control"},
+		{"headers differing in case", with(func(n *endpoints.New) { n.Headers = map[string]string{"X-Team": "a", "x-team": "b"} }), "headers", "case-insensitive"},
+		{"scheme", with(func(n *endpoints.New) { n.Scheme = "hmac" }), "scheme", "fluxora"},
+		{"standard without whsec_", with(func(n *endpoints.New) { n.Scheme = "standard"; n.Secret = "c2VjcmV0" }), "secret", "whsec_"},
+		{"standard not base64", with(func(n *endpoints.New) { n.Scheme = "standard"; n.Secret = "whsec_not base64!" }), "secret", "base64"},
+		{"standard empty key", with(func(n *endpoints.New) { n.Scheme = "standard"; n.Secret = "whsec_" }), "secret", "empty"},
+		{"secret like a sealed one", with(func(n *endpoints.New) { n.Secret = "enc:v1:abc" }), "secret", "encrypted"},
+		{"secret with spaces", with(func(n *endpoints.New) { n.Secret = " s3cret " }), "secret", "spaces"},
+		{"negative retry rps", with(func(n *endpoints.New) { n.RetryRPS = -1 }), "retry_rps", "positive"},
+		{"huge concurrency", with(func(n *endpoints.New) { n.MaxConcurrency = 1 << 40 }), "max_concurrency", "positive"},
+		{"tenant with spaces", with(func(n *endpoints.New) { n.Tenant = "acme " }), "tenant", "spaces"},
+	}
+	for _, tc := range cases {
+		_, err := endpoints.Add(context.Background(), db.Pool, nil, tc.n)
+		var inv *endpoints.InvalidError
+		if !errors.As(err, &inv) || !errors.Is(err, endpoints.ErrInvalid) || inv.Field != tc.field || !strings.Contains(err.Error(), tc.text) {
+			t.Errorf("%s: Add = %v; want an InvalidError on %s mentioning %q", tc.name, err, tc.field, tc.text)
+		}
+		if tc.field == "url" && !errors.Is(err, send.ErrInvalidURL) {
+			t.Errorf("%s: %v does not wrap send.ErrInvalidURL", tc.name, err)
+		}
+		if tc.field == "secret" && tc.n.Secret != "" && len(tc.n.Secret) > 8 && strings.Contains(err.Error(), tc.n.Secret) {
+			t.Errorf("%s: the error repeats the secret: %v", tc.name, err)
+		}
+	}
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM webhook_endpoints").Scan(&n); err != nil || n != 0 {
+		t.Errorf("invalid endpoints were inserted: %d, %v", n, err)
+	}
+	// The accepted forms next to the refused ones.
+	for _, n := range []endpoints.New{
+		with(func(n *endpoints.New) { n.URL = "http://localhost:8080/hook" }),
+		with(func(n *endpoints.New) { n.URL = "http://[::1]/hook" }),
+		with(func(n *endpoints.New) { n.Scheme = "standard"; n.Secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" }),
+		with(func(n *endpoints.New) {
+			n.Headers = map[string]string{"Authorization": "Bearer x"}
+			n.EventTypes = []string{"a.b", "c.*"}
+		}),
+	} {
+		mustAdd(t, db, nil, n)
+	}
+}
+
+func TestUpdate(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	c := newCipher(t, endpoints.GenerateKey(), "")
+	e := mustAdd(t, db, c, endpoints.New{URL: "https://a.example/", Tenant: "acme", EventTypes: []string{"a.*"},
+		RetryRPS: 4, Headers: map[string]string{"X-One": "1", "X-Two": "2"}})
+	if _, err := endpoints.RotateSecret(ctx, db.Pool, c, e.ID, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	ptr := func(s string) *string { return &s }
+	num := func(n int) *int { return &n }
+
+	secret, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{
+		URL: ptr("https://b.example/"), Description: ptr("moved"), Tenant: ptr(""), EventTypes: &[]string{},
+		RetryRPS: num(0), MaxConcurrency: num(7), Headers: &map[string]string{"x-one": "uno", "X-Three": "3"}, MergeHeaders: true,
+	})
+	if err != nil || secret != "" {
+		t.Fatalf("Update = %q, %v", secret, err)
+	}
+	got := mustGet(t, db, c, e.ID)
+	if got.URL != "https://b.example/" || got.Description != "moved" || got.Tenant != "" || len(got.EventTypes) != 0 ||
+		got.RetryRPS != 0 || got.MaxConcurrency != 7 ||
+		!maps.Equal(got.Headers, map[string]string{"x-one": "uno", "X-Two": "2", "X-Three": "3"}) {
+		t.Errorf("after Update: %+v", got)
+	}
+	before := got
+
+	// Headers without merge replace them all; fields not in the patch stay.
+	if _, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{Headers: &map[string]string{}}); err != nil {
+		t.Fatal(err)
+	}
+	if got = mustGet(t, db, c, e.ID); len(got.Headers) != 0 || got.URL != before.URL || got.MaxConcurrency != 7 {
+		t.Errorf("after replacing headers: %+v", got)
+	}
+
+	// Setting the scheme it has changes nothing, the secret included.
+	if secret, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{Scheme: ptr("fluxora")}); err != nil || secret != "" {
+		t.Errorf("Update to the same scheme = %q, %v", secret, err)
+	}
+	if got := mustGet(t, db, c, e.ID); got.Secret != before.Secret || got.PreviousSecret == "" {
+		t.Errorf("Update to the same scheme changed the secrets")
+	}
+	// A scheme change comes with a new secret in that scheme's form, and drops the previous one.
+	secret, err = endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{Scheme: ptr("standard")})
+	if err != nil || !strings.HasPrefix(secret, "whsec_") {
+		t.Fatalf("Update to standard = %q, %v", secret, err)
+	}
+	if got := mustGet(t, db, c, e.ID); got.Scheme != "standard" || got.Secret != secret || got.PreviousSecret != "" || !got.PreviousUntil.IsZero() {
+		t.Errorf("after the scheme change: %+v", got)
+	}
+	given := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	if _, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{Scheme: ptr("fluxora"), Secret: ptr(given)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, db, c, e.ID); got.Scheme != "fluxora" || got.Secret != given {
+		t.Errorf("scheme change with a given secret: %+v", got)
+	}
+
+	for name, p := range map[string]endpoints.Patch{
+		"secret without scheme":   {Secret: ptr("abc")},
+		"secret with same scheme": {Scheme: ptr("fluxora"), Secret: ptr("abc")},
+		"bad url":                 {URL: ptr("http://example.com/")},
+		"bad filter":              {EventTypes: &[]string{"*"}},
+		"bad header":              {Headers: &map[string]string{"Content-Type": "text/plain"}},
+		"merged duplicate":        {Headers: &map[string]string{"X-A": "1", "x-a": "2"}, MergeHeaders: true},
+		"bad scheme":              {Scheme: ptr("v2")},
+		"standard secret":         {Scheme: ptr("standard"), Secret: ptr("plain")},
+		"negative rps":            {RetryRPS: num(-3)},
+	} {
+		if _, err := endpoints.Update(ctx, db.Pool, c, e.ID, p); !errors.Is(err, endpoints.ErrInvalid) {
+			t.Errorf("Update %s: %v, want ErrInvalid", name, err)
+		}
+	}
+	if got := mustGet(t, db, c, e.ID); got.Scheme != "fluxora" || got.Secret != given || got.URL != before.URL {
+		t.Errorf("a refused Update changed the endpoint: %+v", got)
+	}
+	// An empty patch checks existence only.
+	if _, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{}); err != nil {
+		t.Errorf("empty Update: %v", err)
+	}
+}
+
+func TestDisableEnable(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	e := mustAdd(t, db, nil, endpoints.New{URL: "https://a.example/"})
+	if err := endpoints.Disable(ctx, db.Pool, e.ID, "consumer decommissioned"); err != nil {
+		t.Fatal(err)
+	}
+	got := mustGet(t, db, nil, e.ID)
+	if got.Enabled || got.DisabledAt.IsZero() || got.DisabledReason != "consumer decommissioned" {
+		t.Fatalf("after Disable: %+v", got)
+	}
+	firstDisabled := got.DisabledAt
+	if err := endpoints.Disable(ctx, db.Pool, e.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, db, nil, e.ID); !got.DisabledAt.Equal(firstDisabled) || got.DisabledReason != endpoints.DefaultDisabledReason {
+		t.Errorf("disabling again: disabled_at %v (was %v), reason %q", got.DisabledAt, firstDisabled, got.DisabledReason)
+	}
+	if _, err := db.Pool.Exec(ctx, "UPDATE webhook_endpoints SET failing_since = now() - interval '1 hour'"); err != nil {
+		t.Fatal(err)
+	}
+	if err := endpoints.Enable(ctx, db.Pool, e.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, db, nil, e.ID); !got.Enabled || !got.DisabledAt.IsZero() || got.DisabledReason != "" || !got.FailingSince.IsZero() {
+		t.Errorf("after Enable: %+v", got)
+	}
+}
+
+func TestRotateSecret(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	c := newCipher(t, endpoints.GenerateKey(), "")
+	e := mustAdd(t, db, c, endpoints.New{URL: "https://a.example/", Scheme: "standard"})
+
+	start := time.Now()
+	secret, err := endpoints.RotateSecret(ctx, db.Pool, c, e.ID, "", 0)
+	if err != nil || !strings.HasPrefix(secret, "whsec_") || secret == e.Secret {
+		t.Fatalf("RotateSecret = %q, %v", secret, err)
+	}
+	got := mustGet(t, db, c, e.ID)
+	if got.Secret != secret || got.PreviousSecret != e.Secret {
+		t.Errorf("after rotation: secret %q previous %q; want %q, %q", got.Secret, got.PreviousSecret, secret, e.Secret)
+	}
+	if d := got.PreviousUntil.Sub(start); d < endpoints.DefaultGrace-time.Minute || d > endpoints.DefaultGrace+time.Minute {
+		t.Errorf("previous secret expires %v from now, want the default grace %v", d, endpoints.DefaultGrace)
+	}
+	d, err := endpoints.Describe(ctx, db.Pool, c, e.ID)
+	if err != nil || !d.PreviousSecretInGrace || !d.SecretEncrypted || d.LoadError != "" {
+		t.Errorf("Describe after rotation: %+v, %v", d, err)
+	}
+
+	given := "whsec_Zmx1eGhvb2stcHJldmlvdXMtc2VjcmV0"
+	if s, err := endpoints.RotateSecret(ctx, db.Pool, c, e.ID, given, 2*time.Hour); err != nil || s != given {
+		t.Fatalf("RotateSecret(given) = %q, %v", s, err)
+	}
+	got = mustGet(t, db, c, e.ID)
+	if got.Secret != given || got.PreviousSecret != secret {
+		t.Errorf("second rotation: %q, %q", got.Secret, got.PreviousSecret)
+	}
+	if d := time.Until(got.PreviousUntil); d < time.Hour+50*time.Minute || d > 2*time.Hour+time.Minute {
+		t.Errorf("grace 2h: previous expires in %v", d)
+	}
+
+	if _, err := endpoints.RotateSecret(ctx, db.Pool, c, e.ID, "not-whsec", 0); !errors.Is(err, endpoints.ErrInvalid) {
+		t.Errorf("RotateSecret with a secret not in the scheme's form: %v", err)
+	}
+	if got := mustGet(t, db, c, e.ID); got.Secret != given {
+		t.Errorf("a refused rotation changed the secret")
+	}
+
+	// A leaked secret: no grace.
+	if _, err := endpoints.RotateSecret(ctx, db.Pool, c, e.ID, "", endpoints.NoGrace); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, db, c, e.ID); got.PreviousSecret != "" || !got.PreviousUntil.IsZero() {
+		t.Errorf("NoGrace kept the previous secret: %+v", got)
+	}
+}
+
+// insertDeliveries adds n pending delivery rows routed to endpointID, plus one processed one.
+func insertDeliveries(t *testing.T, db *sqltest.DB, endpointID string, n int) {
+	t.Helper()
+	_, err := db.Pool.Exec(context.Background(), `
+		INSERT INTO webhook_outbox (event_type, payload, endpoint_id, tenant, routed_at, attempt, processed, processed_at)
+		SELECT 'order.created', jsonb_build_object('n', i), $1::uuid, 'acme', now(), 2, i > $2, CASE WHEN i > $2 THEN now() END
+		FROM generate_series(1, $2 + 1) AS i`, endpointID, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRemove(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	count := func(sql string, args ...any) int64 {
+		t.Helper()
+		var n int64
+		if err := db.Pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	keep := mustAdd(t, db, nil, endpoints.New{URL: "https://keep.example/"})
+	insertDeliveries(t, db, keep.ID, 1)
+
+	// Nothing pending: removed at once.
+	idle := mustAdd(t, db, nil, endpoints.New{URL: "https://idle.example/"})
+	if r, err := endpoints.Remove(ctx, db.Pool, idle.ID, ""); err != nil || r != (endpoints.Removed{}) {
+		t.Errorf("Remove of an idle endpoint = %+v, %v", r, err)
+	}
+
+	busy := mustAdd(t, db, nil, endpoints.New{URL: "https://busy.example/"})
+	insertDeliveries(t, db, busy.ID, 2)
+	d, err := endpoints.Describe(ctx, db.Pool, nil, busy.ID)
+	if err != nil || d.PendingDeliveries != 2 {
+		t.Errorf("Describe pending = %d, %v; want 2", d.PendingDeliveries, err)
+	}
+	_, err = endpoints.Remove(ctx, db.Pool, busy.ID, endpoints.PendingRefuse)
+	var pe *endpoints.PendingError
+	if !errors.As(err, &pe) || pe.Pending != 2 || pe.ID != busy.ID || !strings.Contains(err.Error(), "2 deliveries pending") {
+		t.Fatalf("Remove with pending deliveries: %v", err)
+	}
+	if _, err := endpoints.Get(ctx, db.Pool, nil, busy.ID); err != nil {
+		t.Errorf("a refused Remove removed the endpoint: %v", err)
+	}
+
+	if r, err := endpoints.Remove(ctx, db.Pool, busy.ID, endpoints.PendingDeadLetter); err != nil || r.DeadLettered != 2 || r.Dropped != 0 {
+		t.Fatalf("Remove dead-letter = %+v, %v", r, err)
+	}
+	if _, err := endpoints.Get(ctx, db.Pool, nil, busy.ID); !errors.Is(err, endpoints.ErrNotFound) {
+		t.Errorf("Get after Remove: %v", err)
+	}
+	if n := count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1::uuid AND reason = 'endpoint removed'
+		AND tenant = 'acme' AND attempts = 2 AND event_type = 'order.created'`, busy.ID); n != 2 {
+		t.Errorf("%d dead letters for the removed endpoint, want 2", n)
+	}
+	if n := count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1::uuid AND NOT processed`, busy.ID); n != 0 {
+		t.Errorf("%d deliveries still pending for the removed endpoint", n)
+	}
+
+	dropped := mustAdd(t, db, nil, endpoints.New{URL: "https://drop.example/"})
+	insertDeliveries(t, db, dropped.ID, 3)
+	if r, err := endpoints.Remove(ctx, db.Pool, dropped.ID, endpoints.PendingDrop); err != nil || r.Dropped != 3 || r.DeadLettered != 0 {
+		t.Fatalf("Remove drop = %+v, %v", r, err)
+	}
+	if n := count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1::uuid`, dropped.ID); n != 1 {
+		t.Errorf("drop left %d rows, want only the processed one (the delivery log)", n)
+	}
+	if n := count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1::uuid`, dropped.ID); n != 0 {
+		t.Errorf("drop dead-lettered %d rows", n)
+	}
+	// The other endpoint and its deliveries are untouched.
+	if n := count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1::uuid AND NOT processed`, keep.ID); n != 1 {
+		t.Errorf("another endpoint's deliveries changed: %d pending", n)
+	}
+	if _, err := endpoints.Remove(ctx, db.Pool, keep.ID, "later"); !errors.Is(err, endpoints.ErrInvalid) {
+		t.Errorf("Remove with an unknown action: %v", err)
+	}
+}
+
+func TestNotFound(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	mustAdd(t, db, nil, endpoints.New{URL: "https://a.example/"})
+	for _, id := range []string{"0b6f3c1e-9a4d-4c52-8f0e-3d2a1b4c5d6e", "nope", "", "0b6f3c1e9a4d4c528f0e3d2a1b4c5d6e", "'; DROP TABLE x; --"} {
+		ops := map[string]error{}
+		_, ops["Get"] = endpoints.Get(ctx, db.Pool, nil, id)
+		_, ops["Describe"] = endpoints.Describe(ctx, db.Pool, nil, id)
+		_, ops["Update"] = endpoints.Update(ctx, db.Pool, nil, id, endpoints.Patch{})
+		ops["Disable"] = endpoints.Disable(ctx, db.Pool, id, "")
+		ops["Enable"] = endpoints.Enable(ctx, db.Pool, id)
+		_, ops["RotateSecret"] = endpoints.RotateSecret(ctx, db.Pool, nil, id, "", 0)
+		_, ops["Remove"] = endpoints.Remove(ctx, db.Pool, id, endpoints.PendingDrop)
+		for op, err := range ops {
+			if !errors.Is(err, endpoints.ErrNotFound) || !strings.Contains(err.Error(), "not found") {
+				t.Errorf("%s(%q) = %v, want ErrNotFound", op, id, err)
+			}
+		}
+	}
+	_, err := endpoints.Get(ctx, db.Pool, nil, "0B6F3C1E-9A4D-4C52-8F0E-3D2A1B4C5D6E")
+	if err == nil || err.Error() != "endpoint 0b6f3c1e-9a4d-4c52-8f0e-3d2a1b4c5d6e not found" {
+		t.Errorf("unknown id: %v", err)
+	}
+	_, err = endpoints.Get(ctx, db.Pool, nil, "nope")
+	if err == nil || !strings.Contains(err.Error(), `endpoint "nope" not found`) || !strings.Contains(err.Error(), "UUID") {
+		t.Errorf("malformed id: %v", err)
+	}
+}

@@ -1,0 +1,170 @@
+package endpoints
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/fluxora/fluxhook/stages/send"
+)
+
+// ErrInvalid is wrapped by every validation error of Add, Update, RotateSecret and Remove, so
+// that a caller can tell a bad value (fix the input, do not retry) from a database error.
+var ErrInvalid = errors.New("invalid endpoint")
+
+// InvalidError is a value rejected before anything was written. Field names the offending
+// field in webhook_endpoints' terms ("url", "event_types", "secret", ...), so that the CLI
+// can name its own flag for it; Err says what is wrong and what to do.
+type InvalidError struct {
+	Field string
+	Err   error
+}
+
+// Error names the field first, so that the message says what to fix before why.
+func (e *InvalidError) Error() string { return e.Field + ": " + e.Err.Error() }
+
+// Unwrap returns the reason, for errors.Is on send.ErrInvalidURL and the like.
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+// Is makes every InvalidError match ErrInvalid.
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+func invalid(field, format string, args ...any) error {
+	return &InvalidError{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// Generated secret sizes. Standard Webhooks asks for 24 to 64 random bytes; 24 is its
+// reference libraries' choice. A Fluxora secret is used as the HMAC-SHA256 key byte for byte,
+// so it gets 32 random bytes, the digest size: more adds no strength to the MAC.
+const (
+	standardSecretBytes = 24
+	fluxoraSecretBytes  = 32
+	standardPrefix      = "whsec_"
+)
+
+// GenerateSecret returns a new random secret in the form scheme's consumers expect: for
+// "standard", "whsec_" followed by the standard base64 of 24 random bytes, which every
+// Standard Webhooks library accepts as is; for "fluxora" (or ""), 32 random bytes in lower-case
+// hex (64 characters). Hex rather than base64 for Fluxora because its consumers use the
+// secret's characters themselves as the HMAC key: hex survives shells, env files, YAML and
+// copy-paste without quoting or a character that some tool treats specially (+, /, =).
+func GenerateSecret(scheme string) (string, error) {
+	switch scheme {
+	case SchemeStandard:
+		return standardPrefix + base64.StdEncoding.EncodeToString(randomBytes(standardSecretBytes)), nil
+	case SchemeFluxora, "":
+		return hex.EncodeToString(randomBytes(fluxoraSecretBytes)), nil
+	}
+	return "", validateScheme(scheme)
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	// crypto/rand.Read never fails on supported platforms (it panics if it cannot read).
+	_, _ = rand.Read(b)
+	return b
+}
+
+// ValidateSecret reports whether secret can sign for scheme. A Standard secret must be
+// "whsec_" followed by standard padded base64 of a non-empty key, the only form its consumers'
+// libraries decode the same way we do. A Fluxora secret is any non-empty text without control
+// characters or surrounding spaces (almost always a copy-paste accident). Neither may start
+// with "enc:v1:": stored in clear, it would be mistaken for a sealed secret. The error never
+// repeats the secret.
+func ValidateSecret(scheme, secret string) error {
+	if err := validateScheme(scheme); err != nil {
+		return err
+	}
+	switch {
+	case secret == "":
+		return invalid("secret", "empty; leave it unset to have one generated")
+	case strings.HasPrefix(secret, sealedPrefix):
+		return invalid("secret", "starts with %q, which marks an encrypted secret; give the secret itself", sealedPrefix)
+	case strings.TrimSpace(secret) != secret:
+		return invalid("secret", "has leading or trailing spaces; remove them")
+	case strings.ContainsFunc(secret, func(r rune) bool { return r < ' ' || r == 0x7f }):
+		return invalid("secret", "contains a control character")
+	}
+	if scheme == SchemeStandard {
+		b64, ok := strings.CutPrefix(secret, standardPrefix)
+		if !ok {
+			return invalid("secret", "a standard secret is %q followed by base64; leave it unset to have one generated", standardPrefix)
+		}
+		key, err := base64.StdEncoding.DecodeString(b64)
+		if err != nil {
+			// The decoder's message gives an offset, never secret material.
+			return invalid("secret", "the part after %q is not base64 (standard alphabet, padded): %v", standardPrefix, err)
+		}
+		if len(key) == 0 {
+			return invalid("secret", "the key after %q is empty", standardPrefix)
+		}
+	}
+	return nil
+}
+
+func validateScheme(scheme string) error {
+	if scheme != SchemeFluxora && scheme != SchemeStandard {
+		return invalid("scheme", "%q is not a signature scheme; use %q or %q", scheme, SchemeFluxora, SchemeStandard)
+	}
+	return nil
+}
+
+// validateURL applies the dispatcher's own rules (send.ValidateURL): http(s), https unless the
+// host is loopback, no credentials. The network policy (WEBHOOK_ALLOWED_NETWORKS) is the
+// dispatcher's and is applied when it sends.
+func validateURL(u string) error {
+	if err := send.ValidateURL(u); err != nil {
+		return &InvalidError{Field: "url", Err: err}
+	}
+	return nil
+}
+
+func validateFilter(filter []string) error {
+	if err := ValidateFilter(filter); err != nil {
+		return &InvalidError{Field: "event_types", Err: err}
+	}
+	return nil
+}
+
+// validateHeaders is ValidateHeaders plus a check that no two names differ only in case:
+// HTTP names are case-insensitive, so one would silently replace the other when the request
+// is built.
+func validateHeaders(h map[string]string) error {
+	if err := ValidateHeaders(h); err != nil {
+		return &InvalidError{Field: "headers", Err: err}
+	}
+	seen := make(map[string]string, len(h))
+	for k := range h {
+		lower := strings.ToLower(k)
+		if other, dup := seen[lower]; dup {
+			return invalid("headers", "%q and %q are the same header (names are case-insensitive); keep one", other, k)
+		}
+		seen[lower] = k
+	}
+	return nil
+}
+
+// validateTenant refuses tenants that can never match a producer's tenant by accident of
+// typing: surrounding spaces and control characters. "" means no tenant.
+func validateTenant(t string) error {
+	if strings.TrimSpace(t) != t {
+		return invalid("tenant", "%q has leading or trailing spaces; tenants match exactly", t)
+	}
+	if strings.ContainsFunc(t, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return invalid("tenant", "%q contains a control character", t)
+	}
+	return nil
+}
+
+// validateLimit checks a per-endpoint override: 0 means the dispatcher's default, and the
+// column is a positive integer.
+func validateLimit(field string, n int) error {
+	if n < 0 || n > math.MaxInt32 {
+		return invalid(field, "must be a positive integer, or 0 for the dispatcher's default; got %d", n)
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+-- Fan claimed events out to the endpoints they match (schema 5), in one statement per claimed
+-- batch: one delivery row per matching endpoint, inserted already leased to this dispatcher
+-- so that it goes straight to the pipeline without another claim.
+--   $1 the event rows' ids, $2 their lease tokens, $3 this dispatcher's instance id, $4
+--   whether the configured WEBHOOK_URL takes events without a tenant, $5 the new rows' lease
+--   token, $6 the lease in milliseconds.
+--
+-- An event matches an endpoint that is enabled, has the event's tenant (both NULL, or equal:
+-- never across tenants), existed when the event was enqueued (an endpoint added later
+-- receives only later events), and whose filter is empty, names the event type, or holds a
+-- "prefix.*" pattern the type starts with (prefix and dot). The event row itself is fenced
+-- like a settle: routed only while this claim still holds it, and only once (routed_at).
+-- When WEBHOOK_URL takes the event, the event row stays pending as its delivery; otherwise it
+-- is settled here, its error column saying how many endpoints got it, or 'no endpoint
+-- matched': such an event is recorded and counted, never silently dropped.
+--
+-- Returns the new delivery rows ('d') and one row per event routed ('e': kept for
+-- WEBHOOK_URL or not, endpoints matched). An event the statement did not route (its lease
+-- was lost) returns nothing.
+WITH input AS (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token)
+), src AS (
+    SELECT o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.created_at, o.enqueued_at, o.tenant,
+           $4::boolean AND o.tenant IS NULL AS keep
+    FROM webhook_outbox o JOIN input i ON o.id = i.id
+    WHERE o.leased_by = $3 AND o.lease_token = i.token AND o.processed IS NOT TRUE AND o.routed_at IS NULL
+), matched AS (
+    SELECT src.*, e.id AS endpoint_id
+    FROM src JOIN webhook_endpoints e
+      ON e.enabled
+     AND e.tenant IS NOT DISTINCT FROM src.tenant
+     AND e.created_at <= src.enqueued_at
+     AND (cardinality(e.event_types) = 0
+          OR src.event_type = ANY (e.event_types)
+          OR EXISTS (SELECT 1 FROM unnest(e.event_types) f
+                     WHERE f LIKE '%.*' AND starts_with(src.event_type, left(f, -1))))
+), counted AS (
+    SELECT src.id, src.keep, (SELECT count(*) FROM matched m WHERE m.id = src.id) AS n FROM src
+), events AS (
+    UPDATE webhook_outbox o
+    SET routed_at = now(),
+        processed = NOT c.keep,
+        processed_at = CASE WHEN c.keep THEN NULL ELSE now() END,
+        lease_until = CASE WHEN c.keep THEN o.lease_until END,
+        error = CASE WHEN c.keep THEN NULL
+                     WHEN c.n = 0 THEN 'no endpoint matched'
+                     ELSE 'routed to ' || c.n || ' endpoint(s)' END
+    FROM counted c
+    WHERE o.id = c.id
+    RETURNING o.id, c.keep, c.n
+), fan AS (
+    INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at,
+                                tenant, endpoint_id, routed_at, lease_until, leased_by, lease_token)
+    SELECT stream_id, event_type, payload, created_at, delivery_id, 1, enqueued_at,
+           tenant, endpoint_id, now(), now() + $6::bigint * interval '1 millisecond', $3, $5
+    FROM matched
+    ORDER BY id, endpoint_id
+    RETURNING id, delivery_id::text AS delivery_id, coalesce(stream_id, '') AS stream_id, event_type,
+              payload::text AS payload, attempt, enqueued_at, created_at, endpoint_id::text AS endpoint_id,
+              coalesce(tenant, '') AS tenant
+)
+SELECT 'd', f.id, f.delivery_id, f.stream_id, f.event_type, f.payload, f.attempt, f.enqueued_at, f.created_at,
+       f.endpoint_id, f.tenant, false, 0::bigint
+FROM fan f
+UNION ALL
+SELECT 'e', e.id, '', '', '', '{}', 1, now(), now(), '', '', e.keep, e.n FROM events e

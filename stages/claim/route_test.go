@@ -1,0 +1,131 @@
+package claim_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/fluxora/fluxhook/sql/endpoints"
+	"github.com/fluxora/fluxhook/stages/claim"
+)
+
+// TestRouteProperty drives random endpoints (tenants, filters, enabled or not) and random
+// events (tenants, types) through claim and Route, and checks every event reached exactly the
+// endpoints the rule names: enabled, the same tenant (both none, or equal: never across
+// tenants), existing when the event was enqueued, and a filter that matches (endpoints.Matches,
+// the rule in Go). Events that match nothing and have no default consumer are settled as
+// unrouted; with a default consumer, events without a tenant stay pending for it.
+func TestRouteProperty(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, 42))
+			db, c := newRegistered(t, "a")
+			ctx := deadline(t)
+			tenants := []string{"", "acme", "globex", "initech"}
+			types := []string{"stream.created", "stream.updated", "stream.cancelled", "payment.settled", "payment.failed", "streamx.created", "stream"}
+			filters := [][]string{{}, {"stream.*"}, {"payment.settled"}, {"stream.created", "payment.*"}, {"nothing.*"}, {"stream"}}
+			type ep struct {
+				id, tenant string
+				filter     []string
+				enabled    bool
+			}
+			var eps []ep
+			for range 12 {
+				e := ep{tenant: tenants[rng.IntN(len(tenants))], filter: filters[rng.IntN(len(filters))], enabled: rng.IntN(5) > 0}
+				var tenant any
+				if e.tenant != "" {
+					tenant = e.tenant
+				}
+				if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, tenant, event_types, secret, enabled, created_at)
+					VALUES ('http://127.0.0.1:1/hook', $1, $2, 's', $3, now() - interval '1 minute') RETURNING id::text`,
+					tenant, e.filter, e.enabled).Scan(&e.id); err != nil {
+					t.Fatal(err)
+				}
+				eps = append(eps, e)
+			}
+			// One endpoint added after the events were enqueued: it must receive none of them.
+			late := ep{filter: []string{}, enabled: true}
+			keepDefault := seed%2 == 0
+			type ev struct{ tenant, typ string }
+			events := map[string]ev{} // by delivery id
+			for range 60 {
+				e := ev{tenant: tenants[rng.IntN(len(tenants))], typ: types[rng.IntN(len(types))]}
+				var tenant any
+				if e.tenant != "" {
+					tenant = e.tenant
+				}
+				var id string
+				if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_outbox (event_type, payload, tenant, enqueued_at)
+					VALUES ($1, '{}', $2, now() - interval '10 seconds') RETURNING delivery_id::text`, e.typ, tenant).Scan(&id); err != nil {
+					t.Fatal(err)
+				}
+				events[id] = e
+			}
+			if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret) VALUES ('http://127.0.0.1:1/late', 's') RETURNING id::text`).Scan(&late.id); err != nil {
+				t.Fatal(err)
+			}
+			res, err := c.Claim(ctx, 100, claim.Skip{}, false, claim.Cursor{})
+			if err != nil || len(res.Rows) != len(events) {
+				t.Fatalf("claimed %d of %d events: %v", len(res.Rows), len(events), err)
+			}
+			if res.EndpointsVersion == 0 {
+				t.Error("the claim did not report the endpoints' version")
+			}
+			for _, d := range res.Rows {
+				if !claim.NeedsRouting(d) {
+					t.Fatalf("event %s not marked for routing", d.DeliveryID)
+				}
+			}
+			routed, err := c.Route(ctx, res.Rows, keepDefault)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string][]string{}
+			for _, d := range routed.Deliveries {
+				got[d.DeliveryID] = append(got[d.DeliveryID], d.EndpointID)
+				if e := events[d.DeliveryID]; d.Tenant != e.tenant || d.EventType != e.typ || d.Attempt != 1 || d.LeaseToken == 0 {
+					t.Errorf("delivery %+v does not carry its event (%+v) or a lease token", d, e)
+				}
+			}
+			unrouted, kept := 0, 0
+			for id, e := range events {
+				var want []string
+				for _, p := range eps {
+					if p.enabled && p.tenant == e.tenant && endpoints.Matches(p.filter, e.typ) {
+						want = append(want, p.id)
+					}
+				}
+				slices.Sort(want)
+				have := got[id]
+				slices.Sort(have)
+				if !slices.Equal(want, have) {
+					t.Errorf("event %+v went to %v, want %v", e, have, want)
+				}
+				if keepDefault && e.tenant == "" {
+					kept++
+				} else if len(want) == 0 {
+					unrouted++
+				}
+			}
+			if len(routed.Kept) != kept || routed.Unrouted != unrouted || len(routed.Kept)+len(routed.Settled) != len(events) {
+				t.Errorf("kept %d (want %d), unrouted %d (want %d), settled %d", len(routed.Kept), kept, routed.Unrouted, unrouted, len(routed.Settled))
+			}
+			var leased int
+			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_outbox WHERE endpoint_id IS NOT NULL
+				AND leased_by = 'a' AND lease_until > now() AND NOT processed`).Scan(&leased); err != nil {
+				t.Fatal(err)
+			}
+			if leased != len(routed.Deliveries) {
+				t.Errorf("%d delivery rows leased to the router, want %d", leased, len(routed.Deliveries))
+			}
+			// Routing twice does nothing: the events are routed once.
+			again, err := c.Route(ctx, res.Rows, keepDefault)
+			if err != nil || len(again.Deliveries)+len(again.Kept)+len(again.Settled) != 0 {
+				t.Errorf("second Route = %+v, %v; want nothing", again, err)
+			}
+		})
+	}
+}

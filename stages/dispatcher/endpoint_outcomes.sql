@@ -1,0 +1,24 @@
+-- Record what one settled batch says about managed endpoints: $1 endpoint ids, $2 per endpoint
+-- 1 a success (last_success_at now, no longer failing), 2 a failure (failing since now, unless
+-- already), 3 a 410 Gone (disabled with the reason, as the Standard Webhooks specification asks).
+-- Returns the ids of endpoints this statement disabled, so that the caller logs it once and
+-- dead-letters their pending deliveries.
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::smallint[]) AS t(id, result)
+)
+UPDATE webhook_endpoints e
+SET last_success_at = CASE WHEN i.result = 1 THEN now() ELSE e.last_success_at END,
+    failing_since = CASE WHEN i.result = 1 THEN NULL ELSE coalesce(e.failing_since, now()) END,
+    enabled = e.enabled AND i.result <> 3,
+    disabled_at = CASE WHEN i.result = 3 AND e.enabled THEN now() ELSE e.disabled_at END,
+    disabled_reason = CASE WHEN i.result = 3 AND e.enabled THEN 'the endpoint answered 410 Gone' ELSE e.disabled_reason END
+FROM input i
+WHERE e.id = i.id
+  -- Only real changes: a healthy endpoint's success every batch would bump the endpoints'
+  -- version (and every dispatcher's cache) for nothing; a success is written at most once
+  -- a minute.
+  AND (i.result = 3 AND e.enabled
+       OR i.result = 2 AND e.failing_since IS NULL
+       OR i.result = 1 AND (e.failing_since IS NOT NULL OR e.last_success_at IS NULL
+                            OR e.last_success_at < now() - interval '1 minute'))
+RETURNING e.id::text, i.result = 3 AND NOT e.enabled

@@ -1,0 +1,18 @@
+-- Dead-letter the pending deliveries of one managed endpoint that was disabled: $1 the
+-- endpoint's id, $2 the reason ("endpoint disabled: ..."). Rows under a live lease are left
+-- to their holder (dead-lettered when they are next claimed); SKIP LOCKED, so that several
+-- instances doing this at once never wait on each other. Returns the rows moved.
+WITH moved AS (
+    UPDATE webhook_outbox
+    SET processed = true, processed_at = now(), lease_until = NULL, error = $2
+    WHERE id = ANY (ARRAY(
+        SELECT id FROM webhook_outbox
+        WHERE NOT processed AND endpoint_id = $1::uuid
+          AND (lease_until IS NULL OR lease_until < now())
+        FOR UPDATE SKIP LOCKED))
+    RETURNING id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, enqueued_at, tenant, endpoint_id
+)
+INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, endpoint_url,
+                                 attempts, reason, enqueued_at, tenant, endpoint_id)
+SELECT id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, $2, enqueued_at, tenant, endpoint_id
+FROM moved
