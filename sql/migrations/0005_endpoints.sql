@@ -48,7 +48,8 @@ CREATE INDEX IF NOT EXISTS webhook_endpoints_tenant_idx ON webhook_endpoints (te
 -- with each claim, without a snapshot, and reload their endpoint cache when it moved. The
 -- lifecycle columns the dispatchers write themselves (last_success_at, failing_since) do not
 -- bump it, or every healthy endpoint would make every dispatcher reload.
-CREATE SEQUENCE IF NOT EXISTS webhook_endpoints_version AS bigint MINVALUE 0 START 0;
+-- START 1: the first change makes it 1, so 0 (never called, NULL) means "no endpoint was ever written".
+CREATE SEQUENCE IF NOT EXISTS webhook_endpoints_version AS bigint MINVALUE 0 START 1;
 
 CREATE OR REPLACE FUNCTION webhook_endpoints_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$

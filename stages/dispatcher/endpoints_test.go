@@ -1,0 +1,258 @@
+package dispatcher_test
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+
+	"github.com/fluxora/fluxhook/sql/endpoints"
+	"github.com/fluxora/fluxhook/sql/outbox"
+	"github.com/fluxora/fluxhook/stages/sign/verify"
+)
+
+// testKey seals the endpoints' secrets in these tests, as WEBHOOK_ENCRYPTION_KEY would.
+const testKey = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+
+// addEndpoint creates a managed endpoint through the store, sealed with testKey.
+func (b *bundle) addEndpoint(n endpoints.New) endpoints.Endpoint {
+	b.t.Helper()
+	c, err := endpoints.NewCipher(testKey, "")
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	ep, err := endpoints.Add(context.Background(), b.pool, c, n)
+	if err != nil {
+		b.t.Fatalf("adding endpoint %s: %v", n.URL, err)
+	}
+	return ep
+}
+
+// verifyFluxora checks a request with the consumer-side package, as a consumer holding secret.
+func verifyFluxora(a arrival, secret string) error {
+	v := &verify.Verifier{Secret: secret}
+	_, err := v.Verify(a.Header, a.Body, time.Now())
+	return err
+}
+
+// TestEndpointsFanOut: one event reaches every endpoint whose filter and tenant match, each
+// signed with its own secret (sealed at rest) that the consumer-side package verifies, and no
+// other; the default consumer (WEBHOOK_URL) keeps receiving the events without a tenant; an
+// event that matches nothing is recorded, not dropped. Deliveries of one event share its id.
+func TestEndpointsFanOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	def := newConsumer(t, nil)
+	streams, payments, acme := newConsumer(t, nil), newConsumer(t, nil), newConsumer(t, nil)
+	streamsEP := b.addEndpoint(endpoints.New{URL: streams.URL(), EventTypes: []string{"stream.*"}, Headers: map[string]string{"X-Team": "streams"}})
+	paymentsEP := b.addEndpoint(endpoints.New{URL: payments.URL(), EventTypes: []string{"payment.settled"}, Scheme: endpoints.SchemeStandard})
+	acmeEP := b.addEndpoint(endpoints.New{URL: acme.URL(), Tenant: "acme"})
+	cfg := b.config(def.URL())
+	cfg.EncryptionKey = testKey
+	d := b.start(cfg)
+
+	created := b.enqueue(outbox.Event{EventType: "stream.created"})
+	settled := b.enqueue(outbox.Event{EventType: "payment.settled"})
+	other := b.enqueue(outbox.Event{EventType: "other.event"})
+	var acmeID string
+	if err := b.pool.QueryRow(context.Background(), `INSERT INTO webhook_outbox (event_type, payload, tenant)
+		VALUES ('stream.updated', '{"t": 1}', 'acme') RETURNING delivery_id::text`).Scan(&acmeID); err != nil {
+		t.Fatal(err)
+	}
+	var lonely string // a tenant nobody serves
+	if err := b.pool.QueryRow(context.Background(), `INSERT INTO webhook_outbox (event_type, payload, tenant)
+		VALUES ('stream.updated', '{}', 'globex') RETURNING delivery_id::text`).Scan(&lonely); err != nil {
+		t.Fatal(err)
+	}
+	b.waitSettled(15 * time.Second)
+
+	ids := func(c *consumer) []string {
+		var out []string
+		for _, a := range c.arrivals() {
+			out = append(out, a.DeliveryID+a.Header.Get("webhook-id"))
+		}
+		slices.Sort(out)
+		return out
+	}
+	sorted := func(s ...string) []string { slices.Sort(s); return s }
+	for name, tc := range map[string]struct {
+		c    *consumer
+		want []string
+	}{
+		"default":  {def, sorted(created, settled, other)},
+		"streams":  {streams, []string{created}},
+		"payments": {payments, []string{settled}},
+		"acme":     {acme, []string{acmeID}},
+	} {
+		if got := ids(tc.c); !slices.Equal(got, tc.want) {
+			t.Errorf("%s consumer got %v, want %v", name, got, tc.want)
+		}
+	}
+	// Each endpoint's requests verify with its own secret and not with another's.
+	if a := streams.arrivals()[0]; verifyFluxora(a, streamsEP.Secret) != nil || verifyFluxora(a, testSecret) == nil || verifyFluxora(a, acmeEP.Secret) == nil {
+		t.Errorf("the streams endpoint's request does not verify with exactly its own secret")
+	} else if a.Header.Get("X-Team") != "streams" {
+		t.Errorf("custom header X-Team = %q, want streams", a.Header.Get("X-Team"))
+	}
+	if a := acme.arrivals()[0]; verifyFluxora(a, acmeEP.Secret) != nil {
+		t.Errorf("the acme endpoint's request does not verify with its secret")
+	}
+	wh, err := standardwebhooks.NewWebhook(paymentsEP.Secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := payments.arrivals()[0]; wh.Verify(a.Body, a.Header) != nil {
+		t.Errorf("the standard endpoint's request does not verify with the Standard Webhooks library")
+	}
+	if a := def.arrivals()[0]; verifyFluxora(a, testSecret) != nil {
+		t.Errorf("the default consumer's request does not verify with WEBHOOK_SECRET")
+	}
+	// The unserved tenant's event is recorded as matching nothing, and counted.
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed AND error = 'no endpoint matched'`, lonely); n != 1 {
+		t.Errorf("the unserved tenant's event is not recorded as unrouted")
+	}
+	if got := counterValue(t, d, "fluxora_webhook_unrouted_total", "", ""); got != 1 {
+		t.Errorf("unrouted_total = %v, want 1", got)
+	}
+	// No secret in clear in the table.
+	for _, s := range []string{streamsEP.Secret, paymentsEP.Secret, acmeEP.Secret} {
+		if n := b.count(`SELECT count(*) FROM webhook_endpoints e WHERE e::text LIKE '%' || $1 || '%'`, s); n != 0 {
+			t.Errorf("a secret is stored in clear")
+		}
+	}
+}
+
+// TestEndpointRotationGrace: after rotate-secret with a grace, a standard endpoint's requests
+// carry signatures for both secrets, so consumers holding either verify; once the grace ends,
+// only the new one verifies.
+func TestEndpointRotationGrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Scheme: endpoints.SchemeStandard})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	cipher, _ := endpoints.NewCipher(testKey, "")
+	const grace = 3 * time.Second
+	newSecret, err := endpoints.RotateSecret(context.Background(), b.pool, cipher, ep.ID, "", grace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated := time.Now()
+	verifies := func(a arrival, secret string) bool {
+		wh, err := standardwebhooks.NewWebhook(secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return wh.Verify(a.Body, a.Header) == nil
+	}
+	b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the delivery during the grace", func() bool { return c.received() == 1 })
+	if a := c.arrivals()[0]; a.At.After(rotated.Add(grace)) {
+		t.Fatalf("the delivery came %s after the rotation, past the grace: the test proves nothing; raise the grace", a.At.Sub(rotated))
+	} else if !verifies(a, ep.Secret) || !verifies(a, newSecret) {
+		t.Errorf("during the grace: old verifies %v, new verifies %v; want both", verifies(a, ep.Secret), verifies(a, newSecret))
+	}
+	// The grace is the fault under test: wait it out.
+	time.Sleep(time.Until(rotated.Add(grace + 100*time.Millisecond)))
+	b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the delivery after the grace", func() bool { return c.received() == 2 })
+	if a := c.arrivals()[1]; verifies(a, ep.Secret) || !verifies(a, newSecret) {
+		t.Errorf("after the grace: old verifies %v, new verifies %v; want only the new", verifies(a, ep.Secret), verifies(a, newSecret))
+	}
+}
+
+// TestEndpointGoneIsDisabled: an endpoint that answers 410 Gone is disabled with the reason
+// (as the Standard Webhooks specification asks), the delivery and the endpoint's other
+// pending deliveries go to the dead-letter table with the endpoint recorded, and another
+// endpoint is not affected.
+func TestEndpointGoneIsDisabled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	gone := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusGone) })
+	fine := newConsumer(t, nil)
+	goneEP := b.addEndpoint(endpoints.New{URL: gone.URL()})
+	b.addEndpoint(endpoints.New{URL: fine.URL()})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	d := b.start(cfg)
+	ctx := context.Background()
+	// A retry of an earlier event, scheduled for later: pending when the endpoint goes.
+	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, attempt, endpoint_id, routed_at, created_at)
+		VALUES ('test.event', '{}', 2, $1, now(), now() + interval '1 hour')`, goneEP.ID); err != nil {
+		t.Fatal(err)
+	}
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the endpoint disabled", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND NOT enabled
+			AND disabled_reason = 'the endpoint answered 410 Gone' AND disabled_at IS NOT NULL`, goneEP.ID) == 1
+	})
+	eventually(t, 10*time.Second, "the endpoint's deliveries dead-lettered", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1`, goneEP.ID) == 2
+	})
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1 AND delivery_id = $2 AND last_status = 410`, goneEP.ID, id); n != 1 {
+		t.Error("the 410 delivery is not dead-lettered with its status and endpoint")
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1 AND reason = 'endpoint disabled: the endpoint answered 410 Gone'`, goneEP.ID); n != 1 {
+		t.Error("the pending retry is not dead-lettered as 'endpoint disabled: ...'")
+	}
+	b.waitSettled(10 * time.Second)
+	if fine.received() != 1 {
+		t.Errorf("the other endpoint got %d requests, want its 1", fine.received())
+	}
+	if got := counterValue(t, d, "fluxora_webhook_endpoint_lifecycle_total", "change", "disabled"); got != 1 {
+		t.Errorf("endpoint_lifecycle_total{change=disabled} = %v, want 1", got)
+	}
+	// A new event no longer goes to the disabled endpoint.
+	b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the next event at the other endpoint", func() bool { return fine.received() == 2 })
+	b.waitSettled(10 * time.Second)
+	if gone.received() != 1 {
+		t.Errorf("the disabled endpoint got %d requests, want only the first", gone.received())
+	}
+}
+
+// TestFailingEndpointIsDisabledAfterAWhile: an endpoint failing without a success for longer
+// than EndpointDisableAfter is disabled by housekeeping, with the reason.
+func TestFailingEndpointIsDisabledAfterAWhile(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: c.URL()})
+	if _, err := b.pool.Exec(context.Background(), `UPDATE webhook_endpoints SET failing_since = now() - interval '6 days',
+		last_success_at = now() - interval '7 days' WHERE id = $1`, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	cfg.PollInterval = 100 * time.Millisecond // housekeeping runs at this interval
+	b.start(cfg)
+	eventually(t, 10*time.Second, "the failing endpoint disabled", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND NOT enabled
+			AND disabled_reason = 'no successful delivery for 120h0m0s'`, ep.ID) == 1
+	})
+}
+
+// TestNoEndpointsNoRouting: without managed endpoints nothing is routed: events go to
+// WEBHOOK_URL exactly as before, with no routed_at and the global secret.
+func TestNoEndpointsNoRouting(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	b.start(b.config(c.URL()))
+	b.enqueue(outbox.Event{})
+	b.waitSettled(10 * time.Second)
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE routed_at IS NULL AND endpoint_id IS NULL AND status_code = 200`); n != 1 {
+		t.Errorf("the event was not delivered straight to WEBHOOK_URL")
+	}
+	if a := c.arrivals()[0]; a.VerifyErr != nil {
+		t.Errorf("signature: %v", a.VerifyErr)
+	}
+}
