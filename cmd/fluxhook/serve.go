@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/fluxora/fluxhook/stages/dispatcher"
+	"github.com/fluxora/fluxhook/stages/gate/redisstore"
 )
 
 func init() {
@@ -36,6 +37,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	log := newLogger(cfg.logLevel, cfg.logFormat, zapcore.Lock(zapcore.AddSync(env.stderr)), colorFor(env.stderr, env.getenv))
 	defer func() { _ = log.Sync() }()
 	cfg.dispatcher.Logger = log
+	redisstore.RouteLogs(log) // the Redis client's own lines too, or they bypass LOG_FORMAT
 	d, buildErr := dispatcher.New(cfg.dispatcher)
 	// Until Start succeeds, every way out closes what New made (the HTTP transport, a Redis
 	// client): serve also runs inside tests' processes, which go on after it returns.

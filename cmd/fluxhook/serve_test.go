@@ -754,3 +754,38 @@ func TestServeLogsNoSecrets(t *testing.T) {
 		t.Errorf("failing consumer got %d requests, want 2 (the schedule allows one retry)", n)
 	}
 }
+
+// TestServeLogsOnlyJSONWithRedisDown: with REDIS_URL pointing at a Redis that is down, the
+// dispatcher fails open and delivers; every line it writes to stderr is JSON, the Redis
+// client library's own complaints (failed dials) included: they go through the logger.
+func TestServeLogsOnlyJSONWithRedisDown(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	c := newHookConsumer(t, nil)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "redis://" + l.Addr().String() // nothing listens once closed
+	l.Close()
+	env := serveEnv(db.URL, c.URL())
+	env["REDIS_URL"] = down
+	env["WEBHOOK_CIRCUIT_BREAKER_THRESHOLD"] = "3"
+	p := startServe(t, "serve", env)
+	for range 5 {
+		enqueueOne(t, db, outbox.Event{})
+	}
+	p.waitFor(15*time.Second, "the events delivered, failing open", func() bool {
+		_, _, ok := c.counts()
+		return ok == 5
+	})
+	p.waitLog(10*time.Second, `"msg":"gate store unavailable`)
+	p.stopCleanly()
+	lines := strings.Split(strings.TrimSpace(p.stderr.String()), "\n")
+	for _, line := range lines {
+		var v map[string]any
+		if err := json.Unmarshal([]byte(line), &v); err != nil {
+			t.Errorf("a stderr line is not JSON: %q", line)
+		}
+	}
+}

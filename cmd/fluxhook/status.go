@@ -18,6 +18,9 @@ import (
 //go:embed queries/status_outbox.sql
 var statusOutboxSQL string
 
+//go:embed queries/status_managed.sql
+var statusManagedSQL string
+
 //go:embed queries/status_deferred.sql
 var statusDeferredSQL string
 
@@ -62,9 +65,31 @@ type statusReport struct {
 	// NotifySecondsLeft: how long producers' inserts keep sending NOTIFY (some dispatcher is
 	// idle and renews it); 0 when every dispatcher is busy or none runs.
 	NotifySecondsLeft float64 `json:"notify_seconds_left"`
+	// Endpoints are the managed endpoints (webhook_endpoints), with their pending deliveries
+	// and lifecycle.
+	Endpoints []managedStatus `json:"endpoints"`
+	// UnroutedLastHour counts the events of the last hour that matched no endpoint (and had
+	// no default consumer): recorded in the delivery log, not delivered.
+	UnroutedLastHour int64 `json:"unrouted_last_hour"`
 	// Breakers lists endpoints whose circuit is not plainly closed (read from REDIS_URL).
 	Breakers     []breakerStatus `json:"breakers"`
 	BreakersNote string          `json:"breakers_note"`
+	// BreakersUnavailable is why the breaker state could not be read (Redis down), empty
+	// when it was read; the rest of the report is complete either way.
+	BreakersUnavailable string `json:"breakers_unavailable,omitempty"`
+}
+
+// managedStatus is one managed endpoint as status shows it: never its secret, its URL without
+// the query string.
+type managedStatus struct {
+	ID             string     `json:"id"`
+	URL            string     `json:"url"`
+	Tenant         string     `json:"tenant"`
+	Enabled        bool       `json:"enabled"`
+	DisabledReason string     `json:"disabled_reason"`
+	Pending        int64      `json:"pending"`
+	LastSuccessAt  *time.Time `json:"last_success_at"`
+	FailingSince   *time.Time `json:"failing_since"`
 }
 
 type deferredReason struct {
@@ -116,8 +141,16 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 		if err != nil {
 			return err
 		}
-		rep.Breakers, rep.BreakersNote, err = readBreakers(ctx, tx, orEnv(*redisURL, env, "REDIS_URL"), orEnv(*webhookURL, env, "WEBHOOK_URL"))
-		return err
+		var berr error
+		rep.Breakers, rep.BreakersNote, berr = readBreakers(ctx, tx, orEnv(*redisURL, env, "REDIS_URL"), orEnv(*webhookURL, env, "WEBHOOK_URL"))
+		if berr != nil {
+			// Redis down is exactly when the operator needs the rest of the picture: print
+			// everything PostgreSQL knows and say why the breakers are missing (exit 0).
+			rep.Breakers = []breakerStatus{}
+			rep.BreakersUnavailable = berr.Error()
+			rep.BreakersNote = "breaker state unavailable: " + berr.Error()
+		}
+		return nil
 	})
 	if err != nil {
 		return err
@@ -129,7 +162,8 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 }
 
 func readStatus(ctx context.Context, tx pgx.Tx) (statusReport, error) {
-	rep := statusReport{DeadLettersByReason: []deadLetterReason{}, Dispatchers: []dispatcherInstance{}, Deferred: []deferredReason{}}
+	rep := statusReport{DeadLettersByReason: []deadLetterReason{}, Dispatchers: []dispatcherInstance{}, Deferred: []deferredReason{},
+		Endpoints: []managedStatus{}}
 	var err error
 	if rep.SchemaVersion, err = fluxsql.CurrentVersion(ctx, tx); err != nil {
 		return rep, err
@@ -147,6 +181,19 @@ func readStatus(ctx context.Context, tx pgx.Tx) (statusReport, error) {
 		return rep, fmt.Errorf("reading deferred rows: %w", err)
 	}
 	rep.Deferred = append(rep.Deferred, deferred...)
+	rows, _ = tx.Query(ctx, statusManagedSQL)
+	managed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (managedStatus, error) {
+		var m managedStatus
+		return m, r.Scan(&m.ID, &m.URL, &m.Tenant, &m.Enabled, &m.DisabledReason, &m.Pending, &m.LastSuccessAt, &m.FailingSince)
+	})
+	if err != nil {
+		return rep, fmt.Errorf("reading endpoints: %w", err)
+	}
+	rep.Endpoints = append(rep.Endpoints, managed...)
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM webhook_outbox WHERE processed AND error = 'no endpoint matched'
+		AND processed_at > now() - interval '1 hour'`).Scan(&rep.UnroutedLastHour); err != nil {
+		return rep, fmt.Errorf("reading unrouted events: %w", err)
+	}
 	if err := tx.QueryRow(ctx, statusDeadLetterTotalsSQL).Scan(&rep.DeadLetters, &rep.DeadLettersNotReplayed); err != nil {
 		return rep, fmt.Errorf("reading dead letters: %w", err)
 	}
@@ -209,6 +256,24 @@ func printStatus(w io.Writer, rep statusReport) error {
 		fmt.Fprintln(tw, "  COUNT\tNOT REPLAYED\tREASON")
 		for _, r := range rep.DeadLettersByReason {
 			fmt.Fprintf(tw, "  %d\t%d\t%s\n", r.Count, r.NotReplayed, printable(r.Reason))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(rep.Endpoints) > 0 || rep.UnroutedLastHour > 0 {
+		fmt.Fprintf(w, "\nendpoints (%d; events matching none in the last hour: %d):\n", len(rep.Endpoints), rep.UnroutedLastHour)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  ID\tURL\tTENANT\tENABLED\tPENDING\tLAST SUCCESS\tFAILING SINCE\tDISABLED REASON")
+		when := func(t *time.Time) string {
+			if t == nil {
+				return "-"
+			}
+			return formatTime(t.UTC())
+		}
+		for _, e := range rep.Endpoints {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.ID, printable(e.URL), printable(e.Tenant), yesNo(e.Enabled),
+				e.Pending, when(e.LastSuccessAt), when(e.FailingSince), printable(e.DisabledReason))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

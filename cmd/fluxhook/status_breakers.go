@@ -58,6 +58,16 @@ func readBreakers(ctx context.Context, tx pgx.Tx, redisURL, defaultURL string) (
 			add(*u)
 		}
 	}
+	// A managed endpoint's breaker is keyed by its key, "ep:<id>", not its URL (see
+	// send.ManagedEndpoint): two endpoints on one URL have breakers of their own.
+	rows, _ = tx.Query(ctx, `SELECT 'ep:' || id::text FROM webhook_endpoints ORDER BY created_at LIMIT 1000`)
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, "", fmt.Errorf("reading endpoints: %w", err)
+	}
+	for _, k := range keys {
+		add(k)
+	}
 	store, err := redisstore.Open(redisURL, redisstore.Options{})
 	if err != nil {
 		return nil, "", err

@@ -70,3 +70,29 @@ func TestStatusShowsOpenBreakers(t *testing.T) {
 		t.Fatalf("status without Redis: %d\n%s", r.code, r.stdout)
 	}
 }
+
+// TestStatusWithRedisDown: when the Redis holding the breakers cannot be reached, status
+// still prints everything PostgreSQL knows, says the breaker part is unavailable and why, and
+// exits 0, in text and in JSON.
+func TestStatusWithRedisDown(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	mustExec(t, db, `INSERT INTO webhook_outbox (event_type, payload) VALUES ('e', '{}')`)
+	down := "redis://127.0.0.1:1/0" // nothing listens on port 1
+	r := runCLI(t, db.URL, "status", "--json", "--redis-url", down, "--webhook-url", "https://consumer.example/hook")
+	if r.code != 0 {
+		t.Fatalf("status --json with Redis down exited %d: %s", r.code, r.stderr)
+	}
+	var rep statusReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("status --json printed %q: %v", r.stdout, err)
+	}
+	if rep.Backlog != 1 || rep.BreakersUnavailable == "" || !strings.Contains(rep.BreakersNote, "unavailable") {
+		t.Errorf("backlog %d, breakers_unavailable %q, note %q; want the outbox read and the breakers marked unavailable",
+			rep.Backlog, rep.BreakersUnavailable, rep.BreakersNote)
+	}
+	text := runCLI(t, db.URL, "status", "--redis-url", down, "--webhook-url", "https://consumer.example/hook")
+	if text.code != 0 || !strings.Contains(text.stdout, "backlog") || !strings.Contains(text.stdout, "breaker state unavailable") {
+		t.Errorf("status with Redis down: exit %d, output:\n%s%s", text.code, text.stdout, text.stderr)
+	}
+}

@@ -35,6 +35,13 @@ func insertStatusFixtures(t *testing.T, db *sqltest.DB) {
 		(gen_random_uuid(), 'a', '{}', 9, 'attempts exhausted', now(), NULL),
 		(gen_random_uuid(), 'a', '{}', 9, 'attempts exhausted', now(), now()),
 		(gen_random_uuid(), 'b', '{}', 1, 'permanent: HTTP 404', now(), NULL)`)
+	// A managed endpoint, disabled, with one delivery pending; and an event that matched none.
+	mustExec(t, db, `INSERT INTO webhook_endpoints (id, url, secret, enabled, disabled_reason, tenant)
+		VALUES ('6f2a3c1e-0000-4000-8000-000000000001', 'https://hooks.example/in?token=t0p', 'sekrit-9f', false, 'the endpoint answered 410 Gone', 'acme')`)
+	mustExec(t, db, `INSERT INTO webhook_outbox (event_type, payload, created_at, endpoint_id, routed_at) VALUES
+		('routed', '{}', now() + interval '1 hour', '6f2a3c1e-0000-4000-8000-000000000001', now())`)
+	mustExec(t, db, `INSERT INTO webhook_outbox (event_type, payload, processed, processed_at, error) VALUES
+		('lonely', '{}', true, now(), 'no endpoint matched')`)
 	mustExec(t, db, `INSERT INTO webhook_dispatcher (instance_id, armed, started_at, seen_at) VALUES
 		('host-b', false, now() - interval '1 hour', now() - interval '2 seconds'),
 		('host-a', true,  now() - interval '2 hours', now())`)
@@ -64,7 +71,7 @@ func TestStatusJSON(t *testing.T) {
 		"dead_letters": rep.DeadLetters, "dead_letters_not_replayed": rep.DeadLettersNotReplayed,
 	}
 	want := map[string]int64{
-		"backlog": 4, "in_flight": 1, "retries_pending": 2, "scheduled": 3, "processed_last_hour": 2,
+		"backlog": 4, "in_flight": 1, "retries_pending": 2, "scheduled": 4, "processed_last_hour": 3,
 		"dead_letters": 4, "dead_letters_not_replayed": 3,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -81,6 +88,16 @@ func TestStatusJSON(t *testing.T) {
 	// The deferred row's event was first enqueued 20 minutes ago: older than anything due.
 	if rep.OldestUndeliveredAgeSeconds < 1200 || rep.OldestUndeliveredAgeSeconds > 1260 {
 		t.Errorf("oldest_undelivered_age_seconds = %.1f, want about 1200", rep.OldestUndeliveredAgeSeconds)
+	}
+	if len(rep.Endpoints) != 1 || rep.Endpoints[0].URL != "https://hooks.example/in?…" || rep.Endpoints[0].Pending != 1 ||
+		rep.Endpoints[0].Enabled || rep.Endpoints[0].DisabledReason != "the endpoint answered 410 Gone" || rep.Endpoints[0].Tenant != "acme" {
+		t.Errorf("endpoints = %+v", rep.Endpoints)
+	}
+	if rep.UnroutedLastHour != 1 {
+		t.Errorf("unrouted_last_hour = %d, want 1", rep.UnroutedLastHour)
+	}
+	if strings.Contains(r.stdout, "sekrit-9f") || strings.Contains(r.stdout, "t0p") {
+		t.Error("status prints an endpoint's secret or its URL's query string")
 	}
 	wantReasons := []deadLetterReason{{"attempts exhausted", 3, 2}, {"permanent: HTTP 404", 1, 1}}
 	if !reflect.DeepEqual(rep.DeadLettersByReason, wantReasons) {
@@ -106,8 +123,8 @@ func TestStatusJSON(t *testing.T) {
 	}
 	slices.Sort(keys)
 	wantKeys := []string{"backlog", "breakers", "breakers_note", "database_time", "dead_letters", "dead_letters_by_reason", "dead_letters_not_replayed",
-		"deferred_by_reason", "dispatchers", "in_flight", "notify_seconds_left", "oldest_due_age_seconds", "oldest_undelivered_age_seconds",
-		"processed_last_hour", "retries_pending", "scheduled", "schema_version"}
+		"deferred_by_reason", "dispatchers", "endpoints", "in_flight", "notify_seconds_left", "oldest_due_age_seconds", "oldest_undelivered_age_seconds",
+		"processed_last_hour", "retries_pending", "scheduled", "schema_version", "unrouted_last_hour"}
 	if !slices.Equal(keys, wantKeys) {
 		t.Errorf("JSON fields = %v\nwant          %v", keys, wantKeys)
 	}
@@ -155,8 +172,8 @@ func TestStatusHumanReadable(t *testing.T) {
 		return []string{""}
 	}
 	for label, want := range map[string]string{
-		"backlog": "4", "in-flight leases": "1", "retries pending": "2", "scheduled": "3",
-		"processed last hour": "2", "dead letters": "4", "oldest due age": "10m0s", "producers notify": "yes",
+		"backlog": "4", "in-flight leases": "1", "retries pending": "2", "scheduled": "4",
+		"processed last hour": "3", "dead letters": "4", "oldest due age": "10m0s", "producers notify": "yes",
 		"oldest undelivered": "20m0s", "  deferred": "2",
 	} {
 		if got := field(label)[0]; got != want {

@@ -51,6 +51,10 @@ type Event struct {
 	// when it sends; an invalid one ends in the dead-letter table, not here, because only the
 	// dispatcher knows its network policy.
 	EndpointURL string
+	// Tenant scopes the event to one tenant (schema 5): it reaches only the managed endpoints
+	// of that tenant, never another's, and not the default WEBHOOK_URL consumer. "" stores
+	// NULL: an event without a tenant, for endpoints without one and for WEBHOOK_URL.
+	Tenant string
 	// DueAt delays the first attempt until an absolute time on the producer's clock. The zero
 	// value means now on the database's clock, so that a producer with a skewed clock cannot
 	// hold back or reorder events by accident.
@@ -79,7 +83,7 @@ func Enqueue(ctx context.Context, q Querier, ev Event) (Enqueued, error) {
 	}
 	var out Enqueued
 	err = q.QueryRow(ctx, enqueueSQL,
-		ev.EventType, payload, ev.StreamID, ev.EndpointURL, dueAt(ev.DueAt), ev.Delay.Microseconds(),
+		ev.EventType, payload, ev.StreamID, ev.EndpointURL, dueAt(ev.DueAt), ev.Delay.Microseconds(), ev.Tenant,
 	).Scan(&out.ID, &out.DeliveryID)
 	if err != nil {
 		return Enqueued{}, fmt.Errorf("outbox: enqueue %q: %w", ev.EventType, err)
@@ -102,6 +106,7 @@ func EnqueueMany(ctx context.Context, q Querier, evs []Event) (int64, error) {
 		endpoints = make([]string, len(evs))
 		due       = make([]pgtype.Timestamptz, len(evs))
 		delays    = make([]int64, len(evs))
+		tenants   = make([]string, len(evs))
 	)
 	for i, ev := range evs {
 		payload, err := validate(ev)
@@ -109,10 +114,10 @@ func EnqueueMany(ctx context.Context, q Querier, evs []Event) (int64, error) {
 			return 0, fmt.Errorf("event %d: %w", i, err)
 		}
 		types[i], payloads[i], streams[i], endpoints[i] = ev.EventType, string(payload), ev.StreamID, ev.EndpointURL
-		due[i], delays[i] = dueAt(ev.DueAt), ev.Delay.Microseconds()
+		due[i], delays[i], tenants[i] = dueAt(ev.DueAt), ev.Delay.Microseconds(), ev.Tenant
 	}
 	var n int64
-	if err := q.QueryRow(ctx, enqueueManySQL, types, payloads, streams, endpoints, due, delays).Scan(&n); err != nil {
+	if err := q.QueryRow(ctx, enqueueManySQL, types, payloads, streams, endpoints, due, delays, tenants).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: enqueue %d events: %w", len(evs), err)
 	}
 	return n, nil
@@ -134,6 +139,9 @@ func validate(ev Event) ([]byte, error) {
 	}
 	if i := strings.IndexFunc(ev.EventType, isControl); i >= 0 {
 		return nil, fmt.Errorf("%w: EventType %q contains a control character at byte %d; it is sent as an HTTP header", ErrInvalidEvent, ev.EventType, i)
+	}
+	if strings.ContainsRune(ev.Tenant, 0) {
+		return nil, fmt.Errorf("%w: Tenant contains a NUL byte, which PostgreSQL text cannot store", ErrInvalidEvent)
 	}
 	if strings.ContainsRune(ev.StreamID, 0) {
 		return nil, fmt.Errorf("%w: StreamID contains a NUL byte, which PostgreSQL text cannot store", ErrInvalidEvent)

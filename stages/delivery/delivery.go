@@ -74,6 +74,9 @@ type Endpoint struct {
 	// Concurrency overrides the configured per-endpoint concurrency when positive (a managed
 	// endpoint's max_concurrency).
 	Concurrency int
+	// RetryRPS overrides the configured retry rate limit when positive (a managed endpoint's
+	// retry_rps).
+	RetryRPS int
 }
 
 // Kind is what settle does with a row.

@@ -1104,7 +1104,7 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 		endpoint = del.Endpoint.Hash
 	}
 	fields := func() []zap.Field {
-		return []zap.Field{
+		f := []zap.Field{
 			zap.String("delivery_id", del.DeliveryID),
 			zap.String("event_type", del.EventType),
 			zap.Int("attempt", del.Attempt),
@@ -1112,6 +1112,10 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 			zap.Int64("duration_ms", o.Duration.Milliseconds()),
 			zap.String("endpoint", endpoint),
 		}
+		if del.EndpointID != "" {
+			f = append(f, zap.String("endpoint_id", del.EndpointID))
+		}
+		return f
 	}
 	if o.Stale {
 		return // reported by stale

@@ -88,6 +88,7 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 			m.invalid = fmt.Sprintf("endpoint %s: %v", m.ep.ID, err)
 			continue
 		}
+		m.target.RetryRPS = m.ep.RetryRPS
 		cfg := sign.Config{Secret: m.ep.Secret, Scheme: sign.Scheme(m.ep.Scheme)}
 		if m.ep.PreviousSecret != "" && now.Before(m.ep.PreviousUntil) {
 			cfg.PreviousSecret = m.ep.PreviousSecret

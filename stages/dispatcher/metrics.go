@@ -190,11 +190,16 @@ func (m *metrics) observe(del *delivery.Delivery, now time.Time) {
 	}
 	labels := []string{outcome}
 	if m.endpointLabel {
-		hash := ""
-		if del.Endpoint != nil {
-			hash = del.Endpoint.Hash
+		// A managed endpoint by its id, which operators know it by; any other by its URL's
+		// SHA-256. Either way one series per endpoint in use, and no URL.
+		name := ""
+		switch {
+		case del.EndpointID != "":
+			name = "ep:" + del.EndpointID
+		case del.Endpoint != nil:
+			name = del.Endpoint.Hash
 		}
-		labels = append(labels, hash)
+		labels = append(labels, name)
 	}
 	m.deliveries.WithLabelValues(labels...).Inc()
 	if o.Duration > 0 || o.Status != 0 {

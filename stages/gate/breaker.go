@@ -343,7 +343,8 @@ func (g *BreakerGate) group(batch []*delivery.Delivery) ([]EndpointCheck, [][]*d
 		if !ok {
 			i = len(checks)
 			index[del.Endpoint.Hash] = i
-			checks = append(checks, EndpointCheck{Hash: del.Endpoint.Hash, Token: g.prefix + strconv.FormatUint(g.seq.Add(1), 36)})
+			checks = append(checks, EndpointCheck{Hash: del.Endpoint.Hash, Token: g.prefix + strconv.FormatUint(g.seq.Add(1), 36),
+				RetryRPS: del.Endpoint.RetryRPS})
 			rows = append(rows, nil)
 		}
 		checks[i].Retry = append(checks[i].Retry, del.Attempt > 1)

@@ -97,6 +97,18 @@ type EndpointCheck struct {
 	// Retry holds one entry per row: true when the row is a retry (attempt > 1), which the
 	// rate limiter may refuse; first attempts are counted but never refused.
 	Retry []bool
+	// RetryRPS overrides Params.RetryRPS for this endpoint when positive (a managed
+	// endpoint's retry_rps); its reserve follows from Params.RetryShare.
+	RetryRPS int
+}
+
+// For returns the parameters that apply to the endpoint of check c: p with c's own rate limit
+// when it has one. Stores decide each endpoint with them.
+func (p Params) For(c EndpointCheck) Params {
+	if c.RetryRPS > 0 && p.RetryRPS > 0 {
+		p.RetryRPS = c.RetryRPS
+	}
+	return p
 }
 
 // RowDecision is the store's answer for one row.

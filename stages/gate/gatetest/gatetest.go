@@ -70,6 +70,7 @@ func Run(t *testing.T, newBackend func(t testing.TB) Backend) {
 		{"RateLimitSpacesRefusedRetriesAcrossBatchesAndInstances", testRateLimitSpacing},
 		{"RateLimitCountsButNeverRefusesFirstAttempts", testRateLimitFirstAttempts},
 		{"RateLimitReservesAShareForRetries", testRateLimitReserve},
+		{"RateLimitPerEndpointOverride", testRateLimitOverride},
 		{"RateLimitBacklogCostsLinearDeferrals", testRateLimitBacklog},
 		{"BreakerConcurrentFailuresAllCount", testBreakerConcurrentFailures},
 		{"BreakerOpensExactlyAtThreshold", testBreakerOpensAtThreshold},
@@ -299,6 +300,28 @@ func testRateLimitSpacing(t *testing.T, b Backend) {
 		want := time.Second + time.Duration(3+k)*200*time.Millisecond
 		if got := deferredFor(t, d, gate.DeferRateLimit); got > want || got < want-elapsed-b.Slack() {
 			t.Fatalf("the other instance's refused retry %d deferred by %s, want the slot after the first batch's (%s)", k, got, want)
+		}
+	}
+}
+
+// testRateLimitOverride: an endpoint with a rate limit of its own (a managed endpoint's
+// retry_rps) is limited by it, not by the configured limit, and another endpoint keeps the
+// configured one.
+func testRateLimitOverride(t *testing.T, b Backend) {
+	g := newGate(t, b.NewStore(t), gate.Params{RetryRPS: 100, Window: time.Second}, nil)
+	own, other := endpoint(), endpoint()
+	own.RetryRPS = 2
+	limited := rows(own, 2, 2, 2)
+	g.Check(ctx(), limited)
+	if !allowed(limited[0]) || !allowed(limited[1]) {
+		t.Fatalf("retries within the endpoint's own limit of 2 refused: %q, %q", limited[0].Outcome.Reason, limited[1].Outcome.Reason)
+	}
+	deferredFor(t, limited[2], gate.DeferRateLimit)
+	free := rows(other, 2, 2, 2, 2, 2)
+	g.Check(ctx(), free)
+	for i, d := range free {
+		if !allowed(d) {
+			t.Fatalf("retry %d to an endpoint under the configured limit of 100 refused: %q", i, d.Outcome.Reason)
 		}
 	}
 }

@@ -72,7 +72,7 @@ func (s *Store) Decide(_ context.Context, p gate.Params, checks []gate.EndpointC
 	s.maybeSweep(now, p)
 	out := make([]gate.EndpointDecision, len(checks))
 	for i, c := range checks {
-		out[i] = s.decide(now, p, c)
+		out[i] = s.decide(now, p.For(c), c)
 	}
 	return out, nil
 }

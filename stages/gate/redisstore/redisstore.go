@@ -144,9 +144,10 @@ func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }
 
 // Decide implements gate.Store: one pipeline of one decide.lua call per endpoint.
 func (s *Store) Decide(ctx context.Context, p gate.Params, checks []gate.EndpointCheck) ([]gate.EndpointDecision, error) {
-	limit, reserve := max(p.RetryRPS, 0), p.RetryReserve()
 	cmds, err := s.run(ctx, OpDecide, decideScript, len(checks), func(i int) ([]string, []any) {
 		c := checks[i]
+		ep := p.For(c)
+		limit, reserve := max(ep.RetryRPS, 0), ep.RetryReserve()
 		cb, probe, rl := s.Keys(c.Hash)
 		retries, slot := s.RetryKeys(c.Hash)
 		flags := make([]byte, len(c.Retry))
