@@ -16,6 +16,7 @@ import (
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/receiver"
 	fluxsql "github.com/fluxora/fluxhook/sql"
+	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
 )
@@ -115,6 +116,31 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	defer srv.Close()
 	base := "http://" + ln.Addr().String()
 	fmt.Fprintf(out, "receiver verifying signatures at %s/hook\n", base)
+
+	// Two managed endpoints with filters and secrets of their own: each event also fans out
+	// to the one whose filter it matches, signed with that endpoint's secret, which only its
+	// receiver holds. They are removed when the demo ends.
+	for _, e := range []struct{ name, filter string }{{"streams", "stream.*"}, {"orders", "order.*"}} {
+		ep, err := endpoints.Add(ctx, pool, nil, endpoints.New{URL: base + "/" + e.name, EventTypes: []string{e.filter},
+			Description: "fluxhook demo"})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			_, _ = endpoints.Remove(context.WithoutCancel(ctx), pool, ep.ID, endpoints.PendingDrop)
+		}()
+		name := e.name
+		mux.Handle("/"+name, &receiver.Receiver{
+			Secrets: []string{ep.Secret},
+			OnDelivery: func(d receiver.Delivery) {
+				fmt.Fprintf(out, "  ↳ endpoint %-8s got %-16s delivery %s  signed with its own secret\n", name, d.Event, d.ID)
+			},
+			OnReject: func(r receiver.Rejection) {
+				fmt.Fprintf(out, "✗ endpoint %s rejected delivery %s: %d %s\n", name, r.DeliveryID, r.Status, r.Reason)
+			},
+		})
+		fmt.Fprintf(out, "endpoint %-8s %s receives %s, with a secret of its own\n", name, ep.ID, e.filter)
+	}
 
 	d, err := dispatcher.New(dispatcher.Config{
 		DatabaseURL:   url,

@@ -28,7 +28,8 @@ func demoLeftovers(t *testing.T, db *sqltest.DB) {
 
 // TestDemoDeliversSampleEvents runs the README's first command against a test database with a
 // small event count: every sample event arrives verified with its latency, the fifth one
-// through the flaky endpoint after a retry, and the demo exits 0 by itself.
+// through the flaky endpoint after a retry, the two managed endpoints get the events their
+// filters match, and the demo exits 0 by itself.
 func TestDemoDeliversSampleEvents(t *testing.T) {
 	t.Parallel()
 	db := sqltest.New(t)
@@ -51,7 +52,16 @@ func TestDemoDeliversSampleEvents(t *testing.T) {
 	if retried != 1 || !strings.Contains(out, "flaky endpoint answered 503 to attempt 1") {
 		t.Errorf("want the flaky endpoint's event retried once and then received; stdout:\n%s", out)
 	}
-	if !strings.Contains(out, "5 events delivered; done") || strings.Contains(out, "✗ rejected") {
+	// The two managed endpoints got the events their filters match (events 1 and 4 are
+	// stream.*, event 2 order.*; the flaky one names its own endpoint_url and is not routed),
+	// each verified with that endpoint's own secret by its receiver.
+	if n := strings.Count(out, "↳ endpoint streams  got stream."); n != 2 {
+		t.Errorf("the streams endpoint got %d events, want 2; stdout:\n%s", n, out)
+	}
+	if n := strings.Count(out, "↳ endpoint orders   got order.paid"); n != 1 {
+		t.Errorf("the orders endpoint got %d events, want 1; stdout:\n%s", n, out)
+	}
+	if !strings.Contains(out, "5 events delivered; done") || strings.Contains(out, "✗") {
 		t.Errorf("the demo did not finish cleanly; stdout:\n%s", out)
 	}
 	demoLeftovers(t, db)
