@@ -52,6 +52,7 @@ var settings = []setting{
 	{env: "WEBHOOK_DRAIN_TIMEOUT_MS", help: "how long SIGTERM waits for in-flight requests (default timeout + 5 s)"},
 	{env: "WEBHOOK_RETRY_SCHEDULE", def: "5s,1m,5m,30m,2h,6h,12h,24h", help: "waits before each retry; its length sets the attempts"},
 	{env: "WEBHOOK_MAX_PAYLOAD_BYTES", def: "1048576", help: "larger payloads are dead-lettered"},
+	{env: "WEBHOOK_409_DELIVERED", help: "true | false: a consumer's 409 Conflict means it already has the event (settled delivered, not dead-lettered); default true under the fluxora scheme, false under standard"},
 	{env: "WEBHOOK_RETRY_RPS", def: "10", help: "attempts per second per consumer URL before retries are deferred"},
 	{env: "WEBHOOK_RETRY_SHARE", def: "0.5", help: "share of WEBHOOK_RETRY_RPS kept for retries while first attempts fill the window"},
 	{env: "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", def: "0", help: "consecutive retryable failures that open an endpoint's circuit; 0 = off"},
@@ -150,6 +151,15 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	c.drainTimeout = msOf("WEBHOOK_DRAIN_TIMEOUT_MS", 0)
 	d.MaxPayloadBytes = intOf("WEBHOOK_MAX_PAYLOAD_BYTES", 2)
 	d.RetryRPS = intOf("WEBHOOK_RETRY_RPS", 1)
+	switch r := v["WEBHOOK_409_DELIVERED"]; r {
+	case "true", "1":
+		d.Conflict409Delivered = new(true)
+	case "false", "0":
+		d.Conflict409Delivered = new(false)
+	case "": // nil: each request's signature scheme decides
+	default:
+		bad("WEBHOOK_409_DELIVERED", "must be true or false (empty: true under the fluxora scheme, false under standard), got %q", r)
+	}
 	if r := v["WEBHOOK_RETRY_SHARE"]; r != "" {
 		share, err := strconv.ParseFloat(r, 64)
 		if err != nil || !(share > 0 && share <= 1) {

@@ -86,7 +86,8 @@ type Kind uint8
 const (
 	// Undecided is the zero value: no stage has finished with the row.
 	Undecided Kind = iota
-	// Delivered: the consumer answered 2xx.
+	// Delivered: the consumer answered 2xx, or 409 to a delivery id it already had
+	// (Outcome.AlreadyDelivered).
 	Delivered
 	// Retry: a retryable failure; settle schedules the next attempt or, when the schedule is
 	// exhausted, dead-letters the event.
@@ -140,6 +141,11 @@ type Outcome struct {
 	// after its lease. Kind still says what the attempt did, for the breaker; Reason says why
 	// it could not be written.
 	Unsettled bool
+	// AlreadyDelivered says a Delivered outcome is the consumer's 409 Conflict to a delivery
+	// id it had already accepted (send.Config.Conflict409Delivered), not a 2xx to this
+	// attempt: typically an earlier attempt timed out on our side after the consumer stored
+	// it. The event is delivered either way; the flag lets logs and counters tell the two apart.
+	AlreadyDelivered bool
 	// Stale says settle refused this outcome because the row's lease was no longer this
 	// attempt's: it ran out and another claim took the row (or settled it). The current
 	// holder's outcome is the one written; this one is counted and logged, never reported

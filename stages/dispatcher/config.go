@@ -59,6 +59,14 @@ type Config struct {
 	// default 1 MiB): consumers commonly refuse large bodies, and retrying them for two
 	// days only to fail helps no one.
 	MaxPayloadBytes int
+	// Conflict409Delivered says whether a consumer's 409 Conflict means it already has the
+	// event (WEBHOOK_409_DELIVERED): the row is then settled delivered with status 409
+	// (Outcome.AlreadyDelivered) instead of dead-lettered. The original's receiver answers 409
+	// to a delivery id it has already accepted, so a first attempt that timed out after the
+	// consumer stored it comes back as 409 on the retry. Nil, the default, follows each
+	// request's signature scheme: true for fluxora, false for standard (a managed endpoint's
+	// own scheme included). Set it false for consumers that answer 409 for something else.
+	Conflict409Delivered *bool
 	// AllowedNetworks are private networks the operator allows as endpoint destinations
 	// (WEBHOOK_ALLOWED_NETWORKS); by default the send stage refuses private, link-local and
 	// metadata addresses at dial time (SSRF guard).

@@ -82,6 +82,9 @@ type Dispatcher struct {
 type Stats struct {
 	Claimed, Delivered, Retried, DeadLettered, Deferred, Released atomic.Int64
 	Claims, Settles, SettleErrors, ClaimErrors                    atomic.Int64
+	// AlreadyDelivered counts the Delivered outcomes that were a consumer's 409 Conflict to a
+	// delivery id it already had (Outcome.AlreadyDelivered); they are in Delivered too.
+	AlreadyDelivered atomic.Int64
 	// Stale counts outcomes settle refused: the lease had run out and another claim held
 	// the row.
 	Stale atomic.Int64
@@ -108,6 +111,8 @@ func New(cfg Config) (*Dispatcher, error) {
 		Timeout:             cfg.Timeout,
 		EndpointConcurrency: cfg.EndpointConcurrency,
 		AllowedNetworks:     cfg.AllowedNetworks,
+		// 409 as "already delivered": nil lets each request's scheme decide (see send.ConflictDelivered).
+		Conflict409Delivered: cfg.Conflict409Delivered,
 	})
 	if err != nil {
 		errs = append(errs, err)
@@ -1132,6 +1137,14 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 	switch o.Kind {
 	case delivery.Delivered:
 		d.stats.Delivered.Add(1)
+		if o.AlreadyDelivered {
+			// At info, unlike a 2xx: a consumer that answers 409 for something else (see
+			// WEBHOOK_409_DELIVERED) would otherwise have its events settled delivered
+			// without a trace at the default level.
+			d.stats.AlreadyDelivered.Add(1)
+			d.log.Info("delivered: the consumer already had it (409)", append(fields(), zap.Bool("already_delivered", true))...)
+			break
+		}
 		if ce := d.log.Check(zap.DebugLevel, "delivered"); ce != nil {
 			ce.Write(fields()...)
 		}

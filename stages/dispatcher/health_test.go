@@ -73,7 +73,7 @@ var ourMetrics = []string{
 	"dead_letters_total", "deferrals_total", "released_total", "gate_fail_open_total",
 	"circuit_breaker_transitions_total", "listener_reconnects_total", "wakeups_total",
 	"claim_batch_rows", "settle_batch_rows", "claim_errors_total", "settle_errors_total",
-	"scheduled", "deferred", "oldest_undelivered_age_seconds", "stale_settles_total",
+	"scheduled", "deferred", "oldest_undelivered_age_seconds", "stale_settles_total", "unrouted_total", "endpoint_lifecycle_total", "already_delivered_total",
 }
 
 // TestMetricsScrapedFromARunningDispatcher runs deliveries, a dead letter, a retry and a

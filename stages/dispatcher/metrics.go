@@ -20,27 +20,28 @@ import (
 // URL: an endpoint label, when enabled, is the URL's SHA-256, and it is off by default
 // because one label value per tenant endpoint can overwhelm a Prometheus server.
 type metrics struct {
-	reg             *prometheus.Registry
-	endpointLabel   bool
-	deliveries      *prometheus.CounterVec
-	attemptSeconds  *prometheus.HistogramVec
-	endToEndSeconds prometheus.Histogram
-	retries         prometheus.Counter
-	deadLetters     *prometheus.CounterVec
-	deferrals       *prometheus.CounterVec
-	released        prometheus.Counter
-	failOpen        prometheus.Counter
-	storeRoundTrips *prometheus.CounterVec
-	transitions     *prometheus.CounterVec
-	reconnects      prometheus.Counter
-	wakeups         *prometheus.CounterVec
-	claimRows       prometheus.Histogram
-	settleRows      prometheus.Histogram
-	settleErrors    prometheus.Counter
-	claimErrors     prometheus.Counter
-	staleSettles    prometheus.Counter
-	unrouted        prometheus.Counter
-	endpointChanges *prometheus.CounterVec
+	reg              *prometheus.Registry
+	endpointLabel    bool
+	deliveries       *prometheus.CounterVec
+	attemptSeconds   *prometheus.HistogramVec
+	endToEndSeconds  prometheus.Histogram
+	retries          prometheus.Counter
+	deadLetters      *prometheus.CounterVec
+	deferrals        *prometheus.CounterVec
+	released         prometheus.Counter
+	failOpen         prometheus.Counter
+	storeRoundTrips  *prometheus.CounterVec
+	transitions      *prometheus.CounterVec
+	reconnects       prometheus.Counter
+	wakeups          *prometheus.CounterVec
+	claimRows        prometheus.Histogram
+	settleRows       prometheus.Histogram
+	settleErrors     prometheus.Counter
+	claimErrors      prometheus.Counter
+	staleSettles     prometheus.Counter
+	unrouted         prometheus.Counter
+	endpointChanges  *prometheus.CounterVec
+	alreadyDelivered prometheus.Counter
 }
 
 const ns = "fluxora_webhook"
@@ -85,6 +86,8 @@ func newMetrics(d *Dispatcher) *metrics {
 		Help: "Settle batches that could not be written, and rows the database refused to settle or dead-letter (both are redelivered after the lease)."})
 	m.claimErrors = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "claim_errors_total",
 		Help: "Claim statements that failed."})
+	m.alreadyDelivered = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "already_delivered_total",
+		Help: "Deliveries settled delivered because the consumer answered 409 Conflict to a delivery id it already had (WEBHOOK_409_DELIVERED); also counted in deliveries_total{outcome=\"delivered\"}."})
 	m.unrouted = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "unrouted_total",
 		Help: "Events that matched no endpoint and had no default consumer (recorded in the delivery log as 'no endpoint matched')."})
 	m.endpointChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "endpoint_lifecycle_total",
@@ -97,7 +100,7 @@ func newMetrics(d *Dispatcher) *metrics {
 		Help: "The most rows this instance holds in flight (WEBHOOK_MAX_IN_FLIGHT)."}, func() float64 { return float64(d.slots.Size()) })
 	m.reg.MustRegister(m.deliveries, m.attemptSeconds, m.endToEndSeconds, m.retries, m.deadLetters, m.deferrals,
 		m.released, m.failOpen, m.storeRoundTrips, m.transitions, m.reconnects, m.wakeups, m.claimRows, m.settleRows, m.settleErrors,
-		m.claimErrors, m.staleSettles, m.unrouted, m.endpointChanges, inFlight, capacity, &backlogCollector{d: d},
+		m.claimErrors, m.staleSettles, m.unrouted, m.endpointChanges, m.alreadyDelivered, inFlight, capacity, &backlogCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.preinitialise()
 	return m
@@ -170,6 +173,9 @@ func (m *metrics) observe(del *delivery.Delivery, now time.Time) {
 	switch o.Kind {
 	case delivery.Delivered:
 		outcome = "delivered"
+		if o.AlreadyDelivered {
+			m.alreadyDelivered.Inc()
+		}
 		if !del.EnqueuedAt.IsZero() {
 			m.endToEndSeconds.Observe(now.Sub(del.EnqueuedAt).Seconds())
 		}

@@ -1,8 +1,10 @@
 package send
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/sign"
 )
 
 // MaxRetryAfter caps what ParseRetryAfter returns, so that a consumer answering
@@ -22,7 +25,9 @@ const MaxRetryAfter = 30 * 24 * time.Hour
 // Classify decides what a status code means for the row, following REFERENCE.md: any 2xx is
 // delivered (a 204 without a body or Content-Type included), the statuses that signal a
 // passing condition are retried, and everything else, including 3xx because redirects are not
-// followed, will not improve by retrying and goes to the dead-letter table.
+// followed, will not improve by retrying and goes to the dead-letter table. A 409 Conflict is
+// Permanent here, by the status alone; Send delivers it instead when ConflictDelivered says
+// the consumer means "already have it" (classifyConflict).
 func Classify(status int) delivery.Kind {
 	switch {
 	case status >= 200 && status <= 299:
@@ -39,6 +44,75 @@ func Classify(status int) delivery.Kind {
 		return delivery.Retry
 	}
 	return delivery.Permanent
+}
+
+// OriginalMaxBody is the largest body the original's receiver accepts (as does
+// stages/sign/verify, DefaultMaxBody); it answers 413 to anything larger. Our own limit,
+// WEBHOOK_MAX_PAYLOAD_BYTES, defaults to 1 MiB, so a fluxora consumer can refuse events the
+// dispatcher was willing to send, and the dead-letter reason says so (PayloadTooLargeReason).
+const OriginalMaxBody = 256 << 10
+
+// inProgressMarker is what stages/sign/verify's 409 says when the delivery id is held by a
+// request still being handled (verify.ErrInProgress) rather than acknowledged: the first
+// attempt outlived our timeout and may yet fail, so that 409 does not mean "already
+// delivered". The body is the only place verify says so (it sets no header);
+// TestConflictInProgressFromVerifyIsRetried pins the coupling.
+const inProgressMarker = "still being handled"
+
+// conflictPeekBytes is how much of a 409 body is kept to look for inProgressMarker: verify's
+// answer is one short line, and the rest is drained as for any other answer.
+const conflictPeekBytes = 512
+
+// isFluxora reports whether h is the fluxora wire format: only that scheme sends
+// x-fluxora-signature (the Standard Webhooks scheme sends webhook-signature, though it keeps
+// x-fluxora-attempt and x-fluxora-event). It is decided per request, not from
+// WEBHOOK_SIGNATURE_SCHEME, because a managed endpoint has a scheme of its own.
+func isFluxora(h http.Header) bool {
+	_, ok := h[sign.HeaderSignature] // sign sets the canonical key; Get would canonicalize again
+	return ok
+}
+
+// ConflictDelivered reports whether a 409 Conflict answer to a request with headers h means
+// that the consumer already has the event. The original's receiver answers 409 to a delivery
+// id it has already accepted, so with stable delivery ids a first attempt that timed out after
+// the consumer stored it comes back as 409 on the retry: dead-lettering it would report a
+// failure for an event the consumer has. setting is Config.Conflict409Delivered: when set it
+// decides; nil means the wire format decides, true for fluxora requests and false for the
+// Standard Webhooks scheme, whose specification gives 409 no such meaning.
+func ConflictDelivered(setting *bool, h http.Header) bool {
+	if setting != nil {
+		return *setting
+	}
+	return isFluxora(h)
+}
+
+// classifyConflict refines a 409 answer that ConflictDelivered says means "already delivered":
+// Delivered, unless the consumer says it is still handling the id (verify's in-progress
+// answer, see inProgressMarker) or asks to come back (a Retry-After header). Then the earlier
+// attempt has not been acknowledged and may still fail, so the row is retried: calling it
+// delivered could lose the event, while a retry at worst delivers it twice (at least once).
+func classifyConflict(head []byte, retryAfter string) (kind delivery.Kind, errText string) {
+	if bytes.Contains(head, []byte(inProgressMarker)) || retryAfter != "" {
+		return delivery.Retry, statusError(http.StatusConflict) + ": the consumer is still handling an earlier attempt of this delivery"
+	}
+	return delivery.Delivered, ""
+}
+
+// PayloadTooLargeReason is the dead-letter reason of a 413 answer to a size-byte body: it
+// names the size and the setting that can keep such events from being sent at all, because a
+// bare "HTTP 413" leaves the operator to find both. fluxora says the request was in the
+// fluxora wire format, whose receiver (the original's, and verify's default) accepts at most
+// OriginalMaxBody bytes; when the body is over that, the reason names that limit too.
+func PayloadTooLargeReason(size int, fluxora bool) string {
+	prefix := fmt.Sprintf("permanent failure: %s: the consumer refused a %d-byte body; ",
+		statusError(http.StatusRequestEntityTooLarge), size)
+	if fluxora && size > OriginalMaxBody {
+		return prefix + fmt.Sprintf("the original's receiver accepts at most %d bytes; "+
+			"lower WEBHOOK_MAX_PAYLOAD_BYTES to %d to dead-letter such events before sending, or raise the consumer's limit",
+			OriginalMaxBody, OriginalMaxBody)
+	}
+	return prefix + fmt.Sprintf("lower WEBHOOK_MAX_PAYLOAD_BYTES below %d (to the consumer's limit) to dead-letter such events before sending, "+
+		"or raise the consumer's limit", size)
 }
 
 // ParseRetryAfter reads a Retry-After header so that a consumer that asks for a pause (429,

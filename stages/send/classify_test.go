@@ -8,6 +8,7 @@ import (
 
 	"github.com/fluxora/fluxhook/stages/delivery"
 	"github.com/fluxora/fluxhook/stages/send"
+	"github.com/fluxora/fluxhook/stages/sign/verify"
 )
 
 func TestClassify(t *testing.T) {
@@ -23,6 +24,79 @@ func TestClassify(t *testing.T) {
 				t.Errorf("Classify(%d) = %v, want %v", status, got, kind)
 			}
 		}
+	}
+}
+
+// TestConflictDelivered is the table for what a 409 Conflict means: the setting decides when
+// set; unset, the request's wire format does (fluxora: the original's receiver answers 409 to
+// an id it already accepted; Standard Webhooks: no such meaning).
+func TestConflictDelivered(t *testing.T) {
+	t.Parallel()
+	fluxora := http.Header{}
+	fluxora.Set("X-Fluxora-Delivery-Id", "d-1")
+	fluxora.Set("X-Fluxora-Timestamp", "1710000000")
+	fluxora.Set("X-Fluxora-Signature", "925006549b879c8d9e91c10a153254fb4b6e2241820a1b072e28aa2fa8caeb79")
+	fluxora.Set("X-Fluxora-Event", "stream.updated")
+	standard := http.Header{}
+	standard.Set("Webhook-Id", "d-1")
+	standard.Set("Webhook-Timestamp", "1710000000")
+	standard.Set("Webhook-Signature", "v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4=")
+	standard.Set("X-Fluxora-Event", "stream.updated") // the Standard scheme keeps these two
+	standard.Set("X-Fluxora-Attempt", "2")
+	tests := []struct {
+		name    string
+		setting *bool
+		header  http.Header
+		want    bool
+	}{
+		{"fluxora, default", nil, fluxora, true},
+		{"fluxora, on", new(true), fluxora, true},
+		{"fluxora, off", new(false), fluxora, false},
+		{"standard, default", nil, standard, false},
+		{"standard, on", new(true), standard, true},
+		{"standard, off", new(false), standard, false},
+		{"no headers, default", nil, http.Header{}, false},
+	}
+	for _, tt := range tests {
+		if got := send.ConflictDelivered(tt.setting, tt.header); got != tt.want {
+			t.Errorf("%s: ConflictDelivered = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestPayloadTooLargeReason(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		size    int
+		fluxora bool
+		want    string
+	}{
+		{300000, true, "permanent failure: HTTP 413 Request Entity Too Large: the consumer refused a 300000-byte body; " +
+			"the original's receiver accepts at most 262144 bytes; lower WEBHOOK_MAX_PAYLOAD_BYTES to 262144 " +
+			"to dead-letter such events before sending, or raise the consumer's limit"},
+		// At or under the original's limit the consumer's own limit is lower: naming 256 KiB
+		// would mislead.
+		{262144, true, "permanent failure: HTTP 413 Request Entity Too Large: the consumer refused a 262144-byte body; " +
+			"lower WEBHOOK_MAX_PAYLOAD_BYTES below 262144 (to the consumer's limit) to dead-letter such events before sending, " +
+			"or raise the consumer's limit"},
+		// A Standard Webhooks consumer is not the original's receiver.
+		{300000, false, "permanent failure: HTTP 413 Request Entity Too Large: the consumer refused a 300000-byte body; " +
+			"lower WEBHOOK_MAX_PAYLOAD_BYTES below 300000 (to the consumer's limit) to dead-letter such events before sending, " +
+			"or raise the consumer's limit"},
+	}
+	for _, tt := range tests {
+		if got := send.PayloadTooLargeReason(tt.size, tt.fluxora); got != tt.want {
+			t.Errorf("PayloadTooLargeReason(%d, %v) =\n%s\nwant\n%s", tt.size, tt.fluxora, got, tt.want)
+		}
+	}
+}
+
+// TestOriginalMaxBodyIsVerifyDefault pins the limit the 413 reason names to the consumer
+// package's, which follows the original's receiver.
+func TestOriginalMaxBodyIsVerifyDefault(t *testing.T) {
+	t.Parallel()
+	if send.OriginalMaxBody != verify.DefaultMaxBody {
+		t.Errorf("send.OriginalMaxBody = %d, verify.DefaultMaxBody = %d", send.OriginalMaxBody, verify.DefaultMaxBody)
 	}
 }
 

@@ -78,6 +78,13 @@ type Config struct {
 	// Resolver looks up endpoint host names at dial time, so that the guard checks the
 	// addresses actually dialled. Nil means net.DefaultResolver.
 	Resolver Resolver
+	// Conflict409Delivered says whether a 409 Conflict answer means the consumer already has
+	// the event (WEBHOOK_409_DELIVERED): then the row is Delivered, with
+	// Outcome.AlreadyDelivered set, instead of dead-lettered. Nil, the default, decides per
+	// request by its wire format: true for the fluxora scheme, whose receiver answers 409 to a
+	// delivery id it has already accepted, false for the Standard Webhooks scheme. Set it to
+	// false for fluxora consumers that use 409 for something else (see ConflictDelivered).
+	Conflict409Delivered *bool
 	// RootCAs verifies consumers' certificates. Nil means the system's roots (which honour
 	// SSL_CERT_FILE and SSL_CERT_DIR); tests and private CAs set it.
 	RootCAs *x509.CertPool
@@ -292,18 +299,34 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 		timedOut := errors.Is(reqCtx.Err(), context.DeadlineExceeded)
 		return delivery.Outcome{Kind: delivery.Retry, Error: describeError(err, s.cfg.Timeout, timedOut), Duration: elapsed}
 	}
+	status := resp.StatusCode
+	// A 409 that may mean "already delivered" is decided by the start of its body too (see
+	// classifyConflict), so that much is kept rather than discarded.
+	conflict := status == http.StatusConflict && ConflictDelivered(s.cfg.Conflict409Delivered, d.Header)
+	var head []byte
+	if conflict {
+		head, _ = io.ReadAll(io.LimitReader(resp.Body, min(conflictPeekBytes, s.cfg.MaxResponseBytes)))
+	}
 	// Drain a little so that the connection can be reused; whatever is left (or a body that
 	// never ends) is cut off by Close, and a trickling body by the request timeout. A read
 	// error here changes nothing: the consumer has already answered.
-	_, _ = io.CopyN(io.Discard, resp.Body, s.cfg.MaxResponseBytes)
+	_, _ = io.CopyN(io.Discard, resp.Body, s.cfg.MaxResponseBytes-int64(len(head)))
 	_ = resp.Body.Close()
 
-	status := resp.StatusCode
 	out := delivery.Outcome{Kind: Classify(status), Status: status, Duration: time.Since(start)}
-	if out.Kind != delivery.Delivered {
+	switch {
+	case conflict:
+		out.Kind, out.Error = classifyConflict(head, resp.Header.Get("Retry-After"))
+		out.AlreadyDelivered = out.Kind == delivery.Delivered
+	case out.Kind != delivery.Delivered:
 		out.Error = statusError(status)
 	}
-	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
+	if status == http.StatusRequestEntityTooLarge {
+		// Settle keeps a Permanent outcome's own Reason; without one it would write a bare
+		// "permanent failure: HTTP 413 Request Entity Too Large".
+		out.Reason = PayloadTooLargeReason(len(d.Payload), isFluxora(d.Header))
+	}
+	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable || conflict && out.Kind == delivery.Retry {
 		if v := resp.Header.Get("Retry-After"); v != "" {
 			if delay, ok := ParseRetryAfter(v, time.Now()); ok {
 				out.Delay = delay

@@ -29,12 +29,13 @@
 // waiting for the answer, because that is exactly when the dispatcher considers the delivery
 // done. After a failure status, or when the client gave up (its timeout), the dispatcher
 // retries with the same id, and that retry must be handled again rather than refused as a
-// duplicate: the dispatcher treats 409 as permanent and would dead-letter an event the
-// consumer never acknowledged. While a request is being handled its id is claimed, so a second
-// request with the same id gets 409 at once instead of running the handler twice. The
-// dispatcher only sends such an overlapping retry when the first attempt outlived its timeout
-// (30 s by default), and it dead-letters that 409 too: keep handlers well under the timeout,
-// queueing slow work.
+// duplicate: under the fluxora scheme the dispatcher takes a 409 for "already delivered"
+// (WEBHOOK_409_DELIVERED) and would settle as delivered an event the consumer never
+// acknowledged. While a request is being handled its id is claimed, so a second request with
+// the same id gets 409 at once instead of running the handler twice; the dispatcher recognises
+// that answer ("still being handled") and retries it later. It only sends such an overlapping
+// retry when the first attempt outlived its timeout (30 s by default): keep handlers well
+// under the timeout, queueing slow work.
 //
 // The delivery id is not covered by the signature (only the timestamp and the body are, by the
 // wire format), so deduplication protects against the dispatcher's own retries and replays,
