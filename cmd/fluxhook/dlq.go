@@ -39,16 +39,29 @@ func init() {
 }
 
 const dlqUsage = `usage:
-  fluxhook dlq list [--limit 50] [--event-type T] [--reason-contains S] [--since DURATION] [--json]
-  fluxhook dlq show ID [--json]
-  fluxhook dlq replay [--force] [--dry-run] ID...
-  fluxhook dlq replay --all-matching [--event-type T] [--reason-contains S] [--since DURATION] [--force] [--dry-run]
-  fluxhook dlq purge [--dry-run] ID...
-  fluxhook dlq purge --all-matching [--event-type T] [--reason-contains S] [--since DURATION] [--replayed-only] [--dry-run]
+  fluxhook dlq list [--limit 50] [FILTER...] [--json]
+  fluxhook dlq show ID|DELIVERY-ID [--json]
+  fluxhook dlq replay [--force] [--dry-run] ID|DELIVERY-ID...
+  fluxhook dlq replay --all-matching FILTER... [--force] [--dry-run]
+  fluxhook dlq purge [--replayed-only] [--dry-run] ID|DELIVERY-ID...
+  fluxhook dlq purge --all-matching [FILTER...] [--replayed-only] [--dry-run]
+
+FILTER is any of --event-type T, --reason-contains S, --since DURATION, --delivery-id UUID and
+--endpoint-id UUID; the filters combine with AND.
+
+ID is a dead letter's row number (the ID column of dlq list). DELIVERY-ID is the event's
+delivery id, the UUID that logs, metrics and the consumer's x-fluxora-delivery-id header
+(webhook-id for Standard Webhooks endpoints) carry: the DELIVERY ID column. An event fanned
+out to several endpoints, or dead-lettered again after a replay, has several dead letters with
+one delivery id: a DELIVERY-ID selects all of them. show prints each, oldest first; with
+--json, an ID prints one object and a DELIVERY-ID always an array, even of one.
 
 Replay re-enqueues a dead letter as a new first attempt with the same delivery id, and marks it
-replayed. Rows already replayed are skipped unless --force. Bulk replay and purge need at least
-one filter. Dead letters stay until purged; the janitor never deletes them.
+replayed. Rows already replayed are skipped unless --force. A row selected by delivery id or
+filter is also skipped when a later dead letter of the same delivery to the same endpoint
+supersedes it (the event went back there and failed again; replaying both would send it twice):
+name it by ID to replay it anyway. Bulk replay needs at least one filter; bulk purge needs a
+filter or --replayed-only. Dead letters stay until purged; the janitor never deletes them.
 DURATION is a Go duration (90m, 36h) or a number of days (7d).
 `
 
@@ -82,12 +95,14 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	return err
 }
 
-// dlqFilter selects dead letters for list and bulk replay. Its zero value matches everything,
-// which is why bulk replay insists on a non-empty one.
+// dlqFilter selects dead letters for list and bulk replay and purge. Its zero value matches
+// everything, which is why bulk replay and purge insist on a non-empty one.
 type dlqFilter struct {
 	eventType      string
 	reasonContains string
 	since          time.Duration
+	deliveryID     string // canonical UUID, or ""
+	endpointID     string // canonical UUID, or ""
 }
 
 func addDLQFilterFlags(fs *flag.FlagSet) *dlqFilter {
@@ -95,17 +110,19 @@ func addDLQFilterFlags(fs *flag.FlagSet) *dlqFilter {
 	fs.StringVar(&f.eventType, "event-type", "", "only this event type (exact match)")
 	fs.StringVar(&f.reasonContains, "reason-contains", "", "only reasons containing this text (case-insensitive)")
 	fs.Var((*sinceValue)(&f.since), "since", "only dead letters that failed within this long of now (e.g. 36h, 7d)")
+	fs.Var((*uuidValue)(&f.deliveryID), "delivery-id", "only dead letters of this delivery id (a UUID; every endpoint and every time it failed)")
+	fs.Var((*uuidValue)(&f.endpointID), "endpoint-id", "only dead letters of this managed endpoint (a UUID, see fluxhook endpoints list)")
 	return f
 }
 
 func (f *dlqFilter) empty() bool {
-	return f.eventType == "" && f.reasonContains == "" && f.since == 0
+	return f.eventType == "" && f.reasonContains == "" && f.since == 0 && f.deliveryID == "" && f.endpointID == ""
 }
 
-// sqlArgs returns the filter as the $1..$3 of dlq_list.sql and dlq_lock_matching.sql, NULL for
-// an unset filter.
+// sqlArgs returns the filter as the $1..$5 of dlq_list.sql, dlq_lock_matching.sql and
+// dlq_purge.sql, NULL for an unset filter.
 func (f *dlqFilter) sqlArgs() []any {
-	args := []any{nil, nil, nil}
+	args := []any{nil, nil, nil, nil, nil}
 	if f.eventType != "" {
 		args[0] = f.eventType
 	}
@@ -115,7 +132,56 @@ func (f *dlqFilter) sqlArgs() []any {
 	if f.since > 0 {
 		args[2] = f.since.Microseconds()
 	}
+	if f.deliveryID != "" {
+		args[3] = f.deliveryID
+	}
+	if f.endpointID != "" {
+		args[4] = f.endpointID
+	}
 	return args
+}
+
+// uuidValue is a flag holding a UUID in canonical form. It refuses anything else when the
+// flags are parsed, so that a mistyped id exits 2 instead of quietly matching nothing.
+type uuidValue string
+
+func (v *uuidValue) String() string {
+	if v == nil {
+		return ""
+	}
+	return string(*v)
+}
+
+func (v *uuidValue) Set(s string) error {
+	id, ok := canonicalUUID(s)
+	if !ok {
+		return fmt.Errorf("%q is not a UUID", s)
+	}
+	*v = uuidValue(id)
+	return nil
+}
+
+// canonicalUUID accepts a UUID in the 8-4-4-4-12 form that logs and the delivery id header
+// print, in either case, and returns it in lower case: the form PostgreSQL prints, so that
+// it compares equal to delivery_id::text. Other spellings PostgreSQL would take (braces, no
+// hyphens) are refused: nothing prints them, and a bare run of digits must stay a row id.
+func canonicalUUID(s string) (string, bool) {
+	if len(s) != 36 {
+		return "", false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return "", false
+			}
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
+		default:
+			return "", false
+		}
+	}
+	return strings.ToLower(s), true
 }
 
 // sinceValue is a positive duration flag that also accepts whole days ("7d"), the unit dead
@@ -151,11 +217,14 @@ func (v *sinceValue) Set(s string) error {
 }
 
 // deadLetter is one webhook_dead_letter row as list, show and their --json print it. The JSON
-// names are an interface for scripts; endpoint_url is redacted of any password.
+// names are an interface for scripts; endpoint_url is redacted of any password. delivery_id is
+// the id logs, metrics and the consumer see; id is the row's number, which nothing outside
+// this table knows. endpoint_id is null unless the row is a managed endpoint's delivery.
 type deadLetter struct {
 	ID          int64           `json:"id"`
 	OutboxID    *int64          `json:"outbox_id"`
 	DeliveryID  string          `json:"delivery_id"`
+	EndpointID  *string         `json:"endpoint_id"`
 	StreamID    *string         `json:"stream_id"`
 	EventType   string          `json:"event_type"`
 	EndpointURL *string         `json:"endpoint_url"`
@@ -172,8 +241,8 @@ type deadLetter struct {
 // scanDeadLetter reads the columns of dlq_list.sql, plus the payload for dlq_show.sql.
 func scanDeadLetter(row pgx.Row, withPayload bool) (deadLetter, error) {
 	var d deadLetter
-	dest := []any{&d.ID, &d.OutboxID, &d.DeliveryID, &d.StreamID, &d.EventType, &d.EndpointURL, &d.Attempts,
-		&d.LastStatus, &d.LastError, &d.Reason, &d.EnqueuedAt, &d.FailedAt, &d.ReplayedAt}
+	dest := []any{&d.ID, &d.OutboxID, &d.DeliveryID, &d.EndpointID, &d.StreamID, &d.EventType, &d.EndpointURL,
+		&d.Attempts, &d.LastStatus, &d.LastError, &d.Reason, &d.EnqueuedAt, &d.FailedAt, &d.ReplayedAt}
 	var payload string
 	if withPayload {
 		dest = append(dest, &payload)
@@ -197,7 +266,7 @@ func scanDeadLetter(row pgx.Row, withPayload bool) (deadLetter, error) {
 }
 
 func runDLQList(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("dlq list", env, "fluxhook dlq list [--limit 50] [--event-type T] [--reason-contains S] [--since DURATION] [--json]")
+	fs := newFlagSet("dlq list", env, "fluxhook dlq list [--limit 50] [--event-type T] [--reason-contains S] [--since DURATION] [--delivery-id UUID] [--endpoint-id UUID] [--json]")
 	dbURL := databaseURLFlag(fs, env)
 	limit := fs.Int("limit", 50, "most rows to show, newest first")
 	filter := addDLQFilterFlags(fs)
@@ -232,8 +301,11 @@ func runDLQList(ctx context.Context, env *environment, args []string) error {
 		_, err := fmt.Fprintln(env.stdout, "no dead letters match")
 		return err
 	}
+	// ID is what show, replay and purge take; DELIVERY ID is what the operator arrives with
+	// (from a log line, an alert or the consumer), and ENDPOINT tells apart the dead letters
+	// of one event fanned out to several endpoints.
 	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tFAILED\tEVENT TYPE\tATTEMPTS\tSTATUS\tREPLAYED\tREASON")
+	fmt.Fprintln(tw, "ID\tDELIVERY ID\tENDPOINT\tFAILED\tEVENT TYPE\tATTEMPTS\tSTATUS\tREPLAYED\tREASON")
 	for _, d := range list {
 		status := "-"
 		if d.LastStatus != nil {
@@ -243,24 +315,24 @@ func runDLQList(ctx context.Context, env *environment, args []string) error {
 		if d.ReplayedAt != nil {
 			replayed = formatTime(*d.ReplayedAt)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, formatTime(d.FailedAt), printable(d.EventType),
-			d.Attempts, status, replayed, shorten(printable(d.Reason), 60))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.ID, d.DeliveryID, dashIfNil(d.EndpointID),
+			formatTime(d.FailedAt), printable(d.EventType), d.Attempts, status, replayed, shorten(printable(d.Reason), 60))
 	}
 	return tw.Flush()
 }
 
 func runDLQShow(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("dlq show", env, "fluxhook dlq show ID [--json]")
+	fs := newFlagSet("dlq show", env, "fluxhook dlq show ID|DELIVERY-ID [--json]")
 	dbURL := databaseURLFlag(fs, env)
-	asJSON := fs.Bool("json", false, "print the row as one JSON object")
+	asJSON := fs.Bool("json", false, "print JSON: one object for an ID; for a DELIVERY-ID always an array, oldest first, even of one")
 	positional, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(positional) != 1 {
-		return usageError("dlq show takes exactly one dead-letter id")
+		return usageError("dlq show takes exactly one dead-letter id or delivery id")
 	}
-	ids, err := parseIDs(positional)
+	refs, err := parseRefs(positional)
 	if err != nil {
 		return err
 	}
@@ -270,17 +342,60 @@ func runDLQShow(ctx context.Context, env *environment, args []string) error {
 	}
 	defer pool.Close()
 
-	d, err := scanDeadLetter(pool.QueryRow(ctx, dlqShowSQL, ids[0]), true)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("dead letter %d not found", ids[0])
+	var id, deliveryID any
+	what := "delivery id " + positional[0]
+	if len(refs.ids) == 1 {
+		id, what = refs.ids[0], "dead letter "+positional[0]
+	} else {
+		deliveryID = refs.deliveryIDs[0]
 	}
+	rows, _ := pool.Query(ctx, dlqShowSQL, id, deliveryID)
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deadLetter, error) { return scanDeadLetter(r, true) })
 	if err != nil {
-		return fmt.Errorf("reading dead letter %d: %w", ids[0], err)
+		return fmt.Errorf("reading %s: %w", what, err)
+	}
+	if id != nil {
+		// A row id names one row, and its JSON stays the one object it always was.
+		if len(list) == 0 {
+			return fmt.Errorf("dead letter %d not found", refs.ids[0])
+		}
+		if *asJSON {
+			return writeJSON(env.stdout, list[0])
+		}
+		return printDeadLetter(env.stdout, list[0])
+	}
+	if len(list) == 0 {
+		return fmt.Errorf("no dead letter has delivery id %s", refs.deliveryIDs[0])
 	}
 	if *asJSON {
-		return writeJSON(env.stdout, d)
+		// Always an array for a delivery id, whatever the count: its shape then depends on
+		// what the script passed, never on how many times the event failed.
+		return writeJSON(env.stdout, list)
 	}
-	return printDeadLetter(env.stdout, d)
+	ids := make([]int64, len(list))
+	for i, d := range list {
+		ids[i] = d.ID
+	}
+	fmt.Fprintf(env.stdout, "delivery id %s: %s, oldest first\n", refs.deliveryIDs[0], describeDeadLetters(ids))
+	for _, d := range list {
+		fmt.Fprintln(env.stdout)
+		if err := printDeadLetter(env.stdout, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// describeDeadLetters names the rows a delivery id selected: "no dead letters",
+// "dead letter 5", or "3 dead letters (5, 9, 12)".
+func describeDeadLetters(ids []int64) string {
+	switch len(ids) {
+	case 0:
+		return "no dead letters"
+	case 1:
+		return "dead letter " + strconv.FormatInt(ids[0], 10)
+	}
+	return fmt.Sprintf("%d dead letters (%s)", len(ids), joinIDs(ids))
 }
 
 func printDeadLetter(w io.Writer, d deadLetter) error {
@@ -300,7 +415,14 @@ func printDeadLetter(w io.Writer, d deadLetter) error {
 	fmt.Fprintf(tw, "delivery_id\t%s\n", d.DeliveryID)
 	fmt.Fprintf(tw, "event_type\t%s\n", printable(d.EventType))
 	fmt.Fprintf(tw, "stream_id\t%s\n", orNone(d.StreamID, "-"))
-	fmt.Fprintf(tw, "endpoint_url\t%s\n", orNone(d.EndpointURL, "- (the configured WEBHOOK_URL)"))
+	fmt.Fprintf(tw, "endpoint_id\t%s\n", orNone(d.EndpointID, "-"))
+	// A managed endpoint's delivery has no endpoint_url of its own: it goes to the URL the
+	// endpoint has when replayed, not to WEBHOOK_URL.
+	noURL := "- (the configured WEBHOOK_URL)"
+	if d.EndpointID != nil {
+		noURL = "- (the managed endpoint's URL)"
+	}
+	fmt.Fprintf(tw, "endpoint_url\t%s\n", orNone(d.EndpointURL, noURL))
 	fmt.Fprintf(tw, "attempts\t%d\n", d.Attempts)
 	if d.LastStatus != nil {
 		fmt.Fprintf(tw, "last_status\t%d\n", *d.LastStatus)
@@ -329,14 +451,16 @@ func printDeadLetter(w io.Writer, d deadLetter) error {
 
 // lockedDeadLetter is what replay needs to know about a row before deciding to replay it.
 type lockedDeadLetter struct {
-	ID         int64
-	DeliveryID string
-	EventType  string
-	ReplayedAt *time.Time
+	ID           int64
+	DeliveryID   string
+	EventType    string
+	ReplayedAt   *time.Time
+	EndpointID   *string
+	SupersededBy *int64 // a later dead letter of the same delivery to the same destination
 }
 
 func runDLQReplay(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("dlq replay", env, "fluxhook dlq replay [--force] [--dry-run] ID... | --all-matching FILTER...")
+	fs := newFlagSet("dlq replay", env, "fluxhook dlq replay [--force] [--dry-run] ID|DELIVERY-ID... | --all-matching FILTER...")
 	dbURL := databaseURLFlag(fs, env)
 	all := fs.Bool("all-matching", false, "replay every dead letter matching the filters (at least one filter required)")
 	filter := addDLQFilterFlags(fs)
@@ -346,7 +470,7 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	ids, err := selection("replay", positional, *all, filter)
+	refs, err := selection("replay", positional, *all, filter, false)
 	if err != nil {
 		return err
 	}
@@ -357,75 +481,105 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 	}
 	defer pool.Close()
 
-	var replay, skip []lockedDeadLetter
+	var out replayOutcome
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var rows pgx.Rows
 		if *all {
 			rows, _ = tx.Query(ctx, dlqLockMatchingSQL, filter.sqlArgs()...)
 		} else {
-			rows, _ = tx.Query(ctx, dlqLockIDsSQL, ids)
+			rows, _ = tx.Query(ctx, dlqLockIDsSQL, nonNil(refs.ids), nonNil(refs.deliveryIDs))
 		}
 		locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lockedDeadLetter, error) {
 			var l lockedDeadLetter
-			return l, r.Scan(&l.ID, &l.DeliveryID, &l.EventType, &l.ReplayedAt)
+			return l, r.Scan(&l.ID, &l.DeliveryID, &l.EventType, &l.ReplayedAt, &l.EndpointID, &l.SupersededBy)
 		})
 		if err != nil {
 			return fmt.Errorf("reading dead letters: %w", err)
 		}
-		if !*all && len(locked) != len(ids) {
-			return fmt.Errorf("dead letter %s not found; nothing replayed", joinIDs(missingIDs(ids, locked)))
+		if !*all {
+			if err := refs.missing(locked, "nothing replayed"); err != nil {
+				return err
+			}
+			out.selected = refs.selected(locked)
 		}
 		for _, l := range locked {
-			if l.ReplayedAt != nil && !*force {
-				skip = append(skip, l)
-			} else {
-				replay = append(replay, l)
+			switch {
+			case l.ReplayedAt != nil && !*force:
+				out.skip = append(out.skip, l)
+			case l.SupersededBy != nil && !slices.Contains(refs.ids, l.ID):
+				// Selected through its delivery id or a filter, not by name: the newer dead
+				// letter stands for this delivery to this endpoint, and replaying both would
+				// send the event there twice in one go.
+				out.superseded = append(out.superseded, l)
+			default:
+				out.replay = append(out.replay, l)
 			}
 		}
-		if *dryRun || len(replay) == 0 {
+		if *dryRun || len(out.replay) == 0 {
 			return nil
 		}
-		replayIDs := make([]int64, len(replay))
-		for i, l := range replay {
+		replayIDs := make([]int64, len(out.replay))
+		for i, l := range out.replay {
 			replayIDs[i] = l.ID
 		}
 		var n int64
 		if err := tx.QueryRow(ctx, dlqReplaySQL, replayIDs).Scan(&n); err != nil {
 			return fmt.Errorf("replaying: %w", err)
 		}
-		if n != int64(len(replay)) {
-			return fmt.Errorf("replaying: wrote %d outbox rows for %d dead letters; rolled back", n, len(replay))
+		if n != int64(len(out.replay)) {
+			return fmt.Errorf("replaying: wrote %d outbox rows for %d dead letters; rolled back", n, len(out.replay))
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	return printReplay(env.stdout, replay, skip, *all, *dryRun)
+	return out.print(env.stdout, *all, *dryRun)
 }
 
-func printReplay(w io.Writer, replay, skip []lockedDeadLetter, all, dryRun bool) error {
-	if all && len(replay) == 0 && len(skip) == 0 {
+// replayOutcome is what a replay did, or would do with --dry-run: selected says which rows
+// each delivery id argument stood for.
+type replayOutcome struct {
+	selected                 []string
+	replay, skip, superseded []lockedDeadLetter
+}
+
+func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
+	if all && len(o.replay) == 0 && len(o.skip) == 0 && len(o.superseded) == 0 {
 		_, err := fmt.Fprintln(w, "no dead letters match")
 		return err
+	}
+	for _, s := range o.selected {
+		fmt.Fprintln(w, s)
 	}
 	verb := "replayed"
 	if dryRun {
 		verb = "would replay"
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, l := range replay {
-		fmt.Fprintf(tw, "%s\t%d\t%s\tdelivery_id %s\n", verb, l.ID, printable(l.EventType), l.DeliveryID)
+	for _, l := range o.replay {
+		endpoint := ""
+		if l.EndpointID != nil {
+			endpoint = " endpoint_id " + *l.EndpointID
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\tdelivery_id %s%s\n", verb, l.ID, printable(l.EventType), l.DeliveryID, endpoint)
 	}
-	for _, l := range skip {
+	for _, l := range o.skip {
 		fmt.Fprintf(tw, "skipped\t%d\t%s\talready replayed at %s; --force replays it again\n", l.ID, printable(l.EventType), formatTime(*l.ReplayedAt))
+	}
+	for _, l := range o.superseded {
+		fmt.Fprintf(tw, "skipped\t%d\t%s\tsuperseded by dead letter %d (same delivery, same endpoint); replay %d by its ID to send it anyway\n",
+			l.ID, printable(l.EventType), *l.SupersededBy, l.ID)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	summary := fmt.Sprintf("%s %d", verb, len(replay))
-	if len(skip) > 0 {
-		summary += fmt.Sprintf(", skipped %d already replayed", len(skip))
+	summary := fmt.Sprintf("%s %d", verb, len(o.replay))
+	if len(o.skip) > 0 {
+		summary += fmt.Sprintf(", skipped %d already replayed", len(o.skip))
+	}
+	if len(o.superseded) > 0 {
+		summary += fmt.Sprintf(", skipped %d superseded", len(o.superseded))
 	}
 	if dryRun {
 		summary += " (dry run: nothing changed)"
@@ -434,29 +588,95 @@ func printReplay(w io.Writer, replay, skip []lockedDeadLetter, all, dryRun bool)
 	return err
 }
 
-// parseIDs parses dead-letter ids, dropping duplicates so that `replay 7 7` replays once.
-func parseIDs(args []string) ([]int64, error) {
-	var ids []int64
+// dlqRefs are the dead letters named on a command line: row ids, and delivery ids each of
+// which may stand for several rows. Each list is in argument order without duplicates, so
+// that `replay 7 7` replays once.
+type dlqRefs struct {
+	ids         []int64
+	deliveryIDs []string // canonical, as canonicalUUID returns them
+}
+
+// parseRefs parses ID|DELIVERY-ID arguments: a positive integer is a row id, a UUID a delivery
+// id, and anything else is a usage error naming the argument.
+func parseRefs(args []string) (dlqRefs, error) {
+	var r dlqRefs
 	for _, a := range args {
-		id, err := strconv.ParseInt(a, 10, 64)
-		if err != nil || id <= 0 {
-			return nil, usageError("%q is not a dead-letter id", a)
+		if id, err := strconv.ParseInt(a, 10, 64); err == nil && id > 0 {
+			if !slices.Contains(r.ids, id) {
+				r.ids = append(r.ids, id)
+			}
+			continue
 		}
-		if !slices.Contains(ids, id) {
+		d, ok := canonicalUUID(a)
+		if !ok {
+			return dlqRefs{}, usageError("%q is not a dead-letter id (a positive integer, the ID column of dlq list) or a delivery id (a UUID like 0b6f3c1e-9a4d-4c52-8f0e-3d2a1b4c5d6e)", a)
+		}
+		if !slices.Contains(r.deliveryIDs, d) {
+			r.deliveryIDs = append(r.deliveryIDs, d)
+		}
+	}
+	return r, nil
+}
+
+// missing returns an error naming the row ids not found and the delivery ids without a dead
+// letter, ending with consequence, or nil when every reference found something.
+func (r dlqRefs) missing(found []lockedDeadLetter, consequence string) error {
+	var ids []int64
+	for _, id := range r.ids {
+		if !slices.ContainsFunc(found, func(l lockedDeadLetter) bool { return l.ID == id }) {
 			ids = append(ids, id)
 		}
 	}
-	return ids, nil
-}
-
-func missingIDs(want []int64, found []lockedDeadLetter) []int64 {
-	var missing []int64
-	for _, id := range want {
-		if !slices.ContainsFunc(found, func(l lockedDeadLetter) bool { return l.ID == id }) {
-			missing = append(missing, id)
+	var deliveries []string
+	for _, d := range r.deliveryIDs {
+		if !slices.ContainsFunc(found, func(l lockedDeadLetter) bool { return l.DeliveryID == d }) {
+			deliveries = append(deliveries, d)
 		}
 	}
-	return missing
+	var parts []string
+	if len(ids) > 0 {
+		parts = append(parts, fmt.Sprintf("dead letter %s not found", joinIDs(ids)))
+	}
+	if len(deliveries) > 0 {
+		parts = append(parts, fmt.Sprintf("no dead letter has delivery id %s", strings.Join(deliveries, ", ")))
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s; %s", strings.Join(parts, "; "), consequence)
+}
+
+// selected says, for each delivery id argument, which of the rows found it stands for: the
+// message that keeps a delivery id with several dead letters from acting on more than the
+// operator expected without saying so.
+func (r dlqRefs) selected(found []lockedDeadLetter) []string {
+	var lines []string
+	for _, d := range r.deliveryIDs {
+		var ids []int64
+		for _, l := range found {
+			if l.DeliveryID == d {
+				ids = append(ids, l.ID)
+			}
+		}
+		lines = append(lines, fmt.Sprintf("delivery id %s: %s", d, describeDeadLetters(ids)))
+	}
+	return lines
+}
+
+// nonNil passes an empty list to PostgreSQL as an empty array rather than NULL, so that
+// `= ANY` over it is false, not unknown.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func dashIfNil(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
 }
 
 func joinIDs(ids []int64) string {
@@ -477,22 +697,29 @@ func shorten(s string, n int) string {
 }
 
 // selection checks how a bulk command (replay, purge) was told which dead letters to touch:
-// ids, or --all-matching with at least one filter, never neither and never both. It returns
-// the ids (nil with --all-matching).
-func selection(verb string, positional []string, all bool, filter *dlqFilter) ([]int64, error) {
+// ids and delivery ids, or --all-matching with at least one filter, never neither and never
+// both. For purge, --replayed-only (narrowing) is a filter of its own: "everything already
+// replayed" is a deliberate choice, unlike "everything". It returns the references (none with
+// --all-matching).
+func selection(verb string, positional []string, all bool, filter *dlqFilter, narrowing bool) (dlqRefs, error) {
+	const filters = "--event-type, --reason-contains, --since, --delivery-id or --endpoint-id"
 	switch {
 	case all && len(positional) > 0:
-		return nil, usageError("give dead-letter ids or --all-matching, not both")
-	case all && filter.empty():
-		return nil, usageError("--all-matching needs at least one of --event-type, --reason-contains or --since; %s every dead letter at once is never what was meant", gerund(verb))
+		return dlqRefs{}, usageError("give dead-letter ids or --all-matching, not both")
+	case all && filter.empty() && !narrowing:
+		also := ""
+		if verb == "purge" {
+			also = " (or --replayed-only)"
+		}
+		return dlqRefs{}, usageError("--all-matching needs at least one of %s%s; %s every dead letter at once is never what was meant", filters, also, gerund(verb))
 	case !all && !filter.empty():
-		return nil, usageError("--event-type, --reason-contains and --since select rows only with --all-matching")
+		return dlqRefs{}, usageError("--event-type, --reason-contains, --since, --delivery-id and --endpoint-id select rows only with --all-matching (a delivery id can also be given as an argument)")
 	case !all && len(positional) == 0:
-		return nil, usageError("dlq %s needs dead-letter ids, or --all-matching with a filter", verb)
+		return dlqRefs{}, usageError("dlq %s needs dead-letter ids or delivery ids, or --all-matching with a filter", verb)
 	case !all:
-		return parseIDs(positional)
+		return parseRefs(positional)
 	}
-	return nil, nil
+	return dlqRefs{}, nil
 }
 
 func gerund(verb string) string {

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -13,11 +15,12 @@ var dlqPurgeSQL string
 
 // runDLQPurge deletes dead letters: the only way they leave the table, since the janitor
 // keeps them. Like bulk replay, deleting by filter needs an explicit filter, and --dry-run
-// shows what would go.
+// shows what would go. --replayed-only counts as one: purging what was already replayed is
+// the routine clean-up, and it can delete nothing that was not dealt with.
 func runDLQPurge(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("dlq purge", env, "fluxhook dlq purge [--dry-run] ID... | --all-matching FILTER... [--replayed-only]")
+	fs := newFlagSet("dlq purge", env, "fluxhook dlq purge [--replayed-only] [--dry-run] ID|DELIVERY-ID... | --all-matching [FILTER...] [--replayed-only]")
 	dbURL := databaseURLFlag(fs, env)
-	all := fs.Bool("all-matching", false, "purge every dead letter matching the filters (at least one filter required)")
+	all := fs.Bool("all-matching", false, "purge every dead letter matching the filters (at least one filter, or --replayed-only, required)")
 	filter := addDLQFilterFlags(fs)
 	replayedOnly := fs.Bool("replayed-only", false, "only dead letters that were already replayed")
 	dryRun := fs.Bool("dry-run", false, "report what would be purged and change nothing")
@@ -25,7 +28,7 @@ func runDLQPurge(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	ids, err := selection("purge", positional, *all, filter)
+	refs, err := selection("purge", positional, *all, filter, *replayedOnly)
 	if err != nil {
 		return err
 	}
@@ -34,15 +37,15 @@ func runDLQPurge(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	args2 := append(filter.sqlArgs(), any(nil), *replayedOnly)
-	if ids != nil {
-		args2[3] = ids
-	}
-	var purged []int64
+	sqlArgs := append(filter.sqlArgs(), !*all, nonNil(refs.ids), nonNil(refs.deliveryIDs), *replayedOnly)
+	var purged []lockedDeadLetter
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, dlqPurgeSQL, args2...)
+		rows, _ := tx.Query(ctx, dlqPurgeSQL, sqlArgs...)
 		var err error
-		purged, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		purged, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (lockedDeadLetter, error) {
+			var l lockedDeadLetter
+			return l, r.Scan(&l.ID, &l.DeliveryID)
+		})
 		if err != nil {
 			return fmt.Errorf("purging: %w", err)
 		}
@@ -54,13 +57,27 @@ func runDLQPurge(ctx context.Context, env *environment, args []string) error {
 	if err != nil && err != errDryRun {
 		return err
 	}
+	// DELETE … RETURNING has no order; ids ascending read as the table does.
+	slices.SortFunc(purged, func(a, b lockedDeadLetter) int { return cmp.Compare(a.ID, b.ID) })
 	verb := "purged"
 	if *dryRun {
 		verb = "would purge"
 	}
+	// A delivery id can stand for several dead letters (endpoints, earlier failures): say
+	// which, and say so when it stood for none rather than report a bare 0.
+	for _, line := range refs.selected(purged) {
+		if *replayedOnly {
+			line += " (--replayed-only: those already replayed)"
+		}
+		fmt.Fprintln(env.stdout, line)
+	}
 	fmt.Fprintf(env.stdout, "%s %d dead letter(s)", verb, len(purged))
 	if len(purged) > 0 {
-		fmt.Fprintf(env.stdout, ": %s", joinIDs(purged))
+		ids := make([]int64, len(purged))
+		for i, l := range purged {
+			ids[i] = l.ID
+		}
+		fmt.Fprintf(env.stdout, ": %s", joinIDs(ids))
 	}
 	fmt.Fprintln(env.stdout)
 	return nil

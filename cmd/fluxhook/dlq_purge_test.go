@@ -45,3 +45,89 @@ func TestDLQPurge(t *testing.T) {
 		t.Fatalf("%d dead letters left, want %d", n, total-2)
 	}
 }
+
+// TestDLQPurgeReplayedOnly: --replayed-only is a filter of its own. Purging every dead letter
+// that was already replayed is the routine clean-up, and was refused as "no filter".
+func TestDLQPurgeReplayedOnly(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	f := insertDLQFixtures(t, db)
+	fo := insertFanOut(t, db)
+	replayed := joinIDs([]int64{f.badEndpoint, fo.aFirst})
+
+	r := runCLI(t, db.URL, "dlq", "purge", "--all-matching", "--replayed-only", "--dry-run")
+	if r.code != 0 || !strings.Contains(r.stdout, "would purge 2 dead letter(s): "+replayed+"\n") {
+		t.Fatalf("purge --all-matching --replayed-only --dry-run: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 8 {
+		t.Fatalf("a dry run left %d of 8 dead letters", n)
+	}
+	r = runCLI(t, db.URL, "dlq", "purge", "--all-matching", "--replayed-only")
+	if r.code != 0 || !strings.Contains(r.stdout, "purged 2 dead letter(s): "+replayed+"\n") {
+		t.Fatalf("purge --all-matching --replayed-only: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE replayed_at IS NOT NULL`); n != 0 {
+		t.Errorf("%d replayed dead letters left", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 6 {
+		t.Errorf("%d dead letters left, want the 6 never replayed", n)
+	}
+	// Still refused without it: purging everything at once is never what was meant.
+	if r := runCLI(t, db.URL, "dlq", "purge", "--all-matching", "--dry-run"); r.code != 2 || !strings.Contains(r.stderr, "--replayed-only") {
+		t.Errorf("unfiltered purge: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestDLQPurgeByDeliveryID: a delivery id purges all of its event's dead letters (every
+// endpoint, every failure), and says which rows those were.
+func TestDLQPurgeByDeliveryID(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	fo := insertFanOut(t, db)
+	all := joinIDs([]int64{fo.aFirst, fo.b, fo.aAgain})
+
+	r := runCLI(t, db.URL, "dlq", "purge", "--dry-run", fo.delivery)
+	if r.code != 0 || r.stdout != "delivery id "+fo.delivery+": 3 dead letters ("+all+")\nwould purge 3 dead letter(s): "+all+"\n" {
+		t.Fatalf("purge --dry-run DELIVERY-ID: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 4 {
+		t.Fatalf("a dry run left %d of 4 dead letters", n)
+	}
+	r = runCLI(t, db.URL, "dlq", "purge", "--replayed-only", strings.ToUpper(fo.delivery))
+	if r.code != 0 || !strings.Contains(r.stdout, "purged 1 dead letter(s): "+itoa(fo.aFirst)+"\n") {
+		t.Fatalf("purge --replayed-only DELIVERY-ID: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, db.URL, "dlq", "purge", fo.delivery)
+	if rest := joinIDs([]int64{fo.b, fo.aAgain}); r.code != 0 || !strings.Contains(r.stdout, "purged 2 dead letter(s): "+rest+"\n") {
+		t.Fatalf("purge DELIVERY-ID: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1::uuid`, fo.delivery); n != 0 {
+		t.Errorf("%d dead letters of the purged delivery left", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE id = $1`, fo.other); n != 1 {
+		t.Error("another delivery's dead letter was purged")
+	}
+	// Purging is idempotent, but says when a delivery id stood for nothing.
+	r = runCLI(t, db.URL, "dlq", "purge", fo.delivery)
+	if r.code != 0 || !strings.Contains(r.stdout, "delivery id "+fo.delivery+": no dead letters\npurged 0") {
+		t.Errorf("purge of a delivery id without dead letters: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestDLQBulkPurgeByDeliveryAndEndpoint(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	fo := insertFanOut(t, db)
+
+	r := runCLI(t, db.URL, "dlq", "purge", "--all-matching", "--delivery-id", fo.delivery, "--endpoint-id", fo.endpointA)
+	if want := joinIDs([]int64{fo.aFirst, fo.aAgain}); r.code != 0 || !strings.Contains(r.stdout, "purged 2 dead letter(s): "+want+"\n") {
+		t.Fatalf("purge by delivery and endpoint: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, db.URL, "dlq", "purge", "--all-matching", "--endpoint-id", fo.endpointA)
+	if r.code != 0 || !strings.Contains(r.stdout, "purged 1 dead letter(s): "+itoa(fo.other)+"\n") {
+		t.Fatalf("purge by endpoint: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 1 {
+		t.Errorf("%d dead letters left, want endpoint B's", n)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"slices"
@@ -22,6 +23,11 @@ type deadLetterFixture struct {
 	streamID  *string
 	failedAgo time.Duration
 	replayed  bool
+	// deliveryID and endpointID, when set, make several rows one event's dead letters (one
+	// per endpoint, or one per time it failed again after a replay); else each row gets a
+	// delivery id of its own and no endpoint.
+	deliveryID *string
+	endpointID *string
 }
 
 func insertDeadLetter(t *testing.T, db *sqltest.DB, f deadLetterFixture) int64 {
@@ -33,13 +39,14 @@ func insertDeadLetter(t *testing.T, db *sqltest.DB, f deadLetterFixture) int64 {
 	err := db.Pool.QueryRow(context.Background(), `
 		INSERT INTO webhook_dead_letter
 		    (outbox_id, delivery_id, stream_id, event_type, payload, endpoint_url, attempts, last_status,
-		     last_error, reason, enqueued_at, failed_at, replayed_at)
-		VALUES (42, gen_random_uuid(), $1, $2, $3, $4, 9, 503, 'consumer down', $5,
+		     last_error, reason, enqueued_at, failed_at, replayed_at, endpoint_id)
+		VALUES (42, coalesce($8::uuid, gen_random_uuid()), $1, $2, $3, $4, 9, 503, 'consumer down', $5,
 		        now() - $6::bigint * interval '1 microsecond' - interval '1 day',
 		        now() - $6::bigint * interval '1 microsecond',
-		        CASE WHEN $7 THEN now() - interval '1 minute' END)
+		        CASE WHEN $7 THEN now() - interval '1 minute' END, $9::uuid)
 		RETURNING id`,
-		f.streamID, f.eventType, f.payload, f.endpoint, f.reason, f.failedAgo.Microseconds(), f.replayed).Scan(&id)
+		f.streamID, f.eventType, f.payload, f.endpoint, f.reason, f.failedAgo.Microseconds(), f.replayed,
+		f.deliveryID, f.endpointID).Scan(&id)
 	if err != nil {
 		t.Fatalf("inserting dead letter: %v", err)
 	}
@@ -404,3 +411,363 @@ func TestDLQUsage(t *testing.T) {
 }
 
 func itoa(id int64) string { return strconv.FormatInt(id, 10) }
+
+// fanOutFixture is one event dead-lettered for two managed endpoints, A and B, and for A twice:
+// it failed there, was replayed, and failed again. Since schema 5 that is three dead letters
+// with one delivery id, the id an operator arrives with from a log line or the consumer. other
+// is an unrelated event's dead letter for A.
+type fanOutFixture struct {
+	delivery, endpointA, endpointB string
+	aFirst, b, aAgain, other       int64 // in insertion order, so ids ascending
+}
+
+const (
+	fanOutDelivery  = "5d1c7a9e-2b4f-4e8a-9c3d-6f0a1b2c3d4e"
+	fanOutEndpointA = "aaaaaaaa-0000-4000-8000-000000000001"
+	fanOutEndpointB = "bbbbbbbb-0000-4000-8000-000000000002"
+)
+
+func insertFanOut(t *testing.T, db *sqltest.DB) fanOutFixture {
+	t.Helper()
+	f := fanOutFixture{delivery: fanOutDelivery, endpointA: fanOutEndpointA, endpointB: fanOutEndpointB}
+	f.aFirst = insertDeadLetter(t, db, deadLetterFixture{eventType: "invoice.paid", reason: "attempts exhausted",
+		payload: `{"invoice": 7}`, failedAgo: 2 * time.Hour, replayed: true, deliveryID: &f.delivery, endpointID: &f.endpointA})
+	f.b = insertDeadLetter(t, db, deadLetterFixture{eventType: "invoice.paid", reason: "permanent: HTTP 404",
+		payload: `{"invoice": 7}`, failedAgo: 90 * time.Minute, deliveryID: &f.delivery, endpointID: &f.endpointB})
+	f.aAgain = insertDeadLetter(t, db, deadLetterFixture{eventType: "invoice.paid", reason: "attempts exhausted",
+		payload: `{"invoice": 7}`, failedAgo: time.Hour, deliveryID: &f.delivery, endpointID: &f.endpointA})
+	f.other = insertDeadLetter(t, db, deadLetterFixture{eventType: "invoice.paid", reason: "attempts exhausted",
+		failedAgo: 30 * time.Minute, endpointID: &f.endpointA})
+	return f
+}
+
+func compactJSON(t *testing.T, raw []byte) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		t.Fatalf("%q: %v", raw, err)
+	}
+	return b.Bytes()
+}
+
+func deliveryIDOf(t *testing.T, db *sqltest.DB, id int64) string {
+	t.Helper()
+	var d string
+	if err := db.Pool.QueryRow(context.Background(), "SELECT delivery_id::text FROM webhook_dead_letter WHERE id = $1", id).Scan(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// outboxByEndpoint counts the outbox rows of a delivery per endpoint_id ("-" for none): what
+// a replay sent where.
+func outboxByEndpoint(t *testing.T, db *sqltest.DB, delivery string) map[string]int64 {
+	t.Helper()
+	rows, err := db.Pool.Query(context.Background(), `
+		SELECT coalesce(endpoint_id::text, '-'), count(*) FROM webhook_outbox
+		WHERE delivery_id = $1::uuid AND attempt = 1 AND NOT processed GROUP BY 1`, delivery)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var e string
+		var n int64
+		if err := rows.Scan(&e, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[e] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestDLQListShowsDeliveryID: the table showed only the row number, which no log line, metric
+// or consumer knows; it now shows the delivery id and the managed endpoint beside it.
+func TestDLQListShowsDeliveryID(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	fo := insertFanOut(t, db)
+	plain := insertDeadLetter(t, db, deadLetterFixture{eventType: "user.deleted", reason: "permanent: HTTP 410", failedAgo: time.Minute})
+	plainDelivery := deliveryIDOf(t, db, plain)
+
+	r := runCLI(t, db.URL, "dlq", "list")
+	if r.code != 0 {
+		t.Fatalf("dlq list exited %d: %s", r.code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 6 || !strings.HasPrefix(lines[0], "ID  ") || !strings.Contains(lines[0], "  DELIVERY ID  ") ||
+		!strings.Contains(lines[0], "  ENDPOINT  ") {
+		t.Fatalf("dlq list printed:\n%s", r.stdout)
+	}
+	// Row id, delivery id, endpoint: the first three columns of each row, newest first.
+	want := [][3]string{
+		{itoa(plain), plainDelivery, "-"},
+		{itoa(fo.other), deliveryIDOf(t, db, fo.other), fo.endpointA},
+		{itoa(fo.aAgain), fo.delivery, fo.endpointA},
+		{itoa(fo.b), fo.delivery, fo.endpointB},
+		{itoa(fo.aFirst), fo.delivery, fo.endpointA},
+	}
+	for i, w := range want {
+		fields := strings.Fields(lines[i+1])
+		if len(fields) < 3 || [3]string(fields[:3]) != w {
+			t.Errorf("dlq list row %d = %q, want it to start with %q", i+1, lines[i+1], w)
+		}
+	}
+
+	r = runCLI(t, db.URL, "dlq", "list", "--json")
+	var list []deadLetter
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 5 {
+		t.Fatalf("dlq list --json printed %q: %v", r.stdout, err)
+	}
+	for i, w := range want {
+		d := list[i]
+		endpoint := "-"
+		if d.EndpointID != nil {
+			endpoint = *d.EndpointID
+		}
+		if itoa(d.ID) != w[0] || d.DeliveryID != w[1] || endpoint != w[2] {
+			t.Errorf("dlq list --json [%d] = id %d, delivery_id %s, endpoint_id %s; want %q", i, d.ID, d.DeliveryID, endpoint, w)
+		}
+	}
+	if !strings.Contains(r.stdout, `"endpoint_id": null`) {
+		t.Errorf("dlq list --json must print endpoint_id null for a dead letter without an endpoint:\n%s", r.stdout)
+	}
+}
+
+func TestDLQListFiltersByDeliveryAndEndpoint(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	fo := insertFanOut(t, db)
+	insertDLQFixtures(t, db)
+
+	cases := []struct {
+		args []string
+		want []int64
+	}{
+		{[]string{"--delivery-id", fo.delivery}, []int64{fo.aAgain, fo.b, fo.aFirst}}, // every endpoint, every failure
+		{[]string{"--delivery-id", strings.ToUpper(fo.delivery)}, []int64{fo.aAgain, fo.b, fo.aFirst}},
+		{[]string{"--endpoint-id", fo.endpointA}, []int64{fo.other, fo.aAgain, fo.aFirst}},
+		{[]string{"--delivery-id", fo.delivery, "--endpoint-id", fo.endpointA}, []int64{fo.aAgain, fo.aFirst}},
+		{[]string{"--delivery-id", fo.delivery, "--reason-contains", "404"}, []int64{fo.b}},
+		{[]string{"--delivery-id", "00000000-0000-4000-8000-000000000000"}, []int64{}},
+	}
+	for _, tc := range cases {
+		if got := listIDs(t, db, tc.args...); !slices.Equal(got, tc.want) {
+			t.Errorf("dlq list %v = %v, want %v", tc.args, got, tc.want)
+		}
+	}
+	// A malformed UUID is refused, naming it, rather than matching nothing.
+	for _, bad := range [][]string{{"--delivery-id", "42"}, {"--endpoint-id", "not-a-uuid"}, {"--delivery-id", ""}} {
+		r := runCLI(t, db.URL, append([]string{"dlq", "list"}, bad...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, strconv.Quote(bad[1])+" is not a UUID") {
+			t.Errorf("dlq list %q: exit %d, stderr %q; want 2 naming it", bad, r.code, r.stderr)
+		}
+	}
+}
+
+func TestDLQShowByDeliveryID(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	fo := insertFanOut(t, db)
+
+	// Text: what was selected, then one block per dead letter, oldest first.
+	r := runCLI(t, db.URL, "dlq", "show", fo.delivery)
+	if r.code != 0 {
+		t.Fatalf("dlq show DELIVERY-ID exited %d: %s", r.code, r.stderr)
+	}
+	header := "delivery id " + fo.delivery + ": 3 dead letters (" + joinIDs([]int64{fo.aFirst, fo.b, fo.aAgain}) + "), oldest first\n"
+	if !strings.HasPrefix(r.stdout, header) || strings.Count(r.stdout, "\npayload:\n") != 3 {
+		t.Fatalf("dlq show DELIVERY-ID printed:\n%s", r.stdout)
+	}
+	blocks := strings.Split(r.stdout, "\n\nid ")
+	if len(blocks) != 4 {
+		t.Fatalf("dlq show DELIVERY-ID printed %d blocks, want 3:\n%s", len(blocks)-1, r.stdout)
+	}
+	for i, w := range []struct {
+		id       int64
+		endpoint string
+	}{{fo.aFirst, fo.endpointA}, {fo.b, fo.endpointB}, {fo.aAgain, fo.endpointA}} {
+		b := blocks[i+1]
+		if !strings.HasPrefix(strings.TrimLeft(b, " "), itoa(w.id)+"\n") || !strings.Contains(b, "delivery_id   "+fo.delivery) ||
+			!strings.Contains(b, "endpoint_id   "+w.endpoint) || !strings.Contains(b, "endpoint_url  - (the managed endpoint's URL)") {
+			t.Errorf("block %d of dlq show DELIVERY-ID, want dead letter %d for endpoint %s:\nid %s", i, w.id, w.endpoint, b)
+		}
+	}
+	// Case does not matter: logs and headers may print it either way.
+	if r2 := runCLI(t, db.URL, "dlq", "show", strings.ToUpper(fo.delivery)); r2.code != 0 || r2.stdout != r.stdout {
+		t.Errorf("dlq show of the upper-case delivery id: exit %d:\n%s%s", r2.code, r2.stdout, r2.stderr)
+	}
+
+	// JSON: an array for a delivery id, however many rows; an object for a row id, as before.
+	var list []deadLetter
+	r = runCLI(t, db.URL, "dlq", "show", "--json", fo.delivery)
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 3 {
+		t.Fatalf("dlq show --json DELIVERY-ID printed %q: %v", r.stdout, err)
+	}
+	if list[0].ID != fo.aFirst || list[1].ID != fo.b || list[2].ID != fo.aAgain || list[0].ReplayedAt == nil ||
+		list[1].EndpointID == nil || *list[1].EndpointID != fo.endpointB || !bytes.Equal(compactJSON(t, list[2].Payload), []byte(`{"invoice":7}`)) {
+		t.Errorf("dlq show --json DELIVERY-ID = %+v", list)
+	}
+	other := deliveryIDOf(t, db, fo.other)
+	list = nil
+	r = runCLI(t, db.URL, "dlq", "show", other, "--json")
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 1 || list[0].ID != fo.other {
+		t.Errorf("dlq show --json of a delivery id with one dead letter must still be an array: %q (%v)", r.stdout, err)
+	}
+	var one deadLetter
+	r = runCLI(t, db.URL, "dlq", "show", "--json", itoa(fo.b))
+	if err := json.Unmarshal([]byte(r.stdout), &one); err != nil || one.ID != fo.b || one.DeliveryID != fo.delivery ||
+		one.EndpointID == nil || *one.EndpointID != fo.endpointB {
+		t.Errorf("dlq show --json ID = %q (%v), want one object", r.stdout, err)
+	}
+
+	missing := "00000000-0000-4000-8000-000000000000"
+	if r := runCLI(t, db.URL, "dlq", "show", missing); r.code != 1 || !strings.Contains(r.stderr, "no dead letter has delivery id "+missing) {
+		t.Errorf("dlq show of an unknown delivery id: exit %d, %q", r.code, r.stderr)
+	}
+}
+
+// TestDLQReplayByDeliveryID: a delivery id replays the event wherever it is still dead: once
+// per endpoint, never the dead letter a replay already dealt with, and --force does not send
+// it twice to the endpoint where it failed twice.
+func TestDLQReplayByDeliveryID(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	fo := insertFanOut(t, db)
+	selected := "delivery id " + fo.delivery + ": 3 dead letters (" + joinIDs([]int64{fo.aFirst, fo.b, fo.aAgain}) + ")\n"
+
+	r := runCLI(t, db.URL, "dlq", "replay", "--dry-run", fo.delivery)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, selected) ||
+		!strings.Contains(r.stdout, "would replay 2, skipped 1 already replayed (dry run: nothing changed)") {
+		t.Fatalf("dry run: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 0 {
+		t.Fatalf("a dry run wrote %d outbox rows", n)
+	}
+	aFirstReplayed := replayedAt(t, db, fo.aFirst)
+
+	r = runCLI(t, db.URL, "dlq", "replay", fo.delivery)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, selected) || !strings.Contains(r.stdout, "replayed 2, skipped 1 already replayed") ||
+		!strings.Contains(r.stdout, "replayed  "+itoa(fo.b)) || !strings.Contains(r.stdout, "replayed  "+itoa(fo.aAgain)) ||
+		!strings.Contains(r.stdout, "skipped   "+itoa(fo.aFirst)) || !strings.Contains(r.stdout, "endpoint_id "+fo.endpointB) {
+		t.Fatalf("dlq replay DELIVERY-ID: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := outboxByEndpoint(t, db, fo.delivery); len(got) != 2 || got[fo.endpointA] != 1 || got[fo.endpointB] != 1 {
+		t.Errorf("replay by delivery id sent %v, want the event once to each endpoint", got)
+	}
+	for _, id := range []int64{fo.b, fo.aAgain} {
+		// The delivery's copies for both endpoints join the row; one of them is its own.
+		c := replayedCopies(t, db, id)
+		if !slices.ContainsFunc(c, func(c outboxCopy) bool { return c.sameEvent && c.attempt == 1 }) || c[0].replayedAt == nil {
+			t.Errorf("dead letter %d after replay by delivery id: %+v", id, c)
+		}
+	}
+	if at := replayedAt(t, db, fo.aFirst); !at.Equal(*aFirstReplayed) {
+		t.Errorf("the already replayed dead letter was replayed again: replayed_at %v, was %v", at, aFirstReplayed)
+	}
+	if at := replayedAt(t, db, fo.other); at != nil {
+		t.Errorf("another event's dead letter for the same endpoint was replayed at %v", at)
+	}
+
+	// Again: everything is replayed, nothing is sent.
+	r = runCLI(t, db.URL, "dlq", "replay", fo.delivery)
+	if r.code != 0 || !strings.Contains(r.stdout, "replayed 0, skipped 3 already replayed") {
+		t.Errorf("second replay: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// --force sends it once more to each endpoint: the first dead letter for A is superseded by
+	// the second, and replaying both would send the event to A twice.
+	r = runCLI(t, db.URL, "dlq", "replay", "--force", fo.delivery)
+	if r.code != 0 || !strings.Contains(r.stdout, "replayed 2, skipped 1 superseded") ||
+		!strings.Contains(r.stdout, "superseded by dead letter "+itoa(fo.aAgain)) {
+		t.Fatalf("replay --force DELIVERY-ID: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := outboxByEndpoint(t, db, fo.delivery); got[fo.endpointA] != 2 || got[fo.endpointB] != 2 {
+		t.Errorf("after replay --force by delivery id the outbox holds %v, want two copies per endpoint", got)
+	}
+	// Named by its row id, a superseded dead letter is replayed as asked.
+	r = runCLI(t, db.URL, "dlq", "replay", "--force", "--dry-run", fo.delivery, itoa(fo.aFirst), itoa(fo.b))
+	if r.code != 0 || !strings.Contains(r.stdout, "would replay 3 (dry run") {
+		t.Errorf("replay --force of a delivery id and its superseded row by id: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// An unknown delivery id fails the whole command, as an unknown row id does.
+	missing := "00000000-0000-4000-8000-000000000000"
+	before := count(t, db, "SELECT count(*) FROM webhook_outbox")
+	r = runCLI(t, db.URL, "dlq", "replay", "--force", itoa(fo.other), missing)
+	if r.code != 1 || !strings.Contains(r.stderr, "no dead letter has delivery id "+missing+"; nothing replayed") {
+		t.Errorf("replay with an unknown delivery id: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != before {
+		t.Errorf("a failed replay wrote %d outbox rows", n-before)
+	}
+}
+
+func TestDLQBulkReplayByDeliveryAndEndpoint(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	fo := insertFanOut(t, db)
+
+	r := runCLI(t, db.URL, "dlq", "replay", "--all-matching", "--delivery-id", fo.delivery, "--endpoint-id", fo.endpointB)
+	if r.code != 0 || !strings.Contains(r.stdout, "replayed 1\n") || !strings.Contains(r.stdout, "replayed  "+itoa(fo.b)) {
+		t.Fatalf("bulk replay by delivery and endpoint: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := outboxByEndpoint(t, db, fo.delivery); len(got) != 1 || got[fo.endpointB] != 1 {
+		t.Errorf("bulk replay by delivery and endpoint sent %v, want once to B", got)
+	}
+
+	r = runCLI(t, db.URL, "dlq", "replay", "--all-matching", "--delivery-id", fo.delivery)
+	if r.code != 0 || !strings.Contains(r.stdout, "replayed 1, skipped 2 already replayed") ||
+		!strings.Contains(r.stdout, "replayed  "+itoa(fo.aAgain)) {
+		t.Fatalf("bulk replay by delivery id: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := outboxByEndpoint(t, db, fo.delivery); len(got) != 2 || got[fo.endpointA] != 1 || got[fo.endpointB] != 1 {
+		t.Errorf("bulk replay by delivery id: outbox holds %v, want once to each endpoint", got)
+	}
+	if at := replayedAt(t, db, fo.other); at != nil {
+		t.Errorf("a dead letter of another delivery was replayed at %v", at)
+	}
+
+	// The filters select rows only with --all-matching; a delivery id alone is an argument.
+	r = runCLI(t, db.URL, "dlq", "replay", "--delivery-id", fo.delivery)
+	if r.code != 2 || !strings.Contains(r.stderr, "only with --all-matching") {
+		t.Errorf("dlq replay --delivery-id without --all-matching: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestDLQMalformedIDs: an argument that is neither a row id nor a delivery id exits 2 naming
+// it and saying what is accepted, and nothing is done even for the valid arguments beside it.
+func TestDLQMalformedIDs(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	fo := insertFanOut(t, db)
+
+	bads := []string{"abc", "0", "12x", "1e3",
+		"5d1c7a9e-2b4f-4e8a-9c3d-6f0a1b2c3d4",    // a digit short
+		"5d1c7a9e2b4f4e8a9c3d6f0a1b2c3d4e",       // no hyphens
+		"{5d1c7a9e-2b4f-4e8a-9c3d-6f0a1b2c3d4e}", // braces
+		"5d1c7a9e-2b4f-4e8a-9c3d-6f0a1b2c3d4g"}   // not hex
+	for _, sub := range []string{"show", "replay", "purge"} {
+		for _, bad := range bads {
+			args := []string{"dlq", sub, bad}
+			if sub != "show" {
+				args = []string{"dlq", sub, fo.delivery, bad, itoa(fo.other)}
+			}
+			r := runCLI(t, db.URL, args...)
+			if r.code != 2 || !strings.Contains(r.stderr, strconv.Quote(bad)+" is not a dead-letter id") ||
+				!strings.Contains(r.stderr, "or a delivery id (a UUID") {
+				t.Errorf("dlq %s %q: exit %d, stderr %q; want 2 naming the argument", sub, bad, r.code, r.stderr)
+			}
+		}
+	}
+	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 0 {
+		t.Errorf("refused replays wrote %d outbox rows", n)
+	}
+	if n := count(t, db, "SELECT count(*) FROM webhook_dead_letter"); n != 4 {
+		t.Errorf("refused purges left %d of 4 dead letters", n)
+	}
+}

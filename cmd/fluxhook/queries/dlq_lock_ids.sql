@@ -1,7 +1,15 @@
--- fluxhook dlq replay ID...: lock the named dead letters for the replay transaction, so two
--- operators replaying the same row at once cannot both re-enqueue it.
-SELECT id, delivery_id::text, event_type, replayed_at
-FROM webhook_dead_letter
-WHERE id = ANY($1::bigint[])
-ORDER BY id
-FOR UPDATE
+-- fluxhook dlq replay ID|DELIVERY-ID...: lock the dead letters named by row id ($1) or by
+-- delivery id ($2) for the replay transaction, so two operators replaying the same row at once
+-- cannot both re-enqueue it. superseded_by is the newest later dead letter of the same delivery
+-- to the same destination (endpoint_id and endpoint_url, NULL being WEBHOOK_URL), if any: the
+-- event went back to that endpoint and failed again, so replaying this older row as well would
+-- send the event to it twice. The delivery_id index serves both the selection and the lookup.
+SELECT d.id, d.delivery_id::text, d.event_type, d.replayed_at, d.endpoint_id::text,
+       (SELECT max(n.id) FROM webhook_dead_letter n
+        WHERE n.delivery_id = d.delivery_id AND n.id > d.id
+          AND n.endpoint_id IS NOT DISTINCT FROM d.endpoint_id
+          AND n.endpoint_url IS NOT DISTINCT FROM d.endpoint_url) AS superseded_by
+FROM webhook_dead_letter d
+WHERE d.id = ANY($1::bigint[]) OR d.delivery_id = ANY($2::uuid[])
+ORDER BY d.id
+FOR UPDATE OF d
