@@ -106,12 +106,27 @@ type deadLetterReason struct {
 }
 
 type dispatcherInstance struct {
-	InstanceID     string    `json:"instance_id"`
-	Armed          bool      `json:"armed"`
-	StartedAt      time.Time `json:"started_at"`
+	InstanceID string `json:"instance_id"`
+	// Armed: waiting for work, so producers NOTIFY for it. Never true for a stale instance.
+	Armed     bool      `json:"armed"`
+	StartedAt time.Time `json:"started_at"`
+	// SeenAt is the instance's last heartbeat; SeenAgeSeconds its age.
 	SeenAt         time.Time `json:"seen_at"`
 	SeenAgeSeconds float64   `json:"seen_age_seconds"`
+	// Stale: no heartbeat for longer than dispatcherStaleAfter. The instance has most likely
+	// stopped without unregistering (kill -9, a lost host); its row stays until a live peer's
+	// heartbeat deletes it, 5 minutes after its last one.
+	Stale bool `json:"stale"`
 }
+
+// dispatcherStaleAfter is how long without a heartbeat makes an instance stale. A live
+// instance beats every min(WEBHOOK_POLL_INTERVAL_MS, 30 s) (stages/dispatcher maintain);
+// status cannot know each instance's poll interval (the schema does not record it), so the
+// bound is three of the longest interval: a live instance that missed two heartbeats in a
+// row is not yet stale, whatever its configuration. With the default 10 s interval a dead
+// instance is marked within 90 s of its last heartbeat, instead of looking armed for the
+// 5 minutes until a peer deletes its row.
+const dispatcherStaleAfter = 3 * 30 * time.Second
 
 // runStatus answers "is delivery keeping up, and is anything stuck?" from the database alone,
 // so it works while no dispatcher is running, which is when it is most needed.
@@ -206,10 +221,10 @@ func readStatus(ctx context.Context, tx pgx.Tx) (statusReport, error) {
 		return rep, fmt.Errorf("reading dead-letter reasons: %w", err)
 	}
 	rep.DeadLettersByReason = append(rep.DeadLettersByReason, reasons...)
-	rows, _ = tx.Query(ctx, statusDispatchersSQL)
+	rows, _ = tx.Query(ctx, statusDispatchersSQL, dispatcherStaleAfter.Milliseconds())
 	instances, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (dispatcherInstance, error) {
 		var d dispatcherInstance
-		return d, r.Scan(&d.InstanceID, &d.Armed, &d.StartedAt, &d.SeenAt, &d.SeenAgeSeconds)
+		return d, r.Scan(&d.InstanceID, &d.Armed, &d.StartedAt, &d.SeenAt, &d.SeenAgeSeconds, &d.Stale)
 	})
 	if err != nil {
 		return rep, fmt.Errorf("reading dispatchers: %w", err)
@@ -284,12 +299,19 @@ func printStatus(w io.Writer, rep statusReport) error {
 		fmt.Fprintln(w, "  none registered")
 	} else {
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  INSTANCE\tARMED\tSTARTED\tLAST SEEN")
+		fmt.Fprintln(tw, "  INSTANCE\tARMED\tSTALE\tSTARTED\tLAST SEEN")
+		stale := false
 		for _, d := range rep.Dispatchers {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s ago\n", printable(d.InstanceID), yesNo(d.Armed), formatTime(d.StartedAt), formatSeconds(d.SeenAgeSeconds))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s ago\n", printable(d.InstanceID), yesNo(d.Armed), yesNo(d.Stale),
+				formatTime(d.StartedAt), formatSeconds(d.SeenAgeSeconds))
+			stale = stale || d.Stale
 		}
 		if err := tw.Flush(); err != nil {
 			return err
+		}
+		if stale {
+			fmt.Fprintf(w, "  stale: no heartbeat for over %s (live instances beat at least every 30s): probably stopped without\n"+
+				"  unregistering; a running instance deletes the row 5 minutes after its last heartbeat\n", dispatcherStaleAfter)
 		}
 	}
 	return printBreakers(w, rep.Breakers, rep.BreakersNote)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -20,11 +21,21 @@ var statusEndpointsSQL string
 
 // breakerStatus is one endpoint's circuit as `status` shows it: by hash, never by URL.
 type breakerStatus struct {
-	Endpoint       string  `json:"endpoint"`
-	State          string  `json:"state"`
-	Failures       int     `json:"consecutive_failures"`
+	Endpoint string `json:"endpoint"`
+	State    string `json:"state"`
+	Failures int    `json:"consecutive_failures"`
+	// OpenForSeconds is how long the circuit stays open before the next probe: each failed
+	// probe starts it again, so it says nothing about how long the endpoint has been down.
 	OpenForSeconds float64 `json:"open_for_seconds"`
 	ProbeHeld      bool    `json:"probe_held"`
+	// OpenSince is when the circuit opened for this spell (by Redis's clock), kept across
+	// failed probes until a probe succeeds: how long the endpoint has been down. Null while
+	// closed, and for a spell that began under a fluxhook that did not record it.
+	OpenSince *time.Time `json:"open_since"`
+	// FailedProbes counts the probes that failed since OpenSince.
+	FailedProbes int `json:"failed_probes"`
+
+	openAge time.Duration // since OpenSince, by Redis's clock (for the text output)
 }
 
 // readBreakers reads the breaker state of the endpoints in use from the shared Redis store.
@@ -82,8 +93,15 @@ func readBreakers(ctx context.Context, tx pgx.Tx, redisURL, defaultURL string) (
 		if s.State == fluxgate.Closed && s.Failures == 0 {
 			continue // only endpoints with trouble
 		}
-		out = append(out, breakerStatus{Endpoint: s.Hash, State: string(s.State), Failures: s.Failures,
-			OpenForSeconds: s.OpenFor.Seconds(), ProbeHeld: s.ProbeHeld})
+		b := breakerStatus{Endpoint: s.Hash, State: string(s.State), Failures: s.Failures,
+			OpenForSeconds: s.OpenFor.Seconds(), ProbeHeld: s.ProbeHeld, FailedProbes: s.FailedProbes}
+		if !s.OpenSince.IsZero() {
+			since := s.OpenSince.UTC()
+			b.OpenSince = &since
+			// Aged by Redis's clock (Snapshot.At), not this host's, which may be skewed.
+			b.openAge = max(s.At.Sub(s.OpenSince), 0)
+		}
+		out = append(out, b)
 	}
 	note := fmt.Sprintf("%d endpoints checked; closed circuits without failures are not listed", len(hashes))
 	return out, note, nil
@@ -93,9 +111,21 @@ func printBreakers(w io.Writer, breakers []breakerStatus, note string) error {
 	fmt.Fprintln(w, "\ncircuit breakers:")
 	if len(breakers) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  ENDPOINT (sha256)\tSTATE\tFAILURES\tOPEN FOR\tPROBE")
+		// OPEN SINCE is how long the endpoint has been down (this spell, across failed
+		// probes); NEXT PROBE IN is the time left before the next probe, which each failed
+		// probe starts again (it was once headed OPEN FOR, and read as the former).
+		fmt.Fprintln(tw, "  ENDPOINT (sha256)\tSTATE\tFAILURES\tOPEN SINCE\tFAILED PROBES\tNEXT PROBE IN\tPROBE")
 		for _, b := range breakers {
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\n", b.Endpoint, b.State, b.Failures, formatSeconds(b.OpenForSeconds), yesNo(b.ProbeHeld))
+			since, next := "-", "-"
+			if b.OpenSince != nil {
+				since = formatSeconds(b.openAge.Seconds()) + " ago"
+			} else if b.State != string(fluxgate.Closed) {
+				since = "unknown" // opened under a fluxhook that did not record it
+			}
+			if b.State == string(fluxgate.Open) {
+				next = formatSeconds(b.OpenForSeconds)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%d\t%s\t%s\n", b.Endpoint, b.State, b.Failures, since, b.FailedProbes, next, yesNo(b.ProbeHeld))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -129,10 +129,71 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("JSON fields = %v\nwant          %v", keys, wantKeys)
 	}
 	d := raw["dispatchers"].([]any)[0].(map[string]any)
-	for _, k := range []string{"instance_id", "armed", "started_at", "seen_at", "seen_age_seconds"} {
+	for _, k := range []string{"instance_id", "armed", "started_at", "seen_at", "seen_age_seconds", "stale"} {
 		if _, ok := d[k]; !ok {
 			t.Errorf("dispatcher object lacks %q: %v", k, d)
 		}
+	}
+}
+
+// TestStatusMarksStaleDispatchers: an instance whose last heartbeat is older than
+// dispatcherStaleAfter (90 s) is stale and not armed, whatever its row's flag says (it was
+// kill -9'd armed); one that beat within the bound is reported as its row says.
+func TestStatusMarksStaleDispatchers(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	mustExec(t, db, `INSERT INTO webhook_dispatcher (instance_id, armed, started_at, seen_at) VALUES
+		('a-live',  true,  now() - interval '1 hour', now() - interval '5 seconds'),
+		('b-slow',  true,  now() - interval '1 hour', now() - interval '80 seconds'),  -- within the bound
+		('c-dead',  true,  now() - interval '1 hour', now() - interval '2 minutes'),   -- killed while armed
+		('d-gone',  false, now() - interval '1 hour', now() - interval '4 minutes')`)
+	type want struct{ armed, stale bool }
+	wants := map[string]want{"a-live": {true, false}, "b-slow": {true, false}, "c-dead": {false, true}, "d-gone": {false, true}}
+
+	r := runCLI(t, db.URL, "status", "--json")
+	if r.code != 0 {
+		t.Fatalf("status --json exited %d: %s", r.code, r.stderr)
+	}
+	var rep statusReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("status --json printed %q: %v", r.stdout, err)
+	}
+	if len(rep.Dispatchers) != len(wants) {
+		t.Fatalf("dispatchers = %+v, want %d", rep.Dispatchers, len(wants))
+	}
+	for _, d := range rep.Dispatchers {
+		if w := wants[d.InstanceID]; d.Armed != w.armed || d.Stale != w.stale {
+			t.Errorf("%s: armed=%v stale=%v (seen %.0f s ago), want armed=%v stale=%v", d.InstanceID, d.Armed, d.Stale, d.SeenAgeSeconds, w.armed, w.stale)
+		}
+	}
+	if d := rep.Dispatchers[2]; d.InstanceID != "c-dead" || d.SeenAgeSeconds < 120 || d.SeenAgeSeconds > 180 {
+		t.Errorf("c-dead: seen_age_seconds %.1f, want about 120 (its last heartbeat)", d.SeenAgeSeconds)
+	}
+
+	text := runCLI(t, db.URL, "status")
+	if text.code != 0 {
+		t.Fatalf("status exited %d: %s", text.code, text.stderr)
+	}
+	if !strings.Contains(text.stdout, "INSTANCE  ARMED  STALE  STARTED") {
+		t.Errorf("no STALE column in:\n%s", text.stdout)
+	}
+	for _, l := range strings.Split(text.stdout, "\n") {
+		f := strings.Fields(l)
+		if len(f) < 3 {
+			continue
+		}
+		if w, ok := wants[f[0]]; ok {
+			if f[1] != yesNo(w.armed) || f[2] != yesNo(w.stale) {
+				t.Errorf("line %q: ARMED %s STALE %s, want %s %s", l, f[1], f[2], yesNo(w.armed), yesNo(w.stale))
+			}
+			delete(wants, f[0])
+		}
+	}
+	if len(wants) != 0 {
+		t.Errorf("instances missing from the text output: %v\n%s", wants, text.stdout)
+	}
+	if !strings.Contains(text.stdout, "stale: no heartbeat for over 1m30s") {
+		t.Errorf("the text output does not explain stale:\n%s", text.stdout)
 	}
 }
 
@@ -191,6 +252,10 @@ func TestStatusHumanReadable(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("status output lacks %q:\n%s", want, r.stdout)
 		}
+	}
+	// Both instances beat recently: none is stale, and the note that explains stale is left out.
+	if strings.Contains(r.stdout, "stale:") {
+		t.Errorf("status explains stale instances when none is:\n%s", r.stdout)
 	}
 }
 

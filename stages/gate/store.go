@@ -180,6 +180,21 @@ type Snapshot struct {
 	OpenFor time.Duration
 	// ProbeHeld reports whether a half-open probe is in flight.
 	ProbeHeld bool
+	// OpenSince is when the circuit opened for the current spell (open and half-open, until
+	// a probe's success closes it), by the store's clock: a failed probe re-opens the circuit
+	// and restarts OpenFor, but not OpenSince. It is an absolute time rather than an age so
+	// that it names the spell: two snapshots of one spell carry the same OpenSince, whoever
+	// takes them and whenever. Zero while closed, and when the store does not know it (a
+	// Redis key written by a fluxhook that did not record it: a spell that began before an
+	// upgrade, or a value no script wrote).
+	OpenSince time.Time
+	// FailedProbes counts the probes that failed since OpenSince: each one re-opened the
+	// circuit for another reset time. Zero while closed; a probe that was given back (not
+	// attempted, or a permanent answer) does not count.
+	FailedProbes int
+	// At is the store's clock when the snapshot was taken, so that the age of OpenSince is
+	// At.Sub(OpenSince) whatever the skew between the store's clock and the caller's.
+	At time.Time
 }
 
 // StateTTL bounds how long a store keeps an endpoint's breaker state after its last change

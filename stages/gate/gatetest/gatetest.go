@@ -80,6 +80,7 @@ func Run(t *testing.T, newBackend func(t testing.TB) Backend) {
 		{"RowsBehindAProbeWaitUntilItExpiresAndOnClosedBringsThemBack", testRowsWaitForProbeExpiry},
 		{"ProbeTimeoutAllowsANewProbe", testProbeTimeout},
 		{"ProbeFailureReopensAndReleaseGivesItBack", testProbeFailureAndRelease},
+		{"OpenSinceSurvivesFailedProbesAndResetsOnClose", testOpenSpell},
 		{"RateLimitRefusedProbeDoesNotWedge", testRefusedProbe},
 		{"StragglersDoNotMoveAnOpenCircuit", testStragglers},
 		{"InstancesShareOneBreaker", testSharedAcrossInstances},
@@ -783,6 +784,80 @@ func testProbeFailureAndRelease(t *testing.T, b Backend) {
 	}
 	d := probe(g, ep, 1)
 	deferredFor(t, d, gate.DeferOpen)
+}
+
+// testOpenSpell: a failed probe re-opens the circuit for another reset time (OpenFor starts
+// again) but not a new spell: OpenSince stays where the circuit first opened and FailedProbes
+// counts the probe; a probe given back counts nothing; the probe's success closes the circuit
+// and resets both, so the next opening starts a new spell. Operators read OpenSince as how
+// long the endpoint has been down (the bug: status showed the time since the last probe).
+func testOpenSpell(t *testing.T, b Backend) {
+	store := b.NewStore(t)
+	reset := 100 * time.Millisecond
+	g := newGate(t, store, gate.Params{Threshold: 2, Reset: reset, RetryRPS: -1, ProbeTimeout: time.Minute}, nil)
+	ep := endpoint()
+	settle(g, rows(ep, 1), fail503)
+	if s := inspect(t, store, ep); s.State != gate.Closed || s.Failures != 1 || !s.OpenSince.IsZero() || s.FailedProbes != 0 {
+		t.Fatalf("closed with a failure: %+v, want no OpenSince and no failed probes", s)
+	}
+	settle(g, rows(ep, 1), fail503)
+	opened := inspect(t, store, ep)
+	if opened.State != gate.Open || opened.OpenSince.IsZero() || opened.FailedProbes != 0 {
+		t.Fatalf("just opened: %+v, want open with OpenSince set and no failed probes", opened)
+	}
+	if age := opened.At.Sub(opened.OpenSince); age < 0 || age > b.Slack() {
+		t.Fatalf("just opened: OpenSince %s before the snapshot, want about now", age)
+	}
+	// A straggler's failure while open is no probe.
+	settle(g, rows(ep, 1), fail503)
+	for n := 1; n <= 2; n++ {
+		b.Advance(t, reset)
+		p := probe(g, ep, 2)
+		if p.GateToken == "" {
+			t.Fatalf("no probe granted after reset %d", n)
+		}
+		if s := inspect(t, store, ep); s.State != gate.HalfOpen || !s.OpenSince.Equal(opened.OpenSince) || s.FailedProbes != n-1 {
+			t.Fatalf("half-open before probe %d: %+v, want OpenSince %s and %d failed probes", n, s, opened.OpenSince, n-1)
+		}
+		settle(g, []*delivery.Delivery{p}, fail503)
+		s := inspect(t, store, ep)
+		if s.State != gate.Open || !s.OpenSince.Equal(opened.OpenSince) || s.FailedProbes != n {
+			t.Fatalf("after failed probe %d: %+v, want open since %s (unchanged) with %d failed probes", n, s, opened.OpenSince, n)
+		}
+		// OpenFor restarted with the probe; the spell is older than one reset time per probe.
+		if s.OpenFor < reset-b.Slack() || s.OpenFor > reset {
+			t.Fatalf("after failed probe %d: open for %s, want another reset time (%s)", n, s.OpenFor, reset)
+		}
+		if age := s.At.Sub(s.OpenSince); age < time.Duration(n)*reset {
+			t.Fatalf("after failed probe %d: OpenSince %s ago, want at least %s", n, age, time.Duration(n)*reset)
+		}
+	}
+	// A probe given back (not attempted) is no failed probe.
+	b.Advance(t, reset)
+	p := probe(g, ep, 2)
+	settle(g, []*delivery.Delivery{p}, delivery.Outcome{Kind: delivery.Release})
+	if s := inspect(t, store, ep); s.State != gate.HalfOpen || !s.OpenSince.Equal(opened.OpenSince) || s.FailedProbes != 2 {
+		t.Fatalf("after a probe was given back: %+v, want half-open since %s with 2 failed probes", s, opened.OpenSince)
+	}
+	// The probe's success closes the circuit: both reset, with no failures left.
+	p = probe(g, ep, 2)
+	settle(g, []*delivery.Delivery{p}, delivered)
+	if s := inspect(t, store, ep); s.State != gate.Closed || !s.OpenSince.IsZero() || s.FailedProbes != 0 || s.Failures != 0 {
+		t.Fatalf("after the probe succeeded: %+v, want closed, no OpenSince, no failed probes", s)
+	}
+	settle(g, rows(ep, 1), fail503)
+	if s := inspect(t, store, ep); s.State != gate.Closed || s.Failures != 1 || !s.OpenSince.IsZero() || s.FailedProbes != 0 {
+		t.Fatalf("closed with a failure after the spell: %+v, want no OpenSince and no failed probes", s)
+	}
+	// The next opening is a new spell.
+	settle(g, rows(ep, 1), fail503)
+	again := inspect(t, store, ep)
+	if again.State != gate.Open || again.FailedProbes != 0 || !again.OpenSince.After(opened.OpenSince) {
+		t.Fatalf("opened again: %+v, want a new spell (OpenSince after %s, no failed probes)", again, opened.OpenSince)
+	}
+	if age := again.At.Sub(again.OpenSince); age < 0 || age > b.Slack() {
+		t.Fatalf("opened again: OpenSince %s before the snapshot, want about now", age)
+	}
 }
 
 func testRefusedProbe(t *testing.T, b Backend) {

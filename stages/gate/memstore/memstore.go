@@ -42,7 +42,9 @@ type endpoint struct {
 	state        gate.State // "" = closed
 	failures     int
 	openUntil    time.Time
-	stateExpires time.Time // when state and failures are forgotten (a Redis key's TTL)
+	openSince    time.Time // when the current spell opened (zero while closed); kept across failed probes
+	failedProbes int       // probes failed since openSince
+	stateExpires time.Time // when the breaker state is forgotten (a Redis key's TTL)
 	probe        string    // owner token of the half-open probe, "" = none
 	probeExpires time.Time
 	window       []time.Time // the newest attempts in the rate-limit window (at most the limit), oldest first
@@ -100,7 +102,7 @@ func (s *Store) Inspect(_ context.Context, hashes []string) ([]gate.Snapshot, er
 	now := s.now()
 	out := make([]gate.Snapshot, len(hashes))
 	for i, h := range hashes {
-		snap := gate.Snapshot{Hash: h, State: gate.Closed}
+		snap := gate.Snapshot{Hash: h, State: gate.Closed, At: now}
 		if e := s.eps[h]; e != nil {
 			e.expire(now)
 			if e.state != "" {
@@ -111,6 +113,9 @@ func (s *Store) Inspect(_ context.Context, hashes []string) ([]gate.Snapshot, er
 				snap.OpenFor = e.openUntil.Sub(now)
 			}
 			snap.ProbeHeld = e.probe != ""
+			if e.state == gate.Open || e.state == gate.HalfOpen {
+				snap.OpenSince, snap.FailedProbes = e.openSince, e.failedProbes
+			}
 		}
 		out[i] = snap
 	}
@@ -122,6 +127,7 @@ func (e *endpoint) expire(now time.Time) {
 	if e.state != "" || e.failures != 0 {
 		if !now.Before(e.stateExpires) {
 			e.state, e.failures, e.openUntil = "", 0, time.Time{}
+			e.openSince, e.failedProbes = time.Time{}, 0
 		}
 	}
 	if e.probe != "" && !now.Before(e.probeExpires) {
@@ -328,9 +334,15 @@ func (s *Store) record(now time.Time, p gate.Params, r gate.EndpointResult, tran
 			case gate.Success:
 				move(gate.Closed)
 				e.failures, changed = 0, true
+				// The spell is over: the next opening starts a new one.
+				e.openSince, e.failedProbes = time.Time{}, 0
 			case gate.Failure:
+				// Open again for another reset time, but in the same spell: openSince
+				// stays, so that status shows how long the endpoint has been down rather
+				// than how long since its last probe.
 				move(gate.Open)
 				e.openUntil, e.failures, changed = now.Add(p.Reset), 0, true
+				e.failedProbes++
 			}
 		case state == gate.Closed:
 			switch row.Result {
@@ -344,6 +356,7 @@ func (s *Store) record(now time.Time, p gate.Params, r gate.EndpointResult, tran
 				if e.failures >= p.Threshold {
 					move(gate.Open)
 					e.openUntil, e.failures = now.Add(p.Reset), 0
+					e.openSince, e.failedProbes = now, 0 // a new spell
 				}
 			}
 		default:

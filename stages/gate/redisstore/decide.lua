@@ -2,8 +2,10 @@
 -- atomically and by Redis's own clock. The semantics are documented in stages/gate/doc.go;
 -- stages/gate/memstore implements the same in Go, and both pass stages/gate/gatetest.
 --
--- KEYS[1] breaker state: hash {state = closed|open|half_open, failures, open_until (µs)};
---         absent = closed with no failures
+-- KEYS[1] breaker state: hash {state = closed|open|half_open, failures, open_until (µs),
+--         and while open or half-open open_since (µs: when the spell opened, kept across
+--         failed probes) and failed_probes}; absent = closed with no failures. This script
+--         only moves open to half_open, which keeps the other fields (record.lua writes them)
 -- KEYS[2] half-open probe: the owner's token, expiring after the probe timeout
 -- KEYS[3] rate-limit window: sorted set of the attempts admitted (first attempts, retries,
 --         probes), scored by time (µs); only its newest `limit` entries are kept

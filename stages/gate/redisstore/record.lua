@@ -1,7 +1,8 @@
 -- record.lua: what the attempts of one settled batch to one endpoint tell its circuit
 -- breaker, atomically and by Redis's own clock (semantics in stages/gate/doc.go).
 --
--- KEYS[1] breaker state (see decide.lua)   KEYS[2] half-open probe owner
+-- KEYS[1] breaker state (see decide.lua; open_since and failed_probes are written here only)
+-- KEYS[2] half-open probe owner
 -- A key holding something no script wrote is read as absent and deleted (see state.lua, which
 -- is prepended to this script).
 -- ARGV[1] threshold (> 0)   ARGV[2] reset (ms)   ARGV[3] state TTL (ms)
@@ -21,7 +22,7 @@ local reset = tonumber(ARGV[2]) * 1000
 local state_ttl_ms = tonumber(ARGV[3])
 local results = ARGV[4]
 
-local state, failures, open_until = read_breaker(KEYS[1], true)
+local state, failures, open_until, open_since, failed_probes = read_breaker(KEYS[1], true)
 -- The probe's owner token, or false. Only its type is checked here: a string no decide.lua
 -- wrote matches no token, and decide.lua deletes it before it could hold back a probe.
 local probe = redis.pcall('GET', KEYS[2])
@@ -55,10 +56,16 @@ for i = 1, #results do
       move('closed')
       failures = 0
       changed = true
+      -- The spell is over (the key is deleted below): the next opening starts a new one.
+      open_since, failed_probes = false, 0
     elseif r == 'f' then
+      -- Open again for another reset time, but in the same spell: open_since stays (false,
+      -- unknown, for a spell that began before it was recorded), so that status shows how
+      -- long the endpoint has been down rather than how long since its last probe.
       move('open')
       open_until = now + reset
       failures = 0
+      failed_probes = failed_probes + 1
       changed = true
     end
   elseif state == 'closed' then
@@ -74,6 +81,7 @@ for i = 1, #results do
         move('open')
         open_until = now + reset
         failures = 0
+        open_since, failed_probes = now, 0 -- a new spell
       end
     end
   end
@@ -85,7 +93,21 @@ if changed then
   if state == 'closed' and failures == 0 then
     redis.call('DEL', KEYS[1])
   else
-    redis.call('HSET', KEYS[1], 'state', state, 'failures', failures, 'open_until', string.format('%.0f', open_until))
+    local fields = {'state', state, 'failures', failures, 'open_until', string.format('%.0f', open_until)}
+    if state == 'closed' then
+      -- Closed with failures: no spell. Drops what read_breaker ignored on a closed key.
+      redis.call('HDEL', KEYS[1], 'open_since', 'failed_probes')
+    else
+      fields[#fields + 1] = 'failed_probes'
+      fields[#fields + 1] = failed_probes
+      if open_since then
+        fields[#fields + 1] = 'open_since'
+        fields[#fields + 1] = string.format('%.0f', open_since)
+      else
+        redis.call('HDEL', KEYS[1], 'open_since') -- unknown, or a value no script wrote
+      end
+    end
+    redis.call('HSET', KEYS[1], unpack(fields))
     local ttl = state_ttl_ms
     if state == 'open' then
       ttl = ttl + math.ceil((open_until - now) / 1000)

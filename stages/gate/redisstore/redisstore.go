@@ -11,9 +11,10 @@
 //
 // Keys, per endpoint (the SHA-256 hex of its URL, never the URL):
 //
-//	webhook_cb:{<hash>}        breaker state (hash); absent while closed with no failures;
-//	                           expires gate.StateTTL after its last change (plus the reset
-//	                           time while open)
+//	webhook_cb:{<hash>}        breaker state (hash: state, failures, open_until and, while
+//	                           open or half-open, open_since and failed_probes); absent while
+//	                           closed with no failures; expires gate.StateTTL after its last
+//	                           change (plus the reset time while open)
 //	webhook_cb_probe:{<hash>}  the half-open probe's owner token; expires after the probe timeout
 //	webhook_rl:{<hash>}        rate-limit window: every attempt admitted (sorted set, scored by
 //	                           time, at most the limit's newest); expires a second after the window
@@ -266,15 +267,23 @@ func (s *Store) Inspect(ctx context.Context, hashes []string) ([]gate.Snapshot, 
 		if err != nil {
 			return nil, err
 		}
-		if len(vals) != 4 {
+		if len(vals) != 7 {
 			return nil, fmt.Errorf("redisstore: inspect returned %d values", len(vals))
 		}
 		state, _ := vals[0].(string)
 		failures, _ := vals[1].(int64)
 		openFor, _ := vals[2].(int64)
 		held, _ := vals[3].(int64)
-		out[i] = gate.Snapshot{Hash: hashes[i], State: gate.State(state), Failures: int(failures),
-			OpenFor: time.Duration(openFor) * time.Microsecond, ProbeHeld: held == 1}
+		openSince, _ := vals[4].(int64)
+		probes, _ := vals[5].(int64)
+		now, _ := vals[6].(int64)
+		snap := gate.Snapshot{Hash: hashes[i], State: gate.State(state), Failures: int(failures),
+			OpenFor: time.Duration(openFor) * time.Microsecond, ProbeHeld: held == 1,
+			FailedProbes: int(probes), At: time.UnixMicro(now)}
+		if openSince > 0 { // 0: closed, or a spell whose start no script recorded
+			snap.OpenSince = time.UnixMicro(openSince)
+		}
+		out[i] = snap
 	}
 	return out, nil
 }
