@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"time"
 
 	fluxsql "github.com/fluxora/fluxhook/sql"
 )
@@ -18,20 +19,34 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
 	print := fs.Bool("print", false, "print the SQL for `psql -v ON_ERROR_STOP=1 -f` instead of applying it")
+	lockTimeout := fs.Duration("lock-timeout", fluxsql.DefaultLockTimeout,
+		"longest wait for each table lock (every producer's insert waits behind it); then roll back and retry, "+
+			fmt.Sprint(fluxsql.DefaultLockAttempts)+" attempts in all; 0 waits as long as it takes")
 	dbURL := databaseURLFlag(fs, env)
 	if err := fs.Parse(args); err != nil {
 		return usageError("%v", err)
 	}
+	if *lockTimeout < 0 {
+		return usageError("--lock-timeout must not be negative")
+	}
+	opts := fluxsql.MigrateOptions{LockTimeout: *lockTimeout}
+	if *lockTimeout == 0 {
+		opts.LockTimeout = -1 // MigrateOptions' "no bound"; its zero means the default
+	}
 	if *print {
-		_, err := fmt.Fprint(env.stdout, fluxsql.Script())
+		_, err := fmt.Fprint(env.stdout, fluxsql.ScriptWith(opts))
 		return err
+	}
+	opts.OnLockTimeout = func(attempt int, pause time.Duration, err error) {
+		fmt.Fprintf(env.stderr, "fluxhook migrate: attempt %d of %d: a lock was not granted within %s (another transaction holds a lock on the schema's tables); rolled back, retrying in %s\n",
+			attempt, fluxsql.DefaultLockAttempts, *lockTimeout, pause)
 	}
 	pool, err := connect(ctx, *dbURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	applied, err := fluxsql.Migrate(ctx, pool)
+	applied, err := fluxsql.MigrateWith(ctx, pool, opts)
 	if err != nil {
 		return err
 	}

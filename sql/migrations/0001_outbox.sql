@@ -35,6 +35,135 @@ CREATE TABLE IF NOT EXISTS webhook_outbox (
     duration_ms  integer
 );
 
+-- Installing over the original dispatcher's table. The original (the TypeScript dispatcher whose
+-- wire format fluxhook keeps) created webhook_outbox with only the first six columns above, and
+-- an index on (processed, created_at). CREATE TABLE IF NOT EXISTS leaves such a table as it is,
+-- and the indexes below would then fail on its missing columns. This block brings it to the
+-- definition above in place, in this migration's transaction, keeping every row:
+--   * pending rows (processed false, or NULL where the column was nullable: the original's
+--     default was false, so NULL can only mean "never marked processed") stay pending, each with
+--     a new delivery_id, attempt 1 and enqueued_at = created_at (their first enqueue);
+--   * processed rows stay processed, with processed_at = created_at: the original kept no
+--     settle time, created_at is the closest bound we have, and without one the janitor would
+--     keep them for ever instead of for WEBHOOK_RETENTION;
+--   * id becomes bigint and an identity, like a fresh install's: ids count retries and every
+--     endpoint's delivery rows, so an integer would run out, and with an identity, producers
+--     need no grant on a sequence (a serial's nextval needs USAGE on it). New ids continue
+--     after the serial's last one; its grants are copied to the identity's sequence, which
+--     gets the same name, for producers that call currval on it.
+-- The original's own index is left alone (fluxhook does not use it; drop it when the original is
+-- gone). What we assume of the original, whose DDL was never published: those six columns, with
+-- types convertible to ours (id integer or bigint, serial, identity or plain; payload json or
+-- jsonb; created_at timestamp, converted with the session's TimeZone, or timestamptz),
+-- event_type and payload never NULL, and id the primary key. Columns it may have had of ours
+-- keep their values where set.
+-- It holds an ACCESS EXCLUSIVE lock on the table while it rewrites it, once: producers wait for
+-- as long as that takes, in proportion to the table's size (delete old processed rows first to
+-- shorten it). It does nothing when the table already has every column above: a table created
+-- just above, or by fluxhook.
+DO $upgrade$
+DECLARE
+    outbox     regclass := 'webhook_outbox'::regclass;
+    ours       text[]   := ARRAY['id', 'stream_id', 'event_type', 'payload', 'created_at', 'processed',
+                                 'delivery_id', 'attempt', 'enqueued_at', 'lease_until', 'leased_by',
+                                 'endpoint_url', 'processed_at', 'status_code', 'error', 'duration_ms'];
+    id_kind    "char";
+    serial_seq text;
+    serial_acl aclitem[];
+    next_id    bigint;
+    g          record;
+BEGIN
+    -- A query on the catalog rather than the cache: see currentVersion in migrate.go.
+    IF (SELECT count(*) FROM pg_catalog.pg_attribute
+        WHERE attrelid = outbox AND attname = ANY (ours) AND attnum > 0 AND NOT attisdropped) = cardinality(ours) THEN
+        RETURN;
+    END IF;
+    RAISE NOTICE 'fluxhook: upgrading the existing table % in place', outbox;
+
+    -- A serial id: its default and sequence go (the identity below replaces them), after noting
+    -- where the sequence stood and who may use it.
+    SELECT attidentity INTO id_kind FROM pg_catalog.pg_attribute
+    WHERE attrelid = outbox AND attname = 'id' AND NOT attisdropped;
+    IF id_kind = '' THEN
+        serial_seq := pg_get_serial_sequence(outbox::text, 'id');
+        IF serial_seq IS NOT NULL THEN
+            EXECUTE format('SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM %s', serial_seq)
+                INTO next_id;
+            SELECT relacl INTO serial_acl FROM pg_catalog.pg_class WHERE oid = serial_seq::regclass;
+        END IF;
+        ALTER TABLE webhook_outbox ALTER COLUMN id DROP DEFAULT;
+        IF serial_seq IS NOT NULL THEN
+            EXECUTE format('DROP SEQUENCE %s', serial_seq);
+        END IF;
+    END IF;
+
+    -- Our columns, nullable and without a default: a change to the catalog only.
+    ALTER TABLE webhook_outbox
+        ADD COLUMN IF NOT EXISTS delivery_id  uuid,
+        ADD COLUMN IF NOT EXISTS attempt      integer,
+        ADD COLUMN IF NOT EXISTS enqueued_at  timestamptz,
+        ADD COLUMN IF NOT EXISTS lease_until  timestamptz,
+        ADD COLUMN IF NOT EXISTS leased_by    text,
+        ADD COLUMN IF NOT EXISTS endpoint_url text,
+        ADD COLUMN IF NOT EXISTS processed_at timestamptz,
+        ADD COLUMN IF NOT EXISTS status_code  integer,
+        ADD COLUMN IF NOT EXISTS error        text,
+        ADD COLUMN IF NOT EXISTS duration_ms  integer;
+
+    -- Then every value and constraint in one statement, so the table is rewritten once (the
+    -- USING clauses force a rewrite, which also checks the NOT NULLs) rather than once for the
+    -- type of id and again for an UPDATE of every row. USING sees each row's values from before
+    -- the statement.
+    ALTER TABLE webhook_outbox
+        ALTER COLUMN id           TYPE bigint,
+        ALTER COLUMN stream_id    TYPE text,
+        ALTER COLUMN event_type   TYPE text,
+        ALTER COLUMN event_type   SET NOT NULL,
+        ALTER COLUMN payload      TYPE jsonb USING payload::jsonb,
+        ALTER COLUMN payload      SET NOT NULL,
+        ALTER COLUMN created_at   TYPE timestamptz,
+        ALTER COLUMN created_at   SET DEFAULT now(),
+        ALTER COLUMN created_at   SET NOT NULL,
+        ALTER COLUMN processed    TYPE boolean USING coalesce(processed, false),
+        ALTER COLUMN processed    SET DEFAULT false,
+        ALTER COLUMN processed    SET NOT NULL,
+        ALTER COLUMN delivery_id  TYPE uuid USING coalesce(delivery_id, gen_random_uuid()),
+        ALTER COLUMN delivery_id  SET DEFAULT gen_random_uuid(),
+        ALTER COLUMN delivery_id  SET NOT NULL,
+        ALTER COLUMN attempt      TYPE integer USING coalesce(attempt, 1),
+        ALTER COLUMN attempt      SET DEFAULT 1,
+        ALTER COLUMN attempt      SET NOT NULL,
+        ALTER COLUMN enqueued_at  TYPE timestamptz USING coalesce(enqueued_at, created_at),
+        ALTER COLUMN enqueued_at  SET DEFAULT now(),
+        ALTER COLUMN enqueued_at  SET NOT NULL,
+        ALTER COLUMN processed_at TYPE timestamptz
+            USING coalesce(processed_at, CASE WHEN processed THEN created_at END);
+
+    -- The name CREATE TABLE gives the inline check above.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_constraint
+                   WHERE conrelid = outbox AND conname = 'webhook_outbox_attempt_check') THEN
+        ALTER TABLE webhook_outbox ADD CONSTRAINT webhook_outbox_attempt_check CHECK (attempt >= 1);
+    END IF;
+
+    IF id_kind = '' THEN
+        SELECT greatest(next_id, max(id) + 1, 1) INTO next_id FROM webhook_outbox;
+        EXECUTE format('ALTER TABLE webhook_outbox ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (START WITH %s)',
+                       next_id);
+        FOR g IN
+            SELECT a.privilege_type,
+                   CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END AS grantee
+            FROM aclexplode(serial_acl) a
+        LOOP
+            EXECUTE format('GRANT %s ON SEQUENCE %s TO %s',
+                           g.privilege_type, pg_get_serial_sequence(outbox::text, 'id'), g.grantee);
+        END LOOP;
+    ELSIF id_kind = 'a' THEN
+        -- As a fresh install's: BY DEFAULT, so that a producer may still insert an id of its own.
+        ALTER TABLE webhook_outbox ALTER COLUMN id SET GENERATED BY DEFAULT;
+    END IF;
+END
+$upgrade$;
+
 -- The one index the dispatcher needs: due, unprocessed rows in claim order. Partial, so it only
 -- holds the backlog and stays small however long the delivery log grows.
 CREATE INDEX IF NOT EXISTS webhook_outbox_due_idx
