@@ -23,6 +23,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fluxora/fluxhook/sql/endpoints"
 )
 
 func init() {
@@ -33,7 +35,11 @@ func init() {
 }
 
 // benchWorkloads are the workloads in the order they run.
-var benchWorkloads = []string{"drain", "idle", "steady", "producers", "backlog"}
+var benchWorkloads = []string{"drain", "idle", "steady", "producers", "fanout", "backlog"}
+
+// benchDefaultWorkloads run when --workload is not given: everything but backlog (1M rows
+// take minutes).
+const benchDefaultWorkloads = "drain,idle,steady,producers,fanout"
 
 // benchOptions are the command line of `fluxhook bench`.
 type benchOptions struct {
@@ -51,8 +57,12 @@ type benchOptions struct {
 	producerReps     int
 	producerNull     bool
 	producerMode     string
+	fanoutEndpoints  int
+	fanoutEvents     int
+	fanoutIdleEvents int
 	payloadBytes     int
 	json             bool
+	noBudget         bool
 	statements       bool
 	quiet            bool
 	databaseURL      string
@@ -66,7 +76,7 @@ func parseBenchOptions(env *environment, args []string) (benchOptions, error) {
 	var o benchOptions
 	fs := newFlagSet("bench", env, "fluxhook bench [flags]")
 	dbURL := databaseURLFlag(fs, env)
-	workloads := fs.String("workload", "drain,idle,steady,producers",
+	workloads := fs.String("workload", benchDefaultWorkloads,
 		"comma-separated workloads: "+strings.Join(benchWorkloads, ", ")+" (backlog is opt-in: 1M rows take minutes)")
 	fs.IntVar(&o.drainEvents, "drain-events", 20000, "drain: events prefilled before the dispatcher starts")
 	fs.IntVar(&o.backlogEvents, "backlog-events", 1000000, "backlog: events prefilled before the dispatcher starts")
@@ -79,10 +89,14 @@ func parseBenchOptions(env *environment, args []string) (benchOptions, error) {
 	producerConns := fs.String("producer-connections", "8,32", "producers: comma-separated numbers of concurrent producers")
 	fs.DurationVar(&o.producerDuration, "producer-duration", time.Second, "producers: length of each measured segment (the trigger is switched between segments)")
 	fs.IntVar(&o.producerReps, "producer-reps", 8, "producers: rounds per connection count, each a whole pair (all producers with the trigger, then all without, ABBA order) and a split pair (half with and half without, then swapped); the medians count")
-	fs.BoolVar(&o.producerNull, "producer-null", false, "producers: null control: the producers marked \"with the trigger\" run without it too, so each design's cost shows its own bias (should read 0); no budget is checked")
+	fs.BoolVar(&o.producerNull, "producer-null", false, "producers: null control: the producers marked \"with the trigger\" run without it too, so each design's cost shows its own bias (should read 0); it is never judged: its budget line reads \"not computed\" (add --no-budget)")
 	fs.StringVar(&o.producerMode, "producer-mode", "prepared", "producers: how the producers send their insert: prepared (a driver with a statement cache: pgx, JDBC after a few uses), exec (planned on every execution: node-postgres, the original's driver, and most drivers without a cache), simple (the simple query protocol: psql, poolers in transaction mode)")
+	fs.IntVar(&o.fanoutEndpoints, "fanout-endpoints", 10, "fanout: managed endpoints every event goes to, each its own consumer path and secret")
+	fs.IntVar(&o.fanoutEvents, "fanout-events", 2000, "fanout: events prefilled before the dispatcher starts (each becomes one delivery per endpoint)")
+	fs.IntVar(&o.fanoutIdleEvents, "fanout-idle-events", 300, "fanout: events, one at a time --idle-interval apart, for the latency per delivery")
 	fs.IntVar(&o.payloadBytes, "payload-bytes", 200, "padding in each event's payload")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
+	fs.BoolVar(&o.noBudget, "no-budget", false, "only measure: no budget verdict, and exit 0 whenever the run itself worked (without it, a budget check missed or not computed exits 1)")
 	fs.BoolVar(&o.statements, "statements", false, "also list the dispatcher's statements per workload (needs pg_stat_statements)")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
 	fs.StringVar(&o.profileDir, "profile", "", "write each dispatcher's CPU and allocation profiles under this directory (DIR/<workload>-<n>/cpu.pprof, allocs.pprof)")
@@ -95,7 +109,9 @@ Runs PostgreSQL (a throwaway cluster unless DATABASE_URL is set, in which case a
 database fluxhook_bench_<random> is created on that server and dropped afterwards), a
 verifying consumer, the dispatcher (`+"`fluxhook serve`"+`, default configuration; WEBHOOK_* variables
 in the environment are passed on) and a producer, and prints the results next to the
-performance budget.
+performance budget. Every budget check must be met: one that is missed, or that could not
+be computed (no pg_stat_statements, too few slices, nothing claimed, ...), fails the run,
+and the command exits with status 1 after printing the report (--no-budget: measure only).
 
 flags:
 `)
@@ -128,8 +144,11 @@ flags:
 		o.producerConns = append(o.producerConns, n)
 	}
 	switch {
-	case o.drainEvents < 1, o.backlogEvents < 1, o.idleEvents < 1, o.rate < 1, o.connections < 1:
+	case o.drainEvents < 1, o.backlogEvents < 1, o.idleEvents < 1, o.rate < 1, o.connections < 1,
+		o.fanoutEvents < 1, o.fanoutIdleEvents < 1:
 		return o, usageError("event counts, --rate and --connections must be positive")
+	case o.fanoutEndpoints < 1 || o.fanoutEndpoints > maxFanoutEndpoints:
+		return o, usageError("--fanout-endpoints must be between 1 and %d", maxFanoutEndpoints)
 	case o.connections > 150:
 		return o, usageError("--connections must be at most 150")
 	case o.backlogSlice < 1:
@@ -155,6 +174,9 @@ type bench struct {
 	redis    *redisCounter
 	consumer *consumerProc
 	secret   string
+	// endpointSecrets are the fanout workload's endpoints' secrets, one per consumer path
+	// /ep/<i> (nil when fanout does not run).
+	endpointSecrets []string
 	// dispatcherEnv is the configuration every dispatcher child gets (before overrides).
 	dispatcherEnv map[string]string
 	// passedOn lists the WEBHOOK_* settings taken from the environment, for the report.
@@ -200,11 +222,21 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 		}
 		return err
 	}
+	return rep.finish(env.stdout, opts)
+}
+
+// finish prints the report and returns the budget's verdict as the command's result: nil when
+// every check was met or --no-budget asked for no verdict, else an error (exit status 1) that
+// names the checks missed and those that could not be computed.
+func (r *benchReport) finish(w io.Writer, opts benchOptions) error {
 	if opts.json {
-		return writeJSON(env.stdout, rep)
+		if err := writeJSON(w, r); err != nil {
+			return err
+		}
+	} else {
+		r.writeTable(w, opts.statements)
 	}
-	rep.writeTable(env.stdout, opts.statements)
-	return nil
+	return r.verdictError()
 }
 
 // run starts what the workloads need, runs them, and removes everything it started.
@@ -236,7 +268,15 @@ func (b *bench) run(ctx context.Context, env *environment) (_ *benchReport, err 
 	b.dispatcherEnv["DATABASE_URL"] = b.db.url
 	b.dispatcherEnv["WEBHOOK_SECRET"] = b.secret
 
-	if b.consumer, err = startConsumer(ctx, b.exe, b.secret); err != nil {
+	if b.opts.runs("fanout") {
+		b.endpointSecrets = make([]string, b.opts.fanoutEndpoints)
+		for i := range b.endpointSecrets {
+			if b.endpointSecrets[i], err = endpoints.GenerateSecret(endpoints.SchemeFluxora); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if b.consumer, err = startConsumer(ctx, b.exe, b.secret, b.endpointSecrets); err != nil {
 		return nil, err
 	}
 	defer b.consumer.close()
@@ -262,6 +302,8 @@ func (b *bench) run(ctx context.Context, env *environment) (_ *benchReport, err 
 			rep.Steady, err = b.steady(ctx)
 		case "producers":
 			rep.Producers, err = b.producers(ctx)
+		case "fanout":
+			rep.Fanout, err = b.fanout(ctx)
 		case "backlog":
 			rep.Backlog, err = b.backlog(ctx)
 		}
@@ -269,7 +311,7 @@ func (b *bench) run(ctx context.Context, env *environment) (_ *benchReport, err 
 			return nil, fmt.Errorf("%s: %w", w, err)
 		}
 	}
-	rep.check()
+	rep.judge(b.opts.noBudget)
 	return rep, nil
 }
 

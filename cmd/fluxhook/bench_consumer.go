@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,13 +31,36 @@ const benchConsumerMode = "internal-consumer"
 // where ps would show it).
 const benchSecretEnv = "FLUXHOOK_BENCH_SECRET"
 
-// arrivalRecordSize is the wire size of one arrival: 16 bytes of delivery id, 8 of time.
-const arrivalRecordSize = 24
+// benchEndpointSecretsEnv passes the fanout workload's endpoints' secrets to the consumer
+// child, comma-separated: the i-th (from 0) verifies the requests to /ep/<i>, and nothing else
+// does, so that a delivery signed with another endpoint's secret (or sent to another
+// endpoint's path) is rejected, not counted.
+const benchEndpointSecretsEnv = "FLUXHOOK_BENCH_ENDPOINT_SECRETS"
+
+// maxFanoutEndpoints bounds --fanout-endpoints (the consumer's paths).
+const maxFanoutEndpoints = 1000
+
+// arrivalRecordSize is the wire size of one arrival: 16 bytes of delivery id, 8 of time, 2 of
+// the path it arrived on.
+const arrivalRecordSize = 26
 
 // arrival is one verified request at the consumer.
 type arrivalRecord struct {
 	id [16]byte
 	ns int64 // wall clock, Unix nanoseconds, taken when the request arrived
+	// ep is the path: 0 for /hook (WEBHOOK_URL), i+1 for the fanout endpoint /ep/<i>. A
+	// managed endpoint's delivery carries its event's delivery id, shared by every endpoint
+	// the event went to: (id, ep) is one delivery.
+	ep uint16
+}
+
+// key is what one delivery is told apart by.
+func (a arrivalRecord) key() arrivalKey { return arrivalKey{a.id, a.ep} }
+
+// arrivalKey is one (event, path) delivery.
+type arrivalKey struct {
+	id [16]byte
+	ep uint16
 }
 
 // arrivalLog is the consumer's record of verified deliveries and rejections.
@@ -48,7 +72,7 @@ type arrivalLog struct {
 	badID    int
 }
 
-func (l *arrivalLog) add(d receiver.Delivery) {
+func (l *arrivalLog) add(d receiver.Delivery, ep uint16) {
 	id, ok := parseUUID(d.ID)
 	ns := d.ReceivedAt.UnixNano()
 	l.mu.Lock()
@@ -57,7 +81,7 @@ func (l *arrivalLog) add(d receiver.Delivery) {
 		l.badID++
 		return
 	}
-	l.arrivals = append(l.arrivals, arrivalRecord{id: id, ns: ns})
+	l.arrivals = append(l.arrivals, arrivalRecord{id: id, ns: ns, ep: ep})
 	l.lastNS = max(l.lastNS, ns)
 }
 
@@ -96,7 +120,8 @@ func (l *arrivalLog) writeArrivals(w io.Writer, from int) error {
 	var buf [arrivalRecordSize]byte
 	for _, r := range recs {
 		copy(buf[:16], r.id[:])
-		binary.LittleEndian.PutUint64(buf[16:], uint64(r.ns))
+		binary.LittleEndian.PutUint64(buf[16:24], uint64(r.ns))
+		binary.LittleEndian.PutUint16(buf[24:26], r.ep)
 		if _, err := bw.Write(buf[:]); err != nil {
 			return err
 		}
@@ -105,8 +130,10 @@ func (l *arrivalLog) writeArrivals(w io.Writer, from int) error {
 }
 
 // runBenchConsumer serves the verifying receiver on 127.0.0.1 and the bench's control
-// endpoints. It prints "listening ADDR" on stdout once it accepts requests, and exits when its
-// standard input closes (the bench went away, however it ended) or on SIGINT/SIGTERM.
+// endpoints: POST /hook verified with the bench's WEBHOOK_SECRET, and POST /ep/<i> with the
+// i-th secret of FLUXHOOK_BENCH_ENDPOINT_SECRETS, each path its own receiver. It prints
+// "listening ADDR" on stdout once it accepts requests, and exits when its standard input
+// closes (the bench went away, however it ended) or on SIGINT/SIGTERM.
 func runBenchConsumer(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("bench "+benchConsumerMode, env, "fluxhook bench "+benchConsumerMode)
 	if err := noArguments(fs, args); err != nil {
@@ -116,31 +143,20 @@ func runBenchConsumer(ctx context.Context, env *environment, args []string) erro
 	if secret == "" {
 		return usageError("%s is not set", benchSecretEnv)
 	}
-	log := &arrivalLog{}
-	recv := &receiver.Receiver{
-		Secrets: []string{secret},
-		// The bench counts duplicates itself; remembering ids would answer a redelivery 409,
-		// which the dispatcher dead-letters, hiding the duplicate.
-		DedupSize:  1,
-		Status:     http.StatusNoContent,
-		OnDelivery: log.add,
-		OnReject:   func(receiver.Rejection) { log.reject() },
+	var epSecrets []string
+	if raw := env.getenv(benchEndpointSecretsEnv); raw != "" {
+		epSecrets = strings.Split(raw, ",")
+		if len(epSecrets) > maxFanoutEndpoints {
+			return usageError("%s: %d secrets, at most %d", benchEndpointSecretsEnv, len(epSecrets), maxFanoutEndpoints)
+		}
+		for i, s := range epSecrets {
+			if s == "" {
+				return usageError("%s: secret %d is empty", benchEndpointSecretsEnv, i)
+			}
+		}
 	}
-	mux := http.NewServeMux()
-	mux.Handle("POST /hook", recv)
-	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(log.stats())
-	})
-	mux.HandleFunc("GET /arrivals", func(w http.ResponseWriter, r *http.Request) {
-		from, _ := strconv.Atoi(r.URL.Query().Get("from"))
-		w.Header().Set("Content-Type", "application/octet-stream")
-		_ = log.writeArrivals(w, max(from, 0))
-	})
-	mux.HandleFunc("POST /reset", func(w http.ResponseWriter, r *http.Request) {
-		log.reset()
-		w.WriteHeader(http.StatusNoContent)
-	})
+	log := &arrivalLog{}
+	mux := benchConsumerMux(secret, epSecrets, log)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -168,6 +184,45 @@ func runBenchConsumer(ctx context.Context, env *environment, args []string) erro
 	}
 	return nil
 }
+
+// benchConsumerMux is the consumer's handler: POST /hook verified with secret, POST /ep/<i>
+// with epSecrets[i] (each path its own receiver, so a request signed with another endpoint's
+// secret is rejected), and the control endpoints GET /stats, GET /arrivals, POST /reset.
+func benchConsumerMux(secret string, epSecrets []string, log *arrivalLog) *http.ServeMux {
+	verifying := func(secret string, ep uint16) *receiver.Receiver {
+		return &receiver.Receiver{
+			Secrets: []string{secret},
+			// The bench counts duplicates itself; remembering ids would answer a redelivery
+			// 409, which the dispatcher dead-letters, hiding the duplicate.
+			DedupSize:  1,
+			Status:     http.StatusNoContent,
+			OnDelivery: func(d receiver.Delivery) { log.add(d, ep) },
+			OnReject:   func(receiver.Rejection) { log.reject() },
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /hook", verifying(secret, 0))
+	for i, s := range epSecrets {
+		mux.Handle("POST "+fanoutPath(i), verifying(s, uint16(i+1)))
+	}
+	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(log.stats())
+	})
+	mux.HandleFunc("GET /arrivals", func(w http.ResponseWriter, r *http.Request) {
+		from, _ := strconv.Atoi(r.URL.Query().Get("from"))
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_ = log.writeArrivals(w, max(from, 0))
+	})
+	mux.HandleFunc("POST /reset", func(w http.ResponseWriter, r *http.Request) {
+		log.reset()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	return mux
+}
+
+// fanoutPath is the consumer's path for the i-th (from 0) fanout endpoint.
+func fanoutPath(i int) string { return "/ep/" + strconv.Itoa(i) }
 
 // parseUUID parses the canonical 36-character text form.
 func parseUUID(s string) ([16]byte, bool) {

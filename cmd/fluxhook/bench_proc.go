@@ -93,7 +93,9 @@ type consumerProc struct {
 	client *http.Client
 }
 
-func startConsumer(ctx context.Context, exe, secret string) (*consumerProc, error) {
+// startConsumer starts the consumer child: /hook verified with secret, and /ep/<i> with
+// endpointSecrets[i] (the fanout workload's endpoints).
+func startConsumer(ctx context.Context, exe, secret string, endpointSecrets []string) (*consumerProc, error) {
 	stdinR, stdinW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -105,6 +107,9 @@ func startConsumer(ctx context.Context, exe, secret string) (*consumerProc, erro
 		return nil, err
 	}
 	env := append(childBaseEnv(), benchSecretEnv+"="+secret)
+	if len(endpointSecrets) > 0 {
+		env = append(env, benchEndpointSecretsEnv+"="+strings.Join(endpointSecrets, ","))
+	}
 	p, err := startChild("consumer", exe, []string{"bench", benchConsumerMode}, env, stdinR, stdoutW)
 	stdinR.Close()
 	stdoutW.Close()
@@ -144,6 +149,9 @@ func startConsumer(ctx context.Context, exe, secret string) (*consumerProc, erro
 
 // hookURL is the URL the dispatcher delivers to.
 func (c *consumerProc) hookURL() string { return c.base + "/hook" }
+
+// endpointURL is the URL of the i-th fanout endpoint (from 0).
+func (c *consumerProc) endpointURL(i int) string { return c.base + fanoutPath(i) }
 
 // close ends the consumer: closing its stdin asks it to exit.
 func (c *consumerProc) close() {
@@ -211,6 +219,7 @@ func (c *consumerProc) arrivals(ctx context.Context) ([]arrivalRecord, error) {
 		rec := body[i*arrivalRecordSize:]
 		copy(out[i].id[:], rec[:16])
 		out[i].ns = int64(binary.LittleEndian.Uint64(rec[16:24]))
+		out[i].ep = binary.LittleEndian.Uint16(rec[24:26])
 	}
 	return out, nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -11,21 +12,29 @@ import (
 
 // benchReport is everything `fluxhook bench` measured; --json prints it as is.
 type benchReport struct {
-	Machine     machineInfo      `json:"machine"`
-	Postgres    pgServerInfo     `json:"postgres"`
-	Redis       string           `json:"redis"`
-	Dispatcher  string           `json:"dispatcher"`
-	Config      []string         `json:"config_from_environment,omitempty"`
-	Started     time.Time        `json:"started"`
-	Workloads   []string         `json:"workloads"`
-	Drain       *drainResult     `json:"drain,omitempty"`
-	Idle        *latencyResult   `json:"idle,omitempty"`
-	Steady      *latencyResult   `json:"steady,omitempty"`
-	Producers   *producersResult `json:"producers,omitempty"`
-	Backlog     *backlogResult   `json:"backlog,omitempty"`
-	Budget      []budgetCheck    `json:"budget"`
-	BudgetMet   bool             `json:"budget_met"`
-	idleSpacing time.Duration
+	Machine    machineInfo      `json:"machine"`
+	Postgres   pgServerInfo     `json:"postgres"`
+	Redis      string           `json:"redis"`
+	Dispatcher string           `json:"dispatcher"`
+	Config     []string         `json:"config_from_environment,omitempty"`
+	Started    time.Time        `json:"started"`
+	Workloads  []string         `json:"workloads"`
+	Drain      *drainResult     `json:"drain,omitempty"`
+	Idle       *latencyResult   `json:"idle,omitempty"`
+	Steady     *latencyResult   `json:"steady,omitempty"`
+	Producers  *producersResult `json:"producers,omitempty"`
+	Backlog    *backlogResult   `json:"backlog,omitempty"`
+	Fanout     *fanoutResult    `json:"fanout,omitempty"`
+	// Budget is every check, met or not, computed or not (empty with --no-budget).
+	Budget []budgetCheck `json:"budget"`
+	// BudgetMet is Verdict == "met": every check computed and met.
+	BudgetMet bool `json:"budget_met"`
+	// Verdict is "met", "failed" (a check missed or not computed: the command exits 1) or
+	// "not_checked" (--no-budget).
+	Verdict           string `json:"verdict"`
+	ChecksMissed      int    `json:"checks_missed"`
+	ChecksNotComputed int    `json:"checks_not_computed"`
+	idleSpacing       time.Duration
 }
 
 // costReport is what a workload cost the dispatcher and the services, per delivered event.
@@ -45,6 +54,9 @@ type costReport struct {
 	RedisCommandsPerEvent float64   `json:"redis_commands_per_event"` // 0 without REDIS_URL
 	RedisServer           bool      `json:"redis_counted"`
 	PeakRSSMB             float64   `json:"dispatcher_peak_rss_mb"`
+	// MetricsError says why the per-batch counters below are missing: /metrics could not be
+	// read, or the dispatcher claimed nothing.
+	MetricsError string `json:"metrics_error,omitempty"`
 	// From the dispatcher's /metrics: claim statements (empty ones included), claims that
 	// returned rows (batches), settle statements.
 	Claims                float64  `json:"claims"`
@@ -241,12 +253,50 @@ type producersResult struct {
 
 // budgetCheck is one line of DESIGN.md's performance budget against what was measured.
 type budgetCheck struct {
-	Workload string  `json:"workload"`
-	What     string  `json:"what"`
-	Value    float64 `json:"value"`
-	Unit     string  `json:"unit"`
-	Budget   string  `json:"budget"`
-	OK       bool    `json:"ok"`
+	Workload string `json:"workload"`
+	What     string `json:"what"`
+	// Value is what was measured; null when nothing could be.
+	Value  *float64 `json:"value"`
+	Unit   string   `json:"unit"`
+	Budget string   `json:"budget"`
+	// Status is checkMet, checkMissed or checkNotComputed; the last two fail the budget.
+	Status string `json:"status"`
+	// Reason says why a check could not be computed (no pg_stat_statements, too few
+	// slices, nothing claimed, ...).
+	Reason string `json:"reason,omitempty"`
+	// OK is Status == checkMet.
+	OK bool `json:"ok"`
+}
+
+// The statuses of a budget check. A check that could not be computed fails like a missed one:
+// a budget that silently shrinks to the checks that happened to be measurable would read "all
+// met" on exactly the runs that measured least.
+const (
+	checkMet         = "met"
+	checkMissed      = "missed"
+	checkNotComputed = "not_computed"
+)
+
+// The verdicts of a whole run (benchReport.Verdict).
+const (
+	verdictMet        = "met"
+	verdictFailed     = "failed"
+	verdictNotChecked = "not_checked" // --no-budget
+)
+
+// errBudgetFailed is the command's result when a check was missed or not computed: `fluxhook
+// bench` exits 1 after printing the whole report.
+var errBudgetFailed = errors.New("performance budget not met")
+
+// failed reports whether the check fails the budget.
+func (c budgetCheck) failed() bool { return c.Status != checkMet }
+
+// valueText is the measured value with its unit, or "n/a".
+func (c budgetCheck) valueText() string {
+	if c.Value == nil {
+		return "n/a"
+	}
+	return strings.TrimSpace(trimFloat(*c.Value) + " " + c.Unit)
 }
 
 func newBenchReport(b *bench) *benchReport {
@@ -269,36 +319,85 @@ func newBenchReport(b *bench) *benchReport {
 	return r
 }
 
-// check compares the results with the budget (DESIGN.md, "Performance budget"; issue 4).
+// judge sets the report's verdict: from the budget's checks, or "not_checked" with
+// --no-budget (no check is listed: the run only measured).
+func (r *benchReport) judge(noBudget bool) {
+	if noBudget {
+		r.Budget, r.BudgetMet, r.Verdict = []budgetCheck{}, false, verdictNotChecked
+		r.ChecksMissed, r.ChecksNotComputed = 0, 0
+		return
+	}
+	r.check()
+}
+
+// check compares the results with the budget (DESIGN.md, "Performance budget"; issue 4). Every
+// check the workloads that ran call for is listed: met, missed, or not computed with the
+// reason (which fails it too).
 func (r *benchReport) check() {
+	r.Budget = nil
 	add := func(workload, what string, value float64, unit, budget string, ok bool) {
-		r.Budget = append(r.Budget, budgetCheck{workload, what, value, unit, budget, ok})
+		status := checkMissed
+		if ok {
+			status = checkMet
+		}
+		r.Budget = append(r.Budget, budgetCheck{Workload: workload, What: what, Value: &value, Unit: unit, Budget: budget, Status: status, OK: ok})
+	}
+	// notComputed lists a check that could not be computed; value, when not nil, is what was
+	// measured all the same (shown, not judged).
+	notComputed := func(workload, what string, value *float64, unit, budget, reason string) {
+		r.Budget = append(r.Budget, budgetCheck{Workload: workload, What: what, Value: value, Unit: unit, Budget: budget, Status: checkNotComputed, Reason: reason})
 	}
 	perBatch := func(workload string, c *costReport) {
+		const claims, settles = "claim statements per claimed batch", "settle transactions per claimed batch"
 		if c == nil || c.ClaimedBatches == 0 {
+			reason := "no cost report"
+			if c != nil {
+				reason = c.MetricsError
+				if reason == "" {
+					reason = "the dispatcher claimed nothing"
+				}
+			}
+			notComputed(workload, claims, nil, "", "1", reason)
+			notComputed(workload, settles, nil, "", "1", reason)
 			return
 		}
-		add(workload, "claim statements per claimed batch", c.ClaimsPerBatch, "", "1", c.ClaimsPerBatch <= 1.05)
-		add(workload, "settle transactions per claimed batch", c.SettlesPerBatch, "", "1", c.SettlesPerBatch <= 1.05)
+		add(workload, claims, c.ClaimsPerBatch, "", "1", c.ClaimsPerBatch <= 1.05)
+		add(workload, settles, c.SettlesPerBatch, "", "1", c.SettlesPerBatch <= 1.05)
 		if c.RedisServer {
 			add(workload, "Redis round trips per claimed batch (gate decide)", c.RedisRoundTripsPerBatch, "", "≤ 1", c.RedisRoundTripsPerBatch <= 1.05)
+			const record = "Redis round trips per settle transaction (gate record)"
 			if c.Settles > 0 {
-				add(workload, "Redis round trips per settle transaction (gate record)", c.RedisRoundTripsPerSettle, "", "≤ 1", c.RedisRoundTripsPerSettle <= 1.05)
+				add(workload, record, c.RedisRoundTripsPerSettle, "", "≤ 1", c.RedisRoundTripsPerSettle <= 1.05)
+			} else {
+				notComputed(workload, record, nil, "", "≤ 1", "no settle transaction")
 			}
 		}
 	}
+	// latency checks a percentile of p, or says that nothing arrived to measure.
+	latency := func(workload, what string, p percentiles, v float64, budget string, limit float64) {
+		if p.N == 0 {
+			notComputed(workload, what, nil, "ms", budget, "no event arrived")
+			return
+		}
+		add(workload, what, v, "ms", budget, v <= limit)
+	}
 	if d := r.Drain; d != nil {
-		add("drain", fmt.Sprintf("%d-event backlog drained", d.Events), d.EventsPerSecond, "events/s", "≥ 10,000", d.EventsPerSecond >= 10000)
+		what := fmt.Sprintf("%d-event backlog drained", d.Events)
+		if d.Received == 0 || d.Seconds <= 0 {
+			notComputed("drain", what, nil, "events/s", "≥ 10,000", "no event arrived")
+		} else {
+			add("drain", what, d.EventsPerSecond, "events/s", "≥ 10,000", d.EventsPerSecond >= 10000)
+		}
 		add("drain", "lost", float64(d.Lost), "", "0", d.Lost == 0 && d.Rejected == 0)
 		perBatch("drain", d.Cost)
 	}
 	if i := r.Idle; i != nil {
-		add("idle", "insert start → arrival p50", i.FromStart.P50, "ms", "≤ 2", i.FromStart.P50 <= 2)
-		add("idle", "insert start → arrival p99", i.FromStart.P99, "ms", "≤ 5", i.FromStart.P99 <= 5)
+		latency("idle", "insert start → arrival p50", i.FromStart, i.FromStart.P50, "≤ 2", 2)
+		latency("idle", "insert start → arrival p99", i.FromStart, i.FromStart.P99, "≤ 5", 5)
 		add("idle", "lost", float64(i.Lost), "", "0", i.Lost == 0 && i.Rejected == 0)
 	}
 	if s := r.Steady; s != nil {
-		add("steady", fmt.Sprintf("%.0f/s, scheduled start → arrival p99", s.RatePerSecond), s.FromScheduled.P99, "ms", "≤ 10", s.FromScheduled.P99 <= 10)
+		latency("steady", fmt.Sprintf("%.0f/s, scheduled start → arrival p99", s.RatePerSecond), s.FromScheduled, s.FromScheduled.P99, "≤ 10", 10)
 		limit := max(1, int(s.RatePerSecond/50)) // 20 ms of production
 		add("steady", "backlog when production ended", float64(s.BacklogAtEnd), "events", fmt.Sprintf("≤ %d (no growth)", limit), s.BacklogAtEnd <= limit)
 		add("steady", "lost", float64(s.Lost), "", "0", s.Lost == 0 && s.Rejected == 0)
@@ -307,41 +406,138 @@ func (r *benchReport) check() {
 	if p := r.Producers; p != nil {
 		for _, c := range p.Comparisons {
 			cost, _, measured := c.budgetCost()
-			if c.NullControl {
-				// Not a measurement of the trigger: a null control never meets the budget.
-				add("producers", fmt.Sprintf("null control, %d producers (no trigger on either side)", c.Connections), cost, "%", "not a measurement", false)
-				continue
-			}
-			if p.Mode != "" && p.Mode != "prepared" {
+			what := fmt.Sprintf("trigger's cost to %d producers", c.Connections)
+			switch {
+			case c.NullControl:
+				// Not a measurement of the trigger: a null control is never judged.
+				notComputed("producers", fmt.Sprintf("null control, %d producers (no trigger on either side)", c.Connections), &cost, "%", "≤ 10",
+					"a null control (--producer-null) is not a measurement of the trigger")
+			case !measured:
+				notComputed("producers", what, nil, "%", "≤ 10", "no segment to compare (the producers committed nothing)")
+			case p.Mode != "" && p.Mode != "prepared":
 				// The budget is judged where the trigger's share is largest, on prepared
 				// inserts: an insert planned on every execution costs more itself, so the
 				// same trigger reads cheaper. Such a run is reported, never met.
-				add("producers", fmt.Sprintf("trigger's cost to %d producers", c.Connections), cost, "%", "≤ 10 with prepared inserts (this run: "+p.Mode+")", false)
-				continue
+				notComputed("producers", what, &cost, "%", "≤ 10", "judged on prepared inserts; this run's producers used "+p.Mode)
+			default:
+				add("producers", what, cost, "%", "≤ 10", cost <= 10)
 			}
-			add("producers", fmt.Sprintf("trigger's cost to %d producers", c.Connections), cost, "%", "≤ 10", measured && cost <= 10)
 		}
 	}
+	if f := r.Fanout; f != nil {
+		f.check(add, notComputed, latency)
+	}
 	if b := r.Backlog; b != nil {
-		add("backlog", fmt.Sprintf("%d-event backlog drained", b.Events), b.EventsPerSecond, "events/s", "≥ 10,000", b.EventsPerSecond >= 10000)
-		if b.Cost != nil {
-			add("backlog", "dispatcher peak RSS", b.Cost.PeakRSSMB, "MB", "≤ 100", b.Cost.PeakRSSMB <= 100)
+		what := fmt.Sprintf("%d-event backlog drained", b.Events)
+		if b.Received == 0 || b.Seconds <= 0 {
+			notComputed("backlog", what, nil, "events/s", "≥ 10,000", "no event arrived")
+		} else {
+			add("backlog", what, b.EventsPerSecond, "events/s", "≥ 10,000", b.EventsPerSecond >= 10000)
+		}
+		const rss = "dispatcher peak RSS"
+		switch {
+		case b.Cost == nil:
+			notComputed("backlog", rss, nil, "MB", "≤ 100", "no cost report")
+		case b.Cost.PeakRSSMB <= 0:
+			notComputed("backlog", rss, nil, "MB", "≤ 100", "the dispatcher's peak RSS could not be read (/proc/PID/status VmHWM)")
+		default:
+			add("backlog", rss, b.Cost.PeakRSSMB, "MB", "≤ 100", b.Cost.PeakRSSMB <= 100)
 		}
 		// Flat is judged on the trend, not on the spread: a slice that ran while the machine
 		// was busy elsewhere is noise, a claim that grows with the backlog is a trend.
+		const throughput, claimTime = "throughput trend, last slice / first", "claim time trend, last slice / first"
 		if tr := b.ThroughputTrend; tr != nil {
-			add("backlog", "throughput trend, last slice / first", *tr, "", "0.8–1.25 (flat)", *tr >= 0.8 && *tr <= 1.25)
+			add("backlog", throughput, *tr, "", "0.8–1.25 (flat)", *tr >= 0.8 && *tr <= 1.25)
+		} else {
+			notComputed("backlog", throughput, nil, "", "0.8–1.25 (flat)", b.trendMissing(false, r.Postgres))
 		}
 		if tr := b.ClaimTimeTrend; tr != nil {
-			add("backlog", "claim time trend, last slice / first", *tr, "", "0.8–1.25 (flat)", *tr >= 0.8 && *tr <= 1.25)
+			add("backlog", claimTime, *tr, "", "0.8–1.25 (flat)", *tr >= 0.8 && *tr <= 1.25)
+		} else {
+			notComputed("backlog", claimTime, nil, "", "0.8–1.25 (flat)", b.trendMissing(true, r.Postgres))
 		}
 		add("backlog", "lost", float64(b.Lost), "", "0", b.Lost == 0 && b.Rejected == 0)
 		perBatch("backlog", b.Cost)
 	}
-	r.BudgetMet = true
-	for _, c := range r.Budget {
-		r.BudgetMet = r.BudgetMet && c.OK
+	r.tally()
+}
+
+// tally sets the verdict and its counts from r.Budget.
+func (r *benchReport) tally() {
+	r.ChecksMissed, r.ChecksNotComputed = 0, 0
+	for i := range r.Budget {
+		c := &r.Budget[i]
+		c.OK = c.Status == checkMet
+		switch c.Status {
+		case checkMet:
+		case checkNotComputed:
+			r.ChecksNotComputed++
+		default:
+			r.ChecksMissed++
+		}
 	}
+	r.BudgetMet = r.ChecksMissed == 0 && r.ChecksNotComputed == 0
+	r.Verdict = verdictFailed
+	if r.BudgetMet {
+		r.Verdict = verdictMet
+	}
+}
+
+// verdictError is nil when the budget was met or not checked (--no-budget), else an error
+// wrapping errBudgetFailed that names the failed checks: the command's exit status is 1.
+func (r *benchReport) verdictError() error {
+	if r.Verdict != verdictFailed {
+		return nil
+	}
+	var failed []string
+	for _, c := range r.Budget {
+		switch c.Status {
+		case checkMet:
+		case checkNotComputed:
+			failed = append(failed, fmt.Sprintf("%s: %s (not computed: %s)", c.Workload, c.What, c.Reason))
+		default:
+			failed = append(failed, fmt.Sprintf("%s: %s = %s (budget %s)", c.Workload, c.What, c.valueText(), c.Budget))
+		}
+	}
+	return fmt.Errorf("%w: %s: %s", errBudgetFailed, r.failedSummary(), strings.Join(failed, "; "))
+}
+
+// failedSummary is "2 of 14 checks failed (1 missed, 1 not computed)".
+func (r *benchReport) failedSummary() string {
+	var parts []string
+	if r.ChecksMissed > 0 {
+		parts = append(parts, fmt.Sprintf("%d missed", r.ChecksMissed))
+	}
+	if r.ChecksNotComputed > 0 {
+		parts = append(parts, fmt.Sprintf("%d not computed", r.ChecksNotComputed))
+	}
+	return fmt.Sprintf("%d of %d checks failed (%s)", r.ChecksMissed+r.ChecksNotComputed, len(r.Budget), strings.Join(parts, ", "))
+}
+
+// statementStatsMissing says why pg_stat_statements is not there, from the report's
+// "pg_stat_database only (<why>)".
+func statementStatsMissing(stats string) string {
+	if why, ok := strings.CutPrefix(stats, "pg_stat_database only ("); ok {
+		return strings.TrimSuffix(why, ")")
+	}
+	if stats == "" {
+		return "pg_stat_statements is not available"
+	}
+	return stats
+}
+
+// trendMissing says why a backlog trend could not be computed.
+func (b *backlogResult) trendMissing(claimTime bool, pg pgServerInfo) string {
+	if claimTime && pg.StatementStats != "pg_stat_statements" {
+		return "no claim times without pg_stat_statements: " + statementStatsMissing(pg.StatementStats)
+	}
+	if len(b.Slices) < 3 {
+		return fmt.Sprintf("%d slice(s) of the backlog; a trend needs at least three (--backlog-events / --backlog-slice)", len(b.Slices))
+	}
+	if claimTime {
+		return "a slice without a claim time (pg_stat_statements was not sampled at its end)"
+	}
+	return "a slice without a throughput"
 }
 
 func sliceSpread(s []backlogSlice) (lo, hi float64, ok bool) {
@@ -380,6 +576,15 @@ func sliceTrend(s []backlogSlice, v func(backlogSlice) float64) (float64, bool) 
 		return 0, false
 	}
 	return last / first, true
+}
+
+// batchMark marks a per-batch figure against the budget's 1, or with a dash where that
+// budget does not apply.
+func batchMark(v float64, unmarked bool) string {
+	if unmarked {
+		return "-"
+	}
+	return mark(v <= 1.05)
 }
 
 func mark(ok bool) string {
@@ -435,6 +640,7 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 	fmt.Fprintf(w, "Redis: %s\ndispatcher: %s; consumer: verifying receiver in its own process\n\n", r.Redis, r.Dispatcher)
 
 	budget := map[string]budgetCheck{}
+	shown := map[string]bool{}
 	for _, c := range r.Budget {
 		budget[c.Workload+"|"+c.What] = c
 	}
@@ -443,11 +649,19 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		if !ok {
 			return ""
 		}
-		unit := c.Unit
-		if unit == "events/s" || unit == "events" {
-			unit = ""
+		shown[workload+"|"+what] = true
+		return c.cell()
+	}
+	// rest prints a row for each of the workload's checks that no row above showed (the
+	// per-batch ones, and any that could not be computed where the row needs the value).
+	rest := func(tw io.Writer, workload string) {
+		for _, c := range r.Budget {
+			if c.Workload != workload || shown[workload+"|"+c.What] {
+				continue
+			}
+			shown[workload+"|"+c.What] = true
+			fmt.Fprintf(tw, "\t  %s\t%s\t%s\n", c.What, c.valueText(), c.cell())
 		}
-		return strings.TrimSpace(c.Budget+" "+unit) + "  " + mark(c.OK)
 	}
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -457,12 +671,14 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 			num(float64(d.Events), 0), num(d.EventsPerSecond, 0), d.Seconds, verdict("drain", fmt.Sprintf("%d-event backlog drained", d.Events)))
 		fmt.Fprintf(tw, "\t  start → first arrival; rate after it\t%.0f ms; %s events/s\t\n", d.StartupMS, num(d.SteadyEventsPerSecond, 0))
 		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", d.Lost, d.Duplicates, d.Rejected, verdict("drain", "lost"))
+		rest(tw, "drain")
 	}
 	if i := r.Idle; i != nil {
 		fmt.Fprintf(tw, "idle\t%d events %s apart, insert start → arrival p50\t%s ms\t%s\n", i.Events, r.idleSpacing, ms(i.FromStart.P50), verdict("idle", "insert start → arrival p50"))
 		fmt.Fprintf(tw, "\t  p90, p99, max\t%s, %s, %s ms\t%s\n", ms(i.FromStart.P90), ms(i.FromStart.P99), ms(i.FromStart.Max), verdict("idle", "insert start → arrival p99"))
 		fmt.Fprintf(tw, "\t  commit → arrival p50, p99; insert start → commit p50, p99\t%s, %s; %s, %s ms\t\n", ms(i.FromCommit.P50), ms(i.FromCommit.P99), ms(i.Insert.P50), ms(i.Insert.P99))
 		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", i.Lost, i.Duplicates, i.Rejected, verdict("idle", "lost"))
+		rest(tw, "idle")
 	}
 	if s := r.Steady; s != nil {
 		fmt.Fprintf(tw, "steady\t%s/s for %.0f s from %d connections, scheduled start → arrival p50, p90\t%s, %s ms\t\n",
@@ -473,6 +689,7 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		fmt.Fprintf(tw, "\t  insert start → commit p50, p99; start behind schedule p99\t%s, %s; %s ms\t\n", ms(s.Insert.P50), ms(s.Insert.P99), ms(s.Lateness.P99))
 		fmt.Fprintf(tw, "\t  backlog when production ended (most during the run)\t%d (%d)\t%s\n", s.BacklogAtEnd, s.BacklogMax, verdict("steady", "backlog when production ended"))
 		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", s.Lost, s.Duplicates, s.Rejected, verdict("steady", "lost"))
+		rest(tw, "steady")
 	}
 	if p := r.Producers; p != nil {
 		busy, notifies := true, 0.0
@@ -505,6 +722,11 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 			fmt.Fprintf(tw, "\t  (the dispatcher ran out of backlog in some runs: they compare less than the busy case)\t\t\n")
 		}
 		fmt.Fprintf(tw, "\t  NOTIFYs the busy dispatcher received in the segments with the trigger\t%s\t\n", num(notifies, 0))
+		rest(tw, "producers")
+	}
+	if f := r.Fanout; f != nil {
+		f.writeRows(tw, r.idleSpacing, verdict)
+		rest(tw, "fanout")
 	}
 	if b := r.Backlog; b != nil {
 		fmt.Fprintf(tw, "backlog\t%s events prefilled with COPY, then the dispatcher started\t%s events/s (%.1f s)\t%s\n",
@@ -519,35 +741,48 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		if lo, hi, ok := sliceSpread(b.Slices); ok {
 			fmt.Fprintf(tw, "\t  slowest slice / fastest (the machine's noise and any trend)\t%.2f\t\n", lo/hi)
 		}
-		if tr := b.ThroughputTrend; tr != nil {
-			fmt.Fprintf(tw, "\t  throughput trend: fitted last slice / fitted first\t%.2f\t%s\n", *tr, verdict("backlog", "throughput trend, last slice / first"))
+		trend := func(tr *float64) string {
+			if tr == nil {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.2f", *tr)
 		}
-		if tr := b.ClaimTimeTrend; tr != nil {
-			fmt.Fprintf(tw, "\t  claim time trend: fitted last slice / fitted first\t%.2f\t%s\n", *tr, verdict("backlog", "claim time trend, last slice / first"))
-		}
+		fmt.Fprintf(tw, "\t  throughput trend: fitted last slice / fitted first\t%s\t%s\n", trend(b.ThroughputTrend), verdict("backlog", "throughput trend, last slice / first"))
+		fmt.Fprintf(tw, "\t  claim time trend: fitted last slice / fitted first\t%s\t%s\n", trend(b.ClaimTimeTrend), verdict("backlog", "claim time trend, last slice / first"))
 		if b.Cost != nil {
 			fmt.Fprintf(tw, "\t  dispatcher peak RSS\t%.0f MB\t%s\n", b.Cost.PeakRSSMB, verdict("backlog", "dispatcher peak RSS"))
 		}
 		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", b.Lost, b.Duplicates, b.Rejected, verdict("backlog", "lost"))
+		rest(tw, "backlog")
 	}
 	tw.Flush()
 
 	type costRow struct {
 		name string
 		c    *costReport
+		// unmarked: the row's per-batch figures are not marked against the budget's "1 per
+		// batch", which is not fanout's: a batch of events becomes endpoints × as many
+		// deliveries, settled in several transactions.
+		unmarked bool
 	}
 	var rows []costRow
 	if r.Drain != nil {
-		rows = append(rows, costRow{"drain", r.Drain.Cost})
+		rows = append(rows, costRow{name: "drain", c: r.Drain.Cost})
 	}
 	if r.Idle != nil {
-		rows = append(rows, costRow{"idle", r.Idle.Cost})
+		rows = append(rows, costRow{name: "idle", c: r.Idle.Cost})
 	}
 	if r.Steady != nil {
-		rows = append(rows, costRow{"steady", r.Steady.Cost})
+		rows = append(rows, costRow{name: "steady", c: r.Steady.Cost})
+	}
+	if r.Fanout != nil {
+		rows = append(rows, costRow{"fanout*", r.Fanout.Cost, true})
+		if r.Fanout.Idle != nil {
+			rows = append(rows, costRow{"fanout idle*", r.Fanout.Idle.Cost, true})
+		}
 	}
 	if r.Backlog != nil {
-		rows = append(rows, costRow{"backlog", r.Backlog.Cost})
+		rows = append(rows, costRow{name: "backlog", c: r.Backlog.Cost})
 	}
 	if len(rows) > 0 {
 		fmt.Fprintln(w)
@@ -568,13 +803,17 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 			}
 			fmt.Fprintf(tw, "%s\t%.1f\t%s\t%.1f\t%s\t%.3f\t%.3f\t%.0f\t%.1f\t%.2f %s\t%.2f %s\t%.2f\t%.2f\t\n", row.name,
 				c.CPUMicrosPerEvent, pgCPU, c.ConsumerCPUMicrosPerEvent, stmts, c.PGCommitsPerEvent, c.RedisCommandsPerEvent, c.PeakRSSMB,
-				c.RowsPerBatch, c.ClaimsPerBatch, mark(c.ClaimsPerBatch <= 1.05), c.SettlesPerBatch, mark(c.SettlesPerBatch <= 1.05),
+				c.RowsPerBatch, c.ClaimsPerBatch, batchMark(c.ClaimsPerBatch, row.unmarked), c.SettlesPerBatch, batchMark(c.SettlesPerBatch, row.unmarked),
 				c.Released/float64(max(c.Events, 1)), c.CPU.Other)
 		}
 		tw.Flush()
 		fmt.Fprintln(w, "CPU from /proc in 10 ms ticks over the measured part; PostgreSQL counts over the dispatcher's life (start and stop included);")
 		fmt.Fprintln(w, "commits include the listener's one transaction per NOTIFY it receives; a batch is a claim that returned rows; other load is")
 		fmt.Fprintln(w, "CPU used meanwhile by programs that are not part of the bench (the budget assumes a quiet machine).")
+		if r.Fanout != nil {
+			fmt.Fprintln(w, "* fanout: per delivery, one (event, endpoint) pair; a batch is a claim (of events, or of deliveries released")
+			fmt.Fprintln(w, "  back), and a batch of events is settled in several transactions: the budget's 1 per batch is not checked there.")
+		}
 	}
 	if statements {
 		for _, row := range rows {
@@ -590,22 +829,47 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 			}
 		}
 	}
-	failed := 0
-	for _, c := range r.Budget {
-		if !c.OK {
-			failed++
-		}
-	}
 	fmt.Fprintln(w)
-	if failed == 0 {
+	r.writeVerdict(w)
+}
+
+// writeVerdict prints the budget's verdict: all met, or which checks were missed and which
+// could not be computed (and why); both fail the run.
+func (r *benchReport) writeVerdict(w io.Writer) {
+	switch r.Verdict {
+	case verdictNotChecked:
+		fmt.Fprintln(w, "budget: not checked (--no-budget)")
+		return
+	case verdictMet:
 		fmt.Fprintf(w, "budget: all %d checks met ✓\n", len(r.Budget))
 		return
 	}
-	fmt.Fprintf(w, "budget: %d of %d checks missed ✗\n", failed, len(r.Budget))
+	fmt.Fprintf(w, "budget: %s ✗\n", r.failedSummary())
 	for _, c := range r.Budget {
-		if !c.OK {
-			fmt.Fprintf(w, "  ✗ %s: %s = %s (budget %s)\n", c.Workload, c.What, strings.TrimSpace(trimFloat(c.Value)+" "+c.Unit), c.Budget)
+		switch c.Status {
+		case checkMet:
+		case checkNotComputed:
+			fmt.Fprintf(w, "  ✗ %s: %s: not computed: %s (budget %s)\n", c.Workload, c.What, c.Reason, c.Budget)
+		default:
+			fmt.Fprintf(w, "  ✗ %s: %s = %s (budget %s)\n", c.Workload, c.What, c.valueText(), c.Budget)
 		}
+	}
+}
+
+// cell is the check's BUDGET cell: the budget and ✓ or ✗, or "✗ not computed: why".
+func (c budgetCheck) cell() string {
+	unit := c.Unit
+	if unit == "events/s" || unit == "events" || unit == "deliveries/s" {
+		unit = ""
+	}
+	target := strings.TrimSpace(c.Budget + " " + unit)
+	switch c.Status {
+	case checkMet:
+		return target + "  ✓"
+	case checkNotComputed:
+		return target + "  ✗ not computed: " + c.Reason
+	default:
+		return target + "  ✗"
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -21,23 +22,35 @@ import (
 // TestBenchSmoke runs a tiny `fluxhook bench` against the test server, as a user would run it,
 // and checks the shape of its JSON and that nothing was lost or left behind. It never looks
 // at the times: those are the benchmark's business, not a test's.
+//
+// It runs with the budget on, so that the verdict travels end to end (JSON, stderr, exit
+// status), and expects it to fail: whatever the times on a loaded CI machine, the producers'
+// exec-mode inserts are never judged (the budget is on prepared inserts), so that check is
+// "not computed" and the run exits 1 with the whole report on stdout. --no-budget is
+// TestBenchNoBudgetSmoke's.
 func TestBenchSmoke(t *testing.T) {
 	t.Parallel()
 	bin := fluxhookBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "drain,idle,producers",
+	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "drain,idle,producers,fanout",
 		"--drain-events", "200", "--idle-events", "10", "--idle-interval", "10ms",
 		"--producer-connections", "2", "--producer-duration", "500ms", "--producer-reps", "1",
-		"--producer-mode", "exec", "--json", "--quiet")
+		"--producer-mode", "exec", "--fanout-endpoints", "3", "--fanout-events", "20", "--fanout-idle-events", "5",
+		"--json", "--quiet")
 	// Asynchronous commits: the test server writes to a real disk, and one commit waiting
 	// out a slow flush under the parallel suite once left a producer with no commit in a
 	// whole 300 ms segment. The plumbing checked here does not depend on durability.
 	cmd.Env = []string{"DATABASE_URL=" + sqltest.ServerURL(), "GORACE=atexit_sleep_ms=0", "PGOPTIONS=-c synchronous_commit=off"}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("fluxhook bench: %v\nstderr:\n%s", err, stderr.String())
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("fluxhook bench: %v, want exit status 1 (the budget not met: exec-mode producers are never judged)\nstderr:\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "performance budget not met") || !strings.Contains(stderr.String(), "producers: trigger's cost to 2 producers (not computed") {
+		t.Errorf("stderr does not say which checks failed:\n%s", stderr.String())
 	}
 
 	var rep map[string]any
@@ -91,9 +104,68 @@ func TestBenchSmoke(t *testing.T) {
 	if n := number("idle.latency_from_insert_start.n"); n != 10 {
 		t.Errorf("idle latencies measured for %v events, want 10", n)
 	}
-	if budget, ok := field("budget").([]any); !ok || len(budget) == 0 {
-		t.Errorf("budget = %v, want the budget checks", field("budget"))
+	// The verdict: every check listed with its status, failed ones counted, the exec-mode
+	// producers' check not computed and saying why.
+	if v := field("verdict"); v != verdictFailed {
+		t.Errorf("verdict = %v, want failed", v)
 	}
+	if met, _ := field("budget_met").(bool); met {
+		t.Error("budget_met is true with a check not computed")
+	}
+	budget, ok := field("budget").([]any)
+	if !ok || len(budget) == 0 {
+		t.Fatalf("budget = %v, want the budget checks", field("budget"))
+	}
+	counts := map[string]int{}
+	producersNotComputed := false
+	for _, raw := range budget {
+		c, _ := raw.(map[string]any)
+		status, _ := c["status"].(string)
+		counts[status]++
+		if status == checkNotComputed && (c["reason"] == nil || c["reason"] == "") {
+			t.Errorf("check %v is not computed without a reason", c)
+		}
+		if c["workload"] == "producers" && status == checkNotComputed {
+			producersNotComputed = true
+		}
+	}
+	if counts[checkMet]+counts[checkMissed]+counts[checkNotComputed] != len(budget) {
+		t.Errorf("check statuses %v: every check must be met, missed or not_computed", counts)
+	}
+	if number("checks_missed") != float64(counts[checkMissed]) || number("checks_not_computed") != float64(counts[checkNotComputed]) {
+		t.Errorf("checks_missed %v, checks_not_computed %v; the checks say %v", number("checks_missed"), number("checks_not_computed"), counts)
+	}
+	if !producersNotComputed {
+		t.Error("the exec-mode producers' check is not reported as not computed")
+	}
+
+	// Fan-out: 20 events to 3 endpoints, each (event, endpoint) delivered once and verified
+	// with that endpoint's secret; routed in as many statements as claims took events.
+	for path, want := range map[string]float64{
+		"fanout.endpoints": 3, "fanout.events": 20, "fanout.deliveries": 60, "fanout.received": 60,
+		"fanout.lost": 0, "fanout.duplicates": 0, "fanout.rejected": 0, "fanout.unexpected": 0,
+		"fanout.idle.deliveries": 15, "fanout.idle.latency_per_delivery_from_insert_start.n": 15,
+		"fanout.idle.lost": 0, "fanout.idle.duplicates": 0, "fanout.idle.rejected": 0, "fanout.idle.unexpected": 0,
+		"fanout.routing.events_routed": 20,
+	} {
+		if n := number(path); n != want {
+			t.Errorf("%s = %v, want %v", path, n, want)
+		}
+	}
+	for _, path := range []string{"fanout.deliveries_per_sec", "fanout.cost.dispatcher_cpu_us_per_event", "fanout.idle.latency_per_delivery_from_insert_start.p50_ms"} {
+		if n := number(path); n <= 0 {
+			t.Errorf("%s = %v, want a measurement", path, n)
+		}
+	}
+	batches := number("fanout.routing.claimed_batches_with_events")
+	if batches < 1 || batches > 20 || number("fanout.routing.routing_transactions") != batches {
+		t.Errorf("fanout routing: %v claimed batches with events, %v routing transactions; want the same, between 1 and 20",
+			batches, number("fanout.routing.routing_transactions"))
+	}
+	if routes, ok := field("fanout.routing.route_statements").(float64); ok && routes != batches {
+		t.Errorf("fanout: %v route statements for %v claimed batches with events, want one each", routes, batches)
+	}
+
 	// One round for 2 producers: a whole pair (both with the trigger, then both without) and,
 	// where the trigger is switched per session, a split pair (one producer with it and one
 	// without, then swapped), each side counted.
@@ -158,7 +230,7 @@ func TestBenchSmoke(t *testing.T) {
 		}
 	}
 	if _, ok := rep["steady"]; ok {
-		t.Errorf("steady ran although only drain and idle were asked for")
+		t.Errorf("steady ran although only drain, idle, producers and fanout were asked for")
 	}
 
 	// The bench database was created for the run and must be gone.
@@ -177,6 +249,42 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	if left != 0 {
 		t.Errorf("the bench database %s was not dropped", name)
+	}
+}
+
+// TestBenchNoBudgetSmoke: --no-budget only measures. However the run compares with the budget,
+// it exits 0 with a verdict of "not_checked" and no checks listed; here with one workload
+// whose budget no CI machine is asked to meet.
+func TestBenchNoBudgetSmoke(t *testing.T) {
+	t.Parallel()
+	bin := fluxhookBinary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "idle", "--idle-events", "3", "--idle-interval", "10ms",
+		"--no-budget", "--json", "--quiet")
+	cmd.Env = []string{"DATABASE_URL=" + sqltest.ServerURL(), "GORACE=atexit_sleep_ms=0"}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("fluxhook bench --no-budget: %v, want exit status 0\nstderr:\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Verdict   string            `json:"verdict"`
+		BudgetMet bool              `json:"budget_met"`
+		Budget    []json.RawMessage `json:"budget"`
+		Idle      *struct {
+			Lost   int `json:"lost"`
+			Events int `json:"events"`
+		} `json:"idle"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, stdout.String())
+	}
+	if rep.Verdict != verdictNotChecked || rep.BudgetMet || rep.Budget == nil || len(rep.Budget) != 0 {
+		t.Errorf("--no-budget: verdict %q, budget_met %v, budget %v; want not_checked, false, []", rep.Verdict, rep.BudgetMet, rep.Budget)
+	}
+	if rep.Idle == nil || rep.Idle.Events != 3 || rep.Idle.Lost != 0 {
+		t.Errorf("--no-budget: idle = %+v, want 3 events measured, none lost", rep.Idle)
 	}
 }
 
@@ -246,13 +354,14 @@ func TestBenchOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(o.workloads, ",") != "drain,idle,steady,producers" {
+	if strings.Join(o.workloads, ",") != "drain,idle,steady,producers,fanout" || o.noBudget || o.fanoutEndpoints != 10 {
 		t.Errorf("default workloads = %v", o.workloads)
 	}
 	if o.producerMode != "prepared" {
 		t.Errorf("default producer mode = %q, want prepared (pgx's default)", o.producerMode)
 	}
-	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"}} {
+	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"},
+		{"--fanout-endpoints", "0"}, {"--fanout-endpoints", "1001"}} {
 		_, err := parseBenchOptions(env, args)
 		if err == nil {
 			t.Errorf("parseBenchOptions(%q) accepted it", args)
@@ -306,10 +415,10 @@ func TestBenchGateRoundTrips(t *testing.T) {
 	const decide, record = "Redis round trips per claimed batch (gate decide)", "Redis round trips per settle transaction (gate record)"
 	// Many commands per batch (one EVALSHA per endpoint) but one round trip: within budget.
 	got := budget(&costReport{RedisServer: true, ClaimedBatches: 40, Settles: 20, RedisCommandsPerBatch: 3, RedisRoundTripsPerBatch: 41.0 / 40, RedisRoundTripsPerSettle: 22.0 / 20})
-	if b, ok := got[decide]; !ok || !b.OK || b.Value != 41.0/40 {
+	if b, ok := got[decide]; !ok || !b.OK || b.Value == nil || *b.Value != 41.0/40 {
 		t.Errorf("decide budget line %+v (present %v), want 1.025 within budget", b, ok)
 	}
-	if b, ok := got[record]; !ok || b.Value != 22.0/20 || b.OK {
+	if b, ok := got[record]; !ok || b.Value == nil || *b.Value != 22.0/20 || b.OK {
 		t.Errorf("record budget line %+v (present %v), want 1.1 over budget", b, ok)
 	}
 	got = budget(&costReport{RedisServer: true, ClaimedBatches: 40, Settles: 20, RedisRoundTripsPerBatch: 2})

@@ -21,6 +21,7 @@ type session struct {
 	b           *bench
 	disp        *dispatcherProc
 	before      pgCounters
+	after       pgCounters // read by cost, after the dispatcher stopped
 	redisBefore int64
 	// The measured part: from the dispatcher's start unless startClock moves it.
 	cpuStart, cpuEnd     cpuSnapshot
@@ -30,7 +31,8 @@ type session struct {
 }
 
 // startSession reads the counters and starts a dispatcher with the bench's configuration plus
-// overrides. Call stop (also on error paths) and, for a cost report, cost before it.
+// overrides (an empty value removes the setting). Call stop (also on error paths) and, for a
+// cost report, cost before it.
 func (b *bench) startSession(ctx context.Context, overrides map[string]string) (*session, error) {
 	s := &session{b: b}
 	var err error
@@ -45,6 +47,10 @@ func (b *bench) startSession(ctx context.Context, overrides map[string]string) (
 		env[k] = v
 	}
 	for k, v := range overrides {
+		if v == "" {
+			delete(env, k)
+			continue
+		}
 		env[k] = v
 	}
 	if b.opts.profileDir != "" {
@@ -99,6 +105,7 @@ func (s *session) cost(ctx context.Context, events int) (*costReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.after = after
 	redisAfter, err := s.b.redis.commands(ctx)
 	if err != nil {
 		return nil, err
@@ -130,6 +137,12 @@ func (s *session) cost(ctx context.Context, events int) (*costReport, error) {
 		c.RedisServer = true
 	}
 	c.RedisCommandsPerEvent = perEvent(redisCmds)
+	switch {
+	case m.scrapeFailed != nil:
+		c.MetricsError = "the dispatcher's /metrics could not be read: " + m.scrapeFailed.Error()
+	case !m.ok:
+		c.MetricsError = "the dispatcher claimed nothing"
+	}
 	if m.ok {
 		batches := m.Claims - m.EmptyClaims
 		c.Claims, c.ClaimedBatches, c.Settles = m.Claims, batches, m.Settles
@@ -185,6 +198,11 @@ func (b *bench) payload(seq int) []byte {
 // prefill inserts n events with COPY while no dispatcher runs, then ANALYZEs the table so
 // that the claim is planned on current statistics whatever autovacuum has managed so far.
 func (b *bench) prefill(ctx context.Context, n int) error {
+	return b.prefillType(ctx, n, "bench.drain")
+}
+
+// prefillType is prefill with events of type eventType.
+func (b *bench) prefillType(ctx context.Context, n int, eventType string) error {
 	started := time.Now()
 	conn, err := b.db.connect(ctx)
 	if err != nil {
@@ -203,7 +221,7 @@ func (b *bench) prefill(ctx context.Context, n int) error {
 			if i%200000 == 0 {
 				b.logf("  prefilled %d of %d", i, n)
 			}
-			return []any{"bench.drain", pad}, nil
+			return []any{eventType, pad}, nil
 		}))
 	if err != nil {
 		return fmt.Errorf("prefill (COPY): %w", err)
@@ -218,8 +236,8 @@ func (b *bench) prefill(ctx context.Context, n int) error {
 	return nil
 }
 
-// collect waits until the consumer has every one of want distinct events (or timeout) and
-// returns the arrivals.
+// collect waits until the consumer has every one of want distinct deliveries, (event, path)
+// pairs, (or timeout) and returns the arrivals.
 func (b *bench) collect(ctx context.Context, want int, timeout time.Duration, disp *dispatcherProc, s *session) ([]arrivalRecord, consumerStats, error) {
 	deadline := time.Now().Add(timeout)
 	st, err := b.consumer.waitReceived(ctx, want, timeout, disp)
@@ -244,10 +262,11 @@ func (b *bench) collect(ctx context.Context, want int, timeout time.Duration, di
 	}
 }
 
+// uniqueCount counts the distinct deliveries: (event, path) pairs.
 func uniqueCount(arr []arrivalRecord) int {
-	seen := make(map[[16]byte]struct{}, len(arr))
+	seen := make(map[arrivalKey]struct{}, len(arr))
 	for _, a := range arr {
-		seen[a.id] = struct{}{}
+		seen[a.key()] = struct{}{}
 	}
 	return len(seen)
 }
