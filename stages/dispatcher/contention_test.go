@@ -171,3 +171,45 @@ func TestHungEndpointIsNotChurned(t *testing.T) {
 	close(release)
 	b.waitSettled(30 * time.Second)
 }
+
+// TestOpenCircuitRowsAreNotClaimed: once a claim's row has been deferred for an open circuit,
+// the instance knows the endpoint is gated, and rows for it that arrive while the circuit is
+// open stay in the table, unclaimed and unwritten, until the reset: they used to be claimed
+// and deferred one by one (a row write each, and a claim/settle cycle each).
+func TestOpenCircuitRowsAreNotClaimed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusServiceUnavailable) })
+	cfg := b.config(c.URL())
+	cfg.BreakerThreshold = 1
+	cfg.BreakerReset = time.Minute
+	cfg.RetrySchedule = []time.Duration{50 * time.Millisecond, time.Hour}
+	d := b.start(cfg)
+	// The failure opens the circuit; its retry, due 50 ms later, is deferred for it: from
+	// then on the instance skips the endpoint.
+	b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the retry deferred for the open circuit", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE deferred_reason = 'circuit breaker open'`) == 1
+	})
+	deferred := d.Stats().Deferred.Load()
+	claims := d.Stats().Claims.Load()
+	var held []string
+	for i := range 10 {
+		held = append(held, b.enqueue(outbox.Event{Payload: map[string]int{"held": i}}))
+	}
+	// Each insert wakes the dispatcher; wait until it has claimed after the last one.
+	eventually(t, 10*time.Second, "claims after the inserts", func() bool { return d.Stats().Claims.Load() > claims })
+	last := d.Stats().Claims.Load()
+	b.enqueue(outbox.Event{EventType: "marker"})
+	eventually(t, 10*time.Second, "a claim after the marker", func() bool { return d.Stats().Claims.Load() > last })
+	if n := d.Stats().Deferred.Load() - deferred; n != 0 {
+		t.Errorf("%d rows claimed and deferred while the circuit was known open, want 0", n)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = ANY($1::uuid[]) AND lease_until IS NULL
+		AND deferred_reason IS NULL AND NOT processed`, held); n != len(held) {
+		t.Errorf("%d of %d rows left untouched in the table", n, len(held))
+	}
+	if n := len(c.arrivals()); n != 1 {
+		t.Errorf("the consumer got %d requests, want only the first", n)
+	}
+}

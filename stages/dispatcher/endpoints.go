@@ -74,7 +74,7 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 	}
 	byID := make(map[string]*managed, len(list))
 	var reload time.Time
-	var disabled []*managed
+	var disabled, enabled []*managed
 	now := time.Now()
 	for i := range list {
 		m := &managed{ep: list[i], header: list[i].Header()}
@@ -101,10 +101,13 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 			m.invalid = fmt.Sprintf("endpoint %s: %v", m.ep.ID, err)
 		}
 		c.mu.Lock()
-		wasEnabled := c.enabledAt[m.ep.ID]
+		wasEnabled, known := c.enabledAt[m.ep.ID]
 		c.mu.Unlock()
-		if !m.ep.Enabled && wasEnabled {
+		switch {
+		case known && wasEnabled && !m.ep.Enabled:
 			disabled = append(disabled, m)
+		case known && !wasEnabled && m.ep.Enabled:
+			enabled = append(enabled, m)
 		}
 	}
 	c.mu.Lock()
@@ -114,8 +117,16 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 		c.enabledAt[id] = m.ep.Enabled
 	}
 	c.mu.Unlock()
+	// Changes of state this instance observed, whoever made them (the CLI, SQL, a 410 seen by
+	// any instance): each logged and counted once per instance that sees it.
 	for _, m := range disabled {
+		d.metrics.endpointChanges.WithLabelValues("disabled").Inc()
+		d.log.Info("endpoint disabled", zap.String("endpoint_id", m.ep.ID), zap.String("reason", m.ep.DisabledReason))
 		d.deadLetterPending(ctx, m.ep.ID, "endpoint disabled: "+m.ep.DisabledReason)
+	}
+	for _, m := range enabled {
+		d.metrics.endpointChanges.WithLabelValues("enabled").Inc()
+		d.log.Info("endpoint enabled", zap.String("endpoint_id", m.ep.ID))
 	}
 }
 
@@ -295,11 +306,11 @@ func (d *Dispatcher) disableStale(ctx context.Context) {
 	}
 }
 
-// disabledEndpoint logs and counts an endpoint this instance disabled, and dead-letters its
-// pending deliveries.
+// disabledEndpoint logs an endpoint this instance disabled, and dead-letters its pending
+// deliveries at once. The change is counted when the endpoint cache next reloads (see
+// refreshEndpoints), as every change of state is, whoever made it.
 func (d *Dispatcher) disabledEndpoint(ctx context.Context, id, reason string) {
-	d.metrics.endpointChanges.WithLabelValues("disabled").Inc()
-	d.log.Warn("endpoint disabled", zap.String("endpoint_id", id), zap.String("reason", reason))
+	d.log.Warn("disabling endpoint", zap.String("endpoint_id", id), zap.String("reason", reason))
 	d.deadLetterPending(ctx, id, "endpoint disabled: "+reason)
 }
 

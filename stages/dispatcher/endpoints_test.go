@@ -206,9 +206,6 @@ func TestEndpointGoneIsDisabled(t *testing.T) {
 	if fine.received() != 1 {
 		t.Errorf("the other endpoint got %d requests, want its 1", fine.received())
 	}
-	if got := counterValue(t, d, "fluxora_webhook_endpoint_lifecycle_total", "change", "disabled"); got != 1 {
-		t.Errorf("endpoint_lifecycle_total{change=disabled} = %v, want 1", got)
-	}
 	// A new event no longer goes to the disabled endpoint.
 	b.enqueue(outbox.Event{})
 	eventually(t, 10*time.Second, "the next event at the other endpoint", func() bool { return fine.received() == 2 })
@@ -216,6 +213,18 @@ func TestEndpointGoneIsDisabled(t *testing.T) {
 	if gone.received() != 1 {
 		t.Errorf("the disabled endpoint got %d requests, want only the first", gone.received())
 	}
+	// The change is counted once the claim that follows it reloads the endpoints.
+	if got := counterValue(t, d, "fluxora_webhook_endpoint_lifecycle_total", "change", "disabled"); got != 1 {
+		t.Errorf("endpoint_lifecycle_total{change=disabled} = %v, want 1", got)
+	}
+	// Enabled again (by an operator): observed, logged and counted.
+	if err := endpoints.Enable(context.Background(), b.pool, goneEP.ID); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the re-enabled endpoint counted", func() bool {
+		return counterValue(t, d, "fluxora_webhook_endpoint_lifecycle_total", "change", "enabled") == 1
+	})
 }
 
 // TestFailingEndpointIsDisabledAfterAWhile: an endpoint failing without a success for longer

@@ -91,7 +91,7 @@ func newMetrics(d *Dispatcher) *metrics {
 	m.unrouted = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "unrouted_total",
 		Help: "Events that matched no endpoint and had no default consumer (recorded in the delivery log as 'no endpoint matched')."})
 	m.endpointChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "endpoint_lifecycle_total",
-		Help: "Managed endpoints disabled by this instance (a 410 Gone, or failing for WEBHOOK_ENDPOINT_DISABLE_AFTER)."}, []string{"change"})
+		Help: "Managed endpoints' changes of state this instance observed, by change: disabled (a 410 Gone, failing for WEBHOOK_ENDPOINT_DISABLE_AFTER, or an operator), enabled."}, []string{"change"})
 	m.staleSettles = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "stale_settles_total",
 		Help: "Outcomes refused at settle because the row's lease had run out and another claim held it (the current holder's outcome is written instead)."})
 	inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "in_flight",
@@ -144,6 +144,7 @@ func (m *metrics) preinitialise() {
 	}
 	m.wakeups.WithLabelValues("lapse") // the claiming loop's own: a renewal found the switch lapsed
 	m.endpointChanges.WithLabelValues("disabled")
+	m.endpointChanges.WithLabelValues("enabled")
 	for _, op := range redisstore.Ops {
 		m.storeRoundTrips.WithLabelValues(string(op))
 	}
