@@ -526,6 +526,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		}
 		// Armed for producers means both: our flag is set and the NOTIFY switch we announced
 		// has not lapsed (it may have while we were at capacity or busy sending).
+		believedArmed := armed // before this claim, whether or not the switch had lapsed
 		wasArmed := armed && time.Since(announced) < notifyTTL-notifyMargin
 		armed = arming && !full
 		if len(watch) > 0 { // empty through every busy spell: no method value per claim there
@@ -576,9 +577,14 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			// This claim armed us: tell producers to NOTIFY, then claim once more: an insert
 			// that committed after this claim's snapshot but read the switch before we set
 			// it sent no NOTIFY.
-			if announced, _ = d.announce(ctx); announced.IsZero() {
+			var lapsed bool
+			if announced, lapsed = d.announce(ctx); announced.IsZero() {
 				armed = false
 				d.sleep(ctx, 100*time.Millisecond)
+			} else if lapsed && believedArmed {
+				// Armed, but our renewal came too late (a loaded machine): the switch had
+				// run out. The claim just made and the one that follows confirm it.
+				d.metrics.wakeups.WithLabelValues("lapse").Inc()
 			}
 			followUp = true
 			continue
