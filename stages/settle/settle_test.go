@@ -459,3 +459,37 @@ func TestConnectionFailureIsAnError(t *testing.T) {
 		t.Fatalf("%d rows pending, want both (left to their leases)", n)
 	}
 }
+
+// TestResumeBringsForwardOneEndpointsDeferredRows: after a successful probe, the rows deferred
+// behind that endpoint's breaker come due at once, by the claim's key for the endpoint (a
+// managed endpoint's "ep:<id>", an endpoint_url, "" for the default), and no other rows move.
+func TestResumeBringsForwardOneEndpointsDeferredRows(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	const ep = "6f2a3c1e-0000-4000-8000-0000000000aa"
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, created_at, endpoint_id, endpoint_url, deferred_reason) VALUES
+		('managed', '{}', now() + interval '1 hour', $1, NULL, 'circuit breaker open'),
+		('managed.rate', '{}', now() + interval '1 hour', $1, NULL, 'retry rate limit'),
+		('default', '{}', now() + interval '1 hour', NULL, NULL, 'circuit breaker half-open: probe in flight'),
+		('url', '{}', now() + interval '1 hour', NULL, 'https://other.example/', 'circuit breaker open')`, ep); err != nil {
+		t.Fatal(err)
+	}
+	s := settle.New(db.Pool, settle.Config{InstanceID: "me"})
+	reasons := []string{"circuit breaker open", "circuit breaker half-open: probe in flight"}
+	for _, tc := range []struct {
+		key  string
+		want string
+	}{{"ep:" + ep, "managed"}, {"", "default"}} {
+		n, err := s.Resume(ctx, tc.key, reasons)
+		if err != nil || n != 1 {
+			t.Fatalf("Resume(%q) = %d, %v; want the one %s row", tc.key, n, err, tc.want)
+		}
+		if c := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE event_type = $1 AND created_at <= now() AND deferred_reason IS NULL`, tc.want); c != 1 {
+			t.Errorf("the %s row is not due now", tc.want)
+		}
+	}
+	if c := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE created_at > now()`); c != 2 {
+		t.Errorf("%d rows still deferred, want 2 (the rate-limited one and the other endpoint's)", c)
+	}
+}
