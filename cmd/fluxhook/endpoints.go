@@ -240,6 +240,25 @@ type endpointReport struct {
 }
 
 // describe reads an endpoint back after a change, for printing it as show does.
+// changeEndpoint opens the database of an endpoints subcommand that names one endpoint, runs
+// change on it (nil for a read) and reads the endpoint back, as every such subcommand reports
+// it: as stored after the change. It returns the Cipher too, for what the caller prints.
+func changeEndpoint(ctx context.Context, env *environment, dbURL, id string,
+	change func(pool *pgxpool.Pool, c *endpoints.Cipher) error) (endpoints.Details, *endpoints.Cipher, error) {
+	pool, c, err := endpointsEnv(ctx, env, dbURL)
+	if err != nil {
+		return endpoints.Details{}, nil, err
+	}
+	defer pool.Close()
+	if change != nil {
+		if err := change(pool, c); err != nil {
+			return endpoints.Details{}, nil, err
+		}
+	}
+	d, err := describe(ctx, pool, c, id)
+	return d, c, err
+}
+
 func describe(ctx context.Context, pool *pgxpool.Pool, c *endpoints.Cipher, id string) (endpoints.Details, error) {
 	d, err := endpoints.Describe(ctx, pool, c, id)
 	if err != nil {
@@ -411,13 +430,7 @@ func runEndpointsShow(ctx context.Context, env *environment, args []string) erro
 	if err != nil {
 		return err
 	}
-	pool, c, err := endpointsEnv(ctx, env, *dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-
-	d, err := describe(ctx, pool, c, id)
+	d, c, err := changeEndpoint(ctx, env, *dbURL, id, nil)
 	if err != nil {
 		return err
 	}
@@ -536,22 +549,16 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	if !u.set && !types.set && !tenant.set && !description.set && !rps.set && !conc.set && len(headers) == 0 && !*clearHeaders && !scheme.set {
 		return usageError("endpoints update needs something to change: --url, --event-types, --tenant, --description, --retry-rps, --max-concurrency, --header, --clear-headers or --scheme")
 	}
-	pool, c, err := endpointsEnv(ctx, env, *dbURL)
-	if err != nil {
+	var newSecret string
+	d, c, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, c *endpoints.Cipher) (err error) {
+		newSecret, err = endpoints.Update(ctx, pool, c, id, p)
 		return err
-	}
-	defer pool.Close()
-
-	newSecret, err := endpoints.Update(ctx, pool, c, id, p)
+	})
 	if err != nil {
 		return err
 	}
 	if newSecret != "" {
 		warnClear(env, c)
-	}
-	d, err := describe(ctx, pool, c, id)
-	if err != nil {
-		return err
 	}
 	if *asJSON {
 		return writeJSON(env.stdout, endpointReport{Details: d, Secret: newSecret})
@@ -573,16 +580,9 @@ func runEndpointsDisable(ctx context.Context, env *environment, args []string) e
 	if err != nil {
 		return err
 	}
-	pool, c, err := endpointsEnv(ctx, env, *dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-
-	if err := endpoints.Disable(ctx, pool, id, *reason); err != nil {
-		return err
-	}
-	d, err := describe(ctx, pool, c, id)
+	d, _, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, _ *endpoints.Cipher) error {
+		return endpoints.Disable(ctx, pool, id, *reason)
+	})
 	if err != nil {
 		return err
 	}
@@ -605,16 +605,9 @@ func runEndpointsEnable(ctx context.Context, env *environment, args []string) er
 	if err != nil {
 		return err
 	}
-	pool, c, err := endpointsEnv(ctx, env, *dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-
-	if err := endpoints.Enable(ctx, pool, id); err != nil {
-		return err
-	}
-	d, err := describe(ctx, pool, c, id)
+	d, _, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, _ *endpoints.Cipher) error {
+		return endpoints.Enable(ctx, pool, id)
+	})
 	if err != nil {
 		return err
 	}
@@ -642,21 +635,15 @@ func runEndpointsRotateSecret(ctx context.Context, env *environment, args []stri
 	case g == 0:
 		g = endpoints.NoGrace
 	}
-	pool, c, err := endpointsEnv(ctx, env, *dbURL)
-	if err != nil {
+	var newSecret string
+	d, c, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, c *endpoints.Cipher) (err error) {
+		newSecret, err = endpoints.RotateSecret(ctx, pool, c, id, *secret, g)
 		return err
-	}
-	defer pool.Close()
-
-	newSecret, err := endpoints.RotateSecret(ctx, pool, c, id, *secret, g)
+	})
 	if err != nil {
 		return err
 	}
 	warnClear(env, c)
-	d, err := describe(ctx, pool, c, id)
-	if err != nil {
-		return err
-	}
 	if *asJSON {
 		return writeJSON(env.stdout, endpointReport{Details: d, Secret: newSecret})
 	}
