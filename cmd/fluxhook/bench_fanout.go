@@ -177,16 +177,7 @@ func (b *bench) fanoutDrain(ctx context.Context, overrides map[string]string) (*
 		times = append(times, t)
 	}
 	slices.Sort(times)
-	if len(times) > 0 {
-		start := s.disp.started.UnixNano()
-		end := times[len(times)-1]
-		r.Seconds = float64(end-start) / 1e9
-		r.DeliveriesPerSecond = float64(len(times)) / r.Seconds
-		r.StartupMS = float64(times[0]-start) / 1e6
-		if len(times) > 1 {
-			r.SteadyDeliveriesPerSecond = float64(len(times)-1) / (float64(end-times[0]) / 1e9)
-		}
-	}
+	r.Seconds, r.DeliveriesPerSecond, r.StartupMS, r.SteadyDeliveriesPerSecond = drainRates(s.disp.started.UnixNano(), times)
 	if r.Cost, err = s.cost(ctx, len(times)); err != nil {
 		return nil, err
 	}

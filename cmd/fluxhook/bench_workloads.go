@@ -341,16 +341,7 @@ func (b *bench) drain(ctx context.Context) (*drainResult, error) {
 	times := sortedFirstTimes(arr)
 	r := &drainResult{Events: n, Received: len(times), Duplicates: len(arr) - len(times), Rejected: st.Rejected}
 	r.Lost = n - len(times)
-	if len(times) > 0 {
-		start := s.disp.started.UnixNano()
-		end := times[len(times)-1]
-		r.Seconds = float64(end-start) / 1e9
-		r.EventsPerSecond = float64(len(times)) / r.Seconds
-		r.StartupMS = float64(times[0]-start) / 1e6
-		if len(times) > 1 {
-			r.SteadyEventsPerSecond = float64(len(times)-1) / (float64(end-times[0]) / 1e9)
-		}
-	}
+	r.Seconds, r.EventsPerSecond, r.StartupMS, r.SteadyEventsPerSecond = drainRates(s.disp.started.UnixNano(), times)
 	if r.Cost, err = s.cost(ctx, len(times)); err != nil {
 		return nil, err
 	}
@@ -492,4 +483,22 @@ func shortQuery(q string, n int) string {
 		s = string([]rune(s)[:n-1]) + "…"
 	}
 	return s
+}
+
+// drainRates turns the sorted first-arrival times (Unix nanoseconds) of a drain that started at
+// start into its duration in seconds, its rate, the milliseconds to the first arrival, and
+// the rate after that first arrival (which leaves out the dispatcher's start-up); all zero
+// when nothing arrived.
+func drainRates(start int64, times []int64) (seconds, perSecond, startupMS, steadyPerSecond float64) {
+	if len(times) == 0 {
+		return 0, 0, 0, 0
+	}
+	end := times[len(times)-1]
+	seconds = float64(end-start) / 1e9
+	perSecond = float64(len(times)) / seconds
+	startupMS = float64(times[0]-start) / 1e6
+	if len(times) > 1 {
+		steadyPerSecond = float64(len(times)-1) / (float64(end-times[0]) / 1e9)
+	}
+	return seconds, perSecond, startupMS, steadyPerSecond
 }

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	fluxgate "github.com/fluxora/fluxhook/stages/gate"
 	"github.com/fluxora/fluxhook/stages/gate/redisstore"
@@ -21,34 +19,15 @@ import (
 // pending row, and checks that `status` reports it by hash, never by URL.
 func TestStatusShowsOpenBreakers(t *testing.T) {
 	t.Parallel()
-	const redisURL = "redis://127.0.0.1:6379/0"
-	if err := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"}).Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("Redis at 127.0.0.1:6379 (the README's test command starts it): %v", err)
-	}
 	db := sqltest.NewMigrated(t)
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	url := "https://consumer-" + hex.EncodeToString(b[:]) + ".example/hook?token=sekrit"
-	sum := sha256.Sum256([]byte(url))
-	hash := hex.EncodeToString(sum[:])
-	mustExec(t, db, `INSERT INTO webhook_outbox (event_type, payload, endpoint_url) VALUES ('e', '{}', $1)`, url)
-
-	store, err := redisstore.Open(redisURL, redisstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	t.Cleanup(func() {
-		br, probe, rl := store.Keys(hash)
-		_ = store.Client().Del(context.Background(), br, probe, rl).Err()
-	})
+	store, hash := breakerFixture(t, db, "?token=sekrit")
 	params := fluxgate.Params{Threshold: 2, Reset: time.Hour}.WithDefaults()
 	fail := fluxgate.EndpointResult{Hash: hash, Rows: []fluxgate.RowResult{{Result: fluxgate.Failure}, {Result: fluxgate.Failure}}}
 	if _, err := store.Record(context.Background(), params, []fluxgate.EndpointResult{fail}); err != nil {
 		t.Fatal(err)
 	}
 
-	r := runCLI(t, db.URL, "status", "--json", "--redis-url", redisURL)
+	r := runCLI(t, db.URL, "status", "--json", "--redis-url", breakerRedisURL)
 	if r.code != 0 {
 		t.Fatalf("status: %d %s", r.code, r.stderr)
 	}
@@ -107,29 +86,9 @@ func TestStatusWithRedisDown(t *testing.T) {
 // after 25 s open).
 func TestStatusShowsBreakerSpell(t *testing.T) {
 	t.Parallel()
-	const redisURL = "redis://127.0.0.1:6379/0"
 	ctx := context.Background()
 	db := sqltest.NewMigrated(t)
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	url := "https://consumer-" + hex.EncodeToString(b[:]) + ".example/hook"
-	sum := sha256.Sum256([]byte(url))
-	hash := hex.EncodeToString(sum[:])
-	mustExec(t, db, `INSERT INTO webhook_outbox (event_type, payload, endpoint_url) VALUES ('e', '{}', $1)`, url)
-
-	store, err := redisstore.Open(redisURL, redisstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	if err := store.Ping(ctx); err != nil {
-		t.Fatalf("Redis at %s (the README's test command starts it): %v", redisURL, err)
-	}
-	t.Cleanup(func() {
-		br, probe, rl := store.Keys(hash)
-		retries, slot := store.RetryKeys(hash)
-		_ = store.Client().Del(context.Background(), br, probe, rl, retries, slot).Err()
-	})
+	store, hash := breakerFixture(t, db, "")
 	// The limiter off: only the breaker's keys are written.
 	params := fluxgate.Params{Threshold: 1, Reset: 300 * time.Millisecond, RetryRPS: -1}.WithDefaults()
 	if _, err := store.Record(ctx, params, []fluxgate.EndpointResult{{Hash: hash, Rows: []fluxgate.RowResult{{Result: fluxgate.Failure}}}}); err != nil {
@@ -159,7 +118,7 @@ func TestStatusShowsBreakerSpell(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r := runCLI(t, db.URL, "status", "--json", "--redis-url", redisURL)
+	r := runCLI(t, db.URL, "status", "--json", "--redis-url", breakerRedisURL)
 	if r.code != 0 {
 		t.Fatalf("status: %d %s", r.code, r.stderr)
 	}
@@ -185,7 +144,7 @@ func TestStatusShowsBreakerSpell(t *testing.T) {
 		t.Errorf("open_for_seconds = %v, want (0, %.1f]: the new reset time after the failed probe", br["open_for_seconds"], params.Reset.Seconds())
 	}
 
-	text := runCLI(t, db.URL, "status", "--redis-url", redisURL)
+	text := runCLI(t, db.URL, "status", "--redis-url", breakerRedisURL)
 	if text.code != 0 {
 		t.Fatalf("status: %d %s", text.code, text.stderr)
 	}
@@ -206,4 +165,35 @@ func TestStatusShowsBreakerSpell(t *testing.T) {
 	if err != nil || age < params.Reset {
 		t.Errorf("OPEN SINCE %q ago, want at least the reset time (%s): the age of the spell, not of the last probe", row[3], params.Reset)
 	}
+}
+
+// breakerRedisURL is the shared Redis the status tests write breaker state into (the README's
+// test command starts it); each test's endpoint has keys of its own.
+const breakerRedisURL = "redis://127.0.0.1:6379/0"
+
+// breakerFixture inserts a pending row for a new endpoint (its URL ends with query) and opens
+// the shared Redis store that will hold the endpoint's breaker, returning it and the
+// endpoint's hash. At cleanup every key of the endpoint is deleted, then the store closed.
+func breakerFixture(t *testing.T, db *sqltest.DB, query string) (*redisstore.Store, string) {
+	t.Helper()
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	url := "https://consumer-" + hex.EncodeToString(b[:]) + ".example/hook" + query
+	sum := sha256.Sum256([]byte(url))
+	hash := hex.EncodeToString(sum[:])
+	mustExec(t, db, `INSERT INTO webhook_outbox (event_type, payload, endpoint_url) VALUES ('e', '{}', $1)`, url)
+	store, err := redisstore.Open(breakerRedisURL, redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		br, probe, rl := store.Keys(hash)
+		retries, slot := store.RetryKeys(hash)
+		_ = store.Client().Del(context.Background(), br, probe, rl, retries, slot).Err()
+		_ = store.Close()
+	})
+	if err := store.Ping(context.Background()); err != nil {
+		t.Fatalf("Redis at %s (the README's test command starts it): %v", breakerRedisURL, err)
+	}
+	return store, hash
 }
