@@ -1089,45 +1089,38 @@ func (d *Dispatcher) resumeAfterProbe(ctx context.Context, settled []*delivery.D
 // current holder's outcome is the one written, so this one must not move the breaker or the
 // delivery counters as if it had been. A probe this attempt held is still given back.
 func (d *Dispatcher) stale(del *delivery.Delivery) {
-	o := del.Outcome
 	d.stats.Stale.Add(1)
 	d.metrics.staleSettles.Inc()
+	d.log.Warn("stale settle refused: the lease ran out and another claim holds the row",
+		append(deliveryFields(del), zap.String("outcome", del.Outcome.Kind.String()), zap.Int64("row_id", del.ID))...)
+	del.Outcome = delivery.Outcome{Kind: delivery.Release, Stale: true}
+}
+
+// deliveryFields are the fields every line about one delivery carries, for log shipping: the
+// endpoint by its hash (never its URL), a managed endpoint also by its id.
+func deliveryFields(del *delivery.Delivery) []zap.Field {
+	o := del.Outcome
 	endpoint := ""
 	if del.Endpoint != nil {
 		endpoint = del.Endpoint.Hash
 	}
-	d.log.Warn("stale settle refused: the lease ran out and another claim holds the row",
+	f := []zap.Field{
 		zap.String("delivery_id", del.DeliveryID),
 		zap.String("event_type", del.EventType),
 		zap.Int("attempt", del.Attempt),
 		zap.Int("status", o.Status),
 		zap.Int64("duration_ms", o.Duration.Milliseconds()),
 		zap.String("endpoint", endpoint),
-		zap.String("outcome", o.Kind.String()),
-		zap.Int64("row_id", del.ID))
-	del.Outcome = delivery.Outcome{Kind: delivery.Release, Stale: true}
+	}
+	if del.EndpointID != "" {
+		f = append(f, zap.String("endpoint_id", del.EndpointID))
+	}
+	return f
 }
 
 func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 	o := del.Outcome
-	endpoint := ""
-	if del.Endpoint != nil {
-		endpoint = del.Endpoint.Hash
-	}
-	fields := func() []zap.Field {
-		f := []zap.Field{
-			zap.String("delivery_id", del.DeliveryID),
-			zap.String("event_type", del.EventType),
-			zap.Int("attempt", del.Attempt),
-			zap.Int("status", o.Status),
-			zap.Int64("duration_ms", o.Duration.Milliseconds()),
-			zap.String("endpoint", endpoint),
-		}
-		if del.EndpointID != "" {
-			f = append(f, zap.String("endpoint_id", del.EndpointID))
-		}
-		return f
-	}
+	fields := func() []zap.Field { return deliveryFields(del) }
 	if o.Stale {
 		return // reported by stale
 	}
