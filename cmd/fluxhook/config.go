@@ -53,6 +53,8 @@ var settings = []setting{
 	{env: "WEBHOOK_RETRY_SCHEDULE", def: "5s,1m,5m,30m,2h,6h,12h,24h", help: "waits before each retry; its length sets the attempts"},
 	{env: "WEBHOOK_MAX_PAYLOAD_BYTES", def: "1048576", help: "larger payloads are dead-lettered"},
 	{env: "WEBHOOK_409_DELIVERED", help: "true | false: a consumer's 409 Conflict means it already has the event (settled delivered, not dead-lettered); default true under the fluxora scheme, false under standard"},
+	{env: "WEBHOOK_ORDERING", def: "none", help: "none | stream: deliver each stream_id's rows for WEBHOOK_URL and endpoint_url one at a time, in id order (docs/ordering.md)"},
+	{env: "WEBHOOK_ORDERING_FAILURE", def: "skip", help: "skip | stop: when an ordered stream's head is dead-lettered, its later events go on (skip) or wait until it is replayed or purged (stop)"},
 	{env: "WEBHOOK_RETRY_RPS", def: "10", help: "attempts per second per consumer URL before retries are deferred"},
 	{env: "WEBHOOK_RETRY_SHARE", def: "0.5", help: "share of WEBHOOK_RETRY_RPS kept for retries while first attempts fill the window"},
 	{env: "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", def: "0", help: "consecutive retryable failures that open an endpoint's circuit; 0 = off"},
@@ -159,6 +161,20 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	case "": // nil: each request's signature scheme decides
 	default:
 		bad("WEBHOOK_409_DELIVERED", "must be true or false (empty: true under the fluxora scheme, false under standard), got %q", r)
+	}
+	switch r := v["WEBHOOK_ORDERING"]; r {
+	case "", "none":
+	case "stream":
+		d.Ordering = true
+	default:
+		bad("WEBHOOK_ORDERING", "must be none or stream, got %q", r)
+	}
+	switch r := v["WEBHOOK_ORDERING_FAILURE"]; r {
+	case "", "skip":
+	case "stop":
+		d.OrderingStop = true
+	default:
+		bad("WEBHOOK_ORDERING_FAILURE", "must be skip or stop, got %q", r)
 	}
 	if r := v["WEBHOOK_RETRY_SHARE"]; r != "" {
 		share, err := strconv.ParseFloat(r, 64)

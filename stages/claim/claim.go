@@ -48,7 +48,26 @@ type Claimer struct {
 	instance string
 	lease    time.Duration
 	tokens   atomic.Int64 // the last lease token handed out (see nextToken)
+	order    atomic.Pointer[Ordering]
 }
+
+// Ordering is what the claim needs to know about ordered delivery (schema 6). The zero value
+// orders nothing, and then a claim evaluates none of the ordering conditions.
+type Ordering struct {
+	// Active: some consumer orders its streams (an endpoint with ordering 'stream', or
+	// Default).
+	Active bool
+	// Horizon is the hold-back horizon (Horizon.Safe): ordered rows with a larger key wait.
+	Horizon int64
+	// Default: WEBHOOK_ORDERING=stream, rows without a managed endpoint are ordered by id.
+	Default bool
+	// Routed: events are routed to endpoints (some endpoint exists).
+	Routed bool
+}
+
+// SetOrdering sets what the following claims use for ordered delivery. The claiming loop
+// calls it before each claim, since the horizon moves with every claim.
+func (c *Claimer) SetOrdering(o Ordering) { c.order.Store(&o) }
 
 // New returns a Claimer that leases rows for lease on behalf of instance.
 func New(pool *pgxpool.Pool, instance string, lease time.Duration) *Claimer {
@@ -101,6 +120,9 @@ type Result struct {
 	// change to webhook_endpoints, so a dispatcher whose cache was loaded at another version
 	// reloads it before routing or sending these rows. 0: no endpoint was ever written.
 	EndpointsVersion int64
+	// Horizon is the hold-back reading ('<last id>:<holders>', see Horizon.Observe), taken
+	// after this claim's snapshot; empty when the claim ordered nothing.
+	Horizon string
 	// Last is the position of the last row claimed (the zero Cursor when none was): where
 	// the next claim may start while a backlog is being drained.
 	Last Cursor
@@ -193,7 +215,12 @@ func (c *Claimer) args(limit int, skip Skip, arm bool, after Cursor, token int64
 	if after.IsHead() {
 		from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	}
-	return []any{limit, c.lease.Milliseconds(), all, c.instance, arm, from, after.ID, token, retries}
+	var o Ordering
+	if p := c.order.Load(); p != nil {
+		o = *p
+	}
+	return []any{limit, c.lease.Milliseconds(), all, c.instance, arm, from, after.ID, token, retries,
+		o.Active, o.Horizon, o.Default, o.Routed}
 }
 
 // read decodes the claim statement's rows, closing them.
@@ -202,13 +229,13 @@ func read(rows pgx.Rows, token int64) (Result, error) {
 	var res Result
 	var payload []byte
 	var next *time.Duration
-	var snapshot, endpointURL *string
+	var snapshot, endpointURL, horizon *string
 	var version *int64
 	for rows.Next() {
 		d := &delivery.Delivery{}
 		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload,
 			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &endpointURL, &d.EndpointID, &d.Tenant, &d.Routed,
-			&next, &snapshot, &version); err != nil {
+			&d.OrderKey, &next, &snapshot, &version, &horizon); err != nil {
 			return Result{}, fmt.Errorf("claim: scanning row: %w", err)
 		}
 		if snapshot != nil {
@@ -220,6 +247,9 @@ func read(rows pgx.Rows, token int64) (Result, error) {
 			}
 			if version != nil {
 				res.EndpointsVersion = *version
+			}
+			if horizon != nil {
+				res.Horizon = *horizon
 			}
 			if snapshot != nil {
 				var err error
@@ -269,6 +299,9 @@ type Routed struct {
 	// nothing and had no default consumer); Unrouted counts those that matched nothing.
 	Settled  []int64
 	Unrouted int
+	// Queued counts the ordered deliveries (and ordered events kept for WEBHOOK_URL) left
+	// unleased for a claim, which takes each when it is its stream's head.
+	Queued int
 }
 
 // NeedsRouting reports whether d is an event not yet fanned out to the endpoints: a first
@@ -288,7 +321,11 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 		ids[i], tokens[i] = d.ID, d.LeaseToken
 	}
 	token := c.nextToken()
-	rows, err := c.pool.Query(ctx, routeSQL, ids, tokens, c.instance, keepDefault, token, c.lease.Milliseconds())
+	var o Ordering
+	if p := c.order.Load(); p != nil {
+		o = *p
+	}
+	rows, err := c.pool.Query(ctx, routeSQL, ids, tokens, c.instance, keepDefault, token, c.lease.Milliseconds(), o.Default)
 	if err != nil {
 		return Routed{}, fmt.Errorf("routing events to endpoints: %w", err)
 	}
@@ -308,6 +345,11 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 		case kind == "d":
 			d.Payload = compact(payload)
 			out.Deliveries = append(out.Deliveries, d)
+		case kind == "q":
+			out.Queued++
+		case kind == "r":
+			out.Queued++
+			out.Settled = append(out.Settled, d.ID) // leaves the pipeline like a settled event
 		case keep:
 			out.Kept = append(out.Kept, d.ID)
 		default:

@@ -10,6 +10,18 @@
 --   endpoint keys whose retries (attempt > 1) to skip (over their retry rate). An endpoint's key
 --   is 'ep:<endpoint_id>' for a managed endpoint's deliveries, else the row's endpoint_url, ''
 --   for the configured WEBHOOK_URL.
+--   Ordered delivery (schema 6): $10 whether any consumer orders its streams (false: none of
+--   what follows is evaluated, and ordering costs nothing), $11 the hold-back horizon: the
+--   largest id below which every row that will ever commit is visible to this claim (see
+--   Horizon in horizon.go), $12 whether WEBHOOK_ORDERING=stream orders the rows without a
+--   managed endpoint (by their own id), $13 whether events are routed to endpoints (some
+--   endpoint exists), so that an event not routed yet may still become an ordered delivery.
+--   An ordered row is claimed only when its key is within the horizon and it is its stream's
+--   head for its endpoint: no undelivered row of the same endpoint and stream has a smaller key
+--   (whether in flight, waiting for a retry, deferred or stopped), and no event of the stream
+--   with a smaller id waits to be routed. Ordered rows are those with an order_key, and with
+--   $12 those without an endpoint_id that will not be routed. The check uses the stream index
+--   (schema 6), a few rows per stream.
 -- The lease commits with the statement: no transaction stays open across HTTP.
 --
 -- The claimed rows come back in no particular order (the caller sorts them), followed by one
@@ -38,13 +50,26 @@ WITH claimed AS (
           AND (lease_until IS NULL OR lease_until < now())
           AND NOT (coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($3::text[]))
           AND NOT (attempt > 1 AND coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($9::text[]))
+          AND ($10::boolean IS NOT TRUE
+               OR NOT (order_key IS NOT NULL
+                       OR ($12::boolean AND stream_id IS NOT NULL AND endpoint_id IS NULL
+                           AND NOT ($13::boolean AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)))
+               OR (coalesce(order_key, id) <= $11::bigint
+                   AND NOT EXISTS (
+                       SELECT 1 FROM webhook_outbox p
+                       WHERE p.stream_id = webhook_outbox.stream_id AND NOT p.processed
+                         AND coalesce(p.order_key, p.id) < coalesce(webhook_outbox.order_key, webhook_outbox.id)
+                         AND (coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '')
+                                = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')
+                              OR ($13::boolean AND p.endpoint_id IS NULL AND p.endpoint_url IS NULL
+                                  AND p.routed_at IS NULL AND p.attempt = 1 AND p.created_at <= now())))))
         ORDER BY created_at, id
         LIMIT $1
         FOR UPDATE SKIP LOCKED
     ))
     RETURNING o.id, o.delivery_id::text, coalesce(o.stream_id, ''), o.event_type, o.payload::text,
               o.attempt, o.enqueued_at, o.created_at, o.endpoint_url, coalesce(o.endpoint_id::text, ''),
-              coalesce(o.tenant, ''), o.routed_at IS NOT NULL
+              coalesce(o.tenant, ''), o.routed_at IS NOT NULL, coalesce(o.order_key, 0)
 ), arm AS (
     -- The flag says "NOTIFY me": set by a claim made in arming mode ($5) that took less than
     -- a full batch (it saw every due row it could take, so the next one is news), cleared by
@@ -71,18 +96,29 @@ WITH claimed AS (
     -- are left to the backstop poll. The rows this statement claims still look unleased in
     -- its snapshot, hence the id filter.
     SELECT CASE WHEN $5::boolean AND (SELECT count(*) FROM claimed) < $1 THEN least(
-        (SELECT min(created_at) FROM webhook_outbox WHERE NOT processed AND created_at > now()),
-        (SELECT min(greatest(coalesce(lease_until, now()), now())) FROM (
-            SELECT lease_until FROM webhook_outbox
+        -- 'infinity': a stream stopped behind a dead letter (schema 6), due at no time.
+        (SELECT min(created_at) FROM webhook_outbox WHERE NOT processed AND created_at > now()
+                                                        AND created_at < 'infinity'),
+        -- An unleased ordered row waits for its stream's head to settle, or for the horizon,
+        -- which wake the dispatcher themselves: it is not a locked row to look at again.
+        (SELECT min(CASE WHEN $10::boolean AND lease_until IS NULL AND ordered THEN NULL
+                         ELSE greatest(coalesce(lease_until, now()), now()) END) FROM (
+            SELECT lease_until,
+                   order_key IS NOT NULL
+                   OR ($12::boolean AND stream_id IS NOT NULL AND endpoint_id IS NULL
+                       AND NOT ($13::boolean AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)) AS ordered
+            FROM webhook_outbox
             WHERE NOT processed AND created_at <= now()
               AND NOT (coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($3::text[]))
               AND NOT (attempt > 1 AND coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($9::text[]))
               AND id <> ALL (ARRAY(SELECT id FROM claimed))
             ORDER BY created_at, id
             LIMIT 1000) head)
-    ) - now() END AS wait, pg_current_snapshot()::text AS snapshot
+    ) - now() END AS wait, pg_current_snapshot()::text AS snapshot,
+    -- Read after this statement's snapshot was taken, as Horizon requires.
+    CASE WHEN $10::boolean THEN webhook_outbox_horizon() END AS horizon
 )
-SELECT c.*, NULL::interval, NULL::text, NULL::bigint FROM claimed c
+SELECT c.*, NULL::interval, NULL::text, NULL::bigint, NULL::text FROM claimed c
 UNION ALL
-SELECT 0, '', '', '', '{}', 1, now(), now(), NULL, '', '', false, wait, snapshot,
-       pg_sequence_last_value('webhook_endpoints_version') FROM next
+SELECT 0, '', '', '', '{}', 1, now(), now(), NULL, '', '', false, 0, wait, snapshot,
+       pg_sequence_last_value('webhook_endpoints_version'), horizon FROM next

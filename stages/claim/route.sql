@@ -3,7 +3,8 @@
 -- so that it goes straight to the pipeline without another claim.
 --   $1 the event rows' ids, $2 their lease tokens, $3 this dispatcher's instance id, $4
 --   whether the configured WEBHOOK_URL takes events without a tenant, $5 the new rows' lease
---   token, $6 the lease in milliseconds.
+--   token, $6 the lease in milliseconds, $7 whether WEBHOOK_ORDERING=stream orders the events
+--   kept for WEBHOOK_URL (schema 6).
 --
 -- An event matches an endpoint that is enabled, has the event's tenant (both NULL, or equal:
 -- never across tenants), existed when the event was enqueued (an endpoint added later
@@ -14,18 +15,26 @@
 -- is settled here, its error column saying how many endpoints got it, or 'no endpoint
 -- matched': such an event is recorded and counted, never silently dropped.
 --
--- Returns the new delivery rows ('d') and one row per event routed ('e': kept for
--- WEBHOOK_URL or not, endpoints matched). An event the statement did not route (its lease
--- was lost) returns nothing.
+-- Ordered delivery (schema 6): a delivery to an endpoint with ordering 'stream' of an event
+-- with a stream_id carries the event's id as its order_key and is inserted unleased, as is
+-- an event kept for WEBHOOK_URL when $7 orders it: a claim takes it when it is its stream's
+-- head (see claim.sql), not this statement.
+--
+-- Returns the new leased delivery rows ('d'), one row per ordered delivery left for a claim
+-- ('q'), and one row per event routed ('e': kept for WEBHOOK_URL or not, endpoints matched;
+-- 'r': kept, and left for a claim). An event the statement did not route (its lease was lost)
+-- returns nothing.
 WITH input AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token)
 ), src AS (
     SELECT o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.created_at, o.enqueued_at, o.tenant,
-           $4::boolean AND o.tenant IS NULL AS keep
+           $4::boolean AND o.tenant IS NULL AS keep,
+           $7::boolean AND o.stream_id IS NOT NULL AS ordered
     FROM webhook_outbox o JOIN input i ON o.id = i.id
     WHERE o.leased_by = $3 AND o.lease_token = i.token AND o.processed IS NOT TRUE AND o.routed_at IS NULL
 ), matched AS (
-    SELECT src.*, e.id AS endpoint_id
+    SELECT src.*, e.id AS endpoint_id,
+           CASE WHEN e.ordering = 'stream' AND src.stream_id IS NOT NULL THEN src.id END AS order_key
     FROM src JOIN webhook_endpoints e
       ON e.enabled
      AND e.tenant IS NOT DISTINCT FROM src.tenant
@@ -35,32 +44,38 @@ WITH input AS (
           OR EXISTS (SELECT 1 FROM unnest(e.event_types) f
                      WHERE f LIKE '%.*' AND starts_with(src.event_type, left(f, -1))))
 ), counted AS (
-    SELECT src.id, src.keep, (SELECT count(*) FROM matched m WHERE m.id = src.id) AS n FROM src
+    SELECT src.id, src.keep, src.ordered, (SELECT count(*) FROM matched m WHERE m.id = src.id) AS n FROM src
 ), events AS (
     UPDATE webhook_outbox o
     SET routed_at = now(),
         processed = NOT c.keep,
         processed_at = CASE WHEN c.keep THEN NULL ELSE now() END,
-        lease_until = CASE WHEN c.keep THEN o.lease_until END,
+        lease_until = CASE WHEN c.keep AND NOT c.ordered THEN o.lease_until END,
+        leased_by = CASE WHEN c.keep AND NOT c.ordered THEN o.leased_by END,
+        lease_token = CASE WHEN c.keep AND NOT c.ordered THEN o.lease_token END,
         error = CASE WHEN c.keep THEN NULL
                      WHEN c.n = 0 THEN 'no endpoint matched'
                      ELSE 'routed to ' || c.n || ' endpoint(s)' END
     FROM counted c
     WHERE o.id = c.id
-    RETURNING o.id, c.keep, c.n
+    RETURNING o.id, c.keep, c.ordered, c.n
 ), fan AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at,
-                                tenant, endpoint_id, routed_at, lease_until, leased_by, lease_token)
+                                tenant, endpoint_id, routed_at, lease_until, leased_by, lease_token, order_key)
     SELECT stream_id, event_type, payload, created_at, delivery_id, 1, enqueued_at,
-           tenant, endpoint_id, now(), now() + $6::bigint * interval '1 millisecond', $3, $5
+           tenant, endpoint_id, now(),
+           CASE WHEN order_key IS NULL THEN now() + $6::bigint * interval '1 millisecond' END,
+           CASE WHEN order_key IS NULL THEN $3 END, CASE WHEN order_key IS NULL THEN $5::bigint END, order_key
     FROM matched
     ORDER BY id, endpoint_id
     RETURNING id, delivery_id::text AS delivery_id, coalesce(stream_id, '') AS stream_id, event_type,
               payload::text AS payload, attempt, enqueued_at, created_at, endpoint_id::text AS endpoint_id,
-              coalesce(tenant, '') AS tenant
+              coalesce(tenant, '') AS tenant, order_key
 )
-SELECT 'd', f.id, f.delivery_id, f.stream_id, f.event_type, f.payload, f.attempt, f.enqueued_at, f.created_at,
-       f.endpoint_id, f.tenant, false, 0::bigint
+SELECT CASE WHEN f.order_key IS NULL THEN 'd' ELSE 'q' END, f.id, f.delivery_id, f.stream_id, f.event_type,
+       f.payload, f.attempt, f.enqueued_at, f.created_at, f.endpoint_id, f.tenant, false, 0::bigint
 FROM fan f
 UNION ALL
-SELECT 'e', e.id, '', '', '', '{}', 1, now(), now(), '', '', e.keep, e.n FROM events e
+SELECT CASE WHEN e.keep AND e.ordered THEN 'r' ELSE 'e' END, e.id, '', '', '', '{}', 1, now(), now(), '', '',
+       e.keep, e.n
+FROM events e

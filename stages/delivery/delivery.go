@@ -43,6 +43,12 @@ type Delivery struct {
 	// outcome only while the row still carries it (and this instance's id): a holder whose
 	// lease ran out and whose row another claim took has its outcome refused (Outcome.Stale).
 	LeaseToken int64
+	// OrderKey is the row's place in its stream when its consumer orders streams (schema 6):
+	// its event's id, kept by every retry and replay. 0: unordered.
+	OrderKey int64
+	// StopStream: the row is ordered and its consumer stops the stream, rather than skipping
+	// the event, when it is dead-lettered (ordering_failure 'stop').
+	StopStream bool
 
 	// Endpoint is the validated target, set when the row is prepared. It is shared by every
 	// row that goes to the same URL.

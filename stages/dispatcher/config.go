@@ -22,6 +22,11 @@ type Config struct {
 	DatabaseURL string
 	// DefaultURL is the consumer for rows without endpoint_url (WEBHOOK_URL).
 	DefaultURL string
+	// Ordering delivers the rows without a managed endpoint (WEBHOOK_URL's and endpoint_url's)
+	// of each stream_id one at a time, in id order (WEBHOOK_ORDERING=stream; schema 6).
+	// OrderingStop stops such a stream at a dead letter until it is replayed or purged,
+	// instead of going on without it (WEBHOOK_ORDERING_FAILURE=stop).
+	Ordering, OrderingStop bool
 	// Secret signs requests (WEBHOOK_SECRET); PreviousSecret also signs during a rotation
 	// with the Standard Webhooks scheme (WEBHOOK_SECRET_PREVIOUS).
 	Secret, PreviousSecret string

@@ -67,6 +67,9 @@ type Dispatcher struct {
 	draining atomic.Bool
 	// gated are the endpoints the gate is holding back, which claims skip (see gatedEndpoints).
 	gated gatedEndpoints
+	// streamMoved is set when this instance settled the head of an ordered stream, whose next
+	// row the next claim must look for from the head of the due index (see streamMoved).
+	streamMoved atomic.Bool
 	// endpoints are the managed endpoints (webhook_endpoints), cipher opens their secrets.
 	endpoints endpointCache
 	cipher    *endpoints.Cipher
@@ -459,7 +462,8 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	var skipping []string
 	var hold skipHoldback
 	backoff := time.Duration(0)
-	var lockedWait time.Duration                         // see minDueWait
+	var lockedWait time.Duration // see minDueWait
+	var ordering orderingState
 	claimCtx, cancelClaims := withGrace(ctx, claimGrace) // see claimGrace
 	defer cancelClaims()
 	for ctx.Err() == nil {
@@ -488,13 +492,15 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		}
 		skipping = append(append(skipping[:0], skip.Endpoints...), skip.Retries...)
 		after := cursor
-		if now.Sub(headAt) >= claim.CursorMaxAge || !subset(skipped, skipping) {
+		if now.Sub(headAt) >= claim.CursorMaxAge || !subset(skipped, skipping) || d.streamMoved.Swap(false) {
+			// (An ordered stream that moved on has its next row behind the cursor too.)
 			// Rows of an endpoint skipped before and not now may lie behind the cursor.
 			after = claim.Cursor{}
 		}
 		if after.IsHead() {
 			headAt = now
 		}
+		d.beforeClaim(&ordering)
 		res, err := d.claimer.Claim(claimCtx, limit, skip, arming, after)
 		rows := res.Rows
 		if err == nil {
@@ -518,6 +524,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		backoff = 0
 		d.stats.Claims.Add(1)
 		d.endpoints.version.Store(res.EndpointsVersion)
+		d.afterClaim(&ordering, res)
 		d.metrics.claimRows.Observe(float64(len(rows)))
 		full := len(rows) == limit
 		cursor = claim.Cursor{}
@@ -916,6 +923,7 @@ func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
 	}
 	check := batch[:0:0]
 	for _, del := range batch {
+		d.markOrdered(del)
 		if reason := d.validate(del); reason != "" {
 			del.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: reason}
 			d.toSettle <- del
@@ -1030,6 +1038,10 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 				soonest = del.Outcome.Delay
 			}
 		}
+	}
+	if streamMoved(settled) {
+		soonest = 0 // the next event of an ordered stream may go now
+		d.streamMoved.Store(true)
 	}
 	if soonest >= 0 {
 		d.waker.DueIn(soonest)

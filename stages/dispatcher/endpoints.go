@@ -50,6 +50,8 @@ type endpointCache struct {
 	loaded  int64
 	reload  time.Time // when a grace ends; zero: none pending
 	byID    map[string]*managed
+	// ordered: some enabled endpoint orders its streams.
+	ordered bool
 	// enabledAt remembers which endpoints were enabled at the previous load, to dead-letter
 	// the pending deliveries of one that has just been disabled.
 	enabledAt map[string]bool
@@ -110,8 +112,12 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 			enabled = append(enabled, m)
 		}
 	}
+	ordered := false
+	for _, m := range byID {
+		ordered = ordered || m.ep.Enabled && m.ep.Ordering == "stream"
+	}
 	c.mu.Lock()
-	c.byID, c.loaded, c.reload = byID, want, reload
+	c.byID, c.loaded, c.reload, c.ordered = byID, want, reload, ordered
 	c.enabledAt = make(map[string]bool, len(byID))
 	for id, m := range byID {
 		c.enabledAt[id] = m.ep.Enabled
@@ -143,6 +149,13 @@ func (c *endpointCache) any() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.byID) > 0
+}
+
+// anyOrdered reports whether some endpoint orders its streams.
+func (c *endpointCache) anyOrdered() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ordered
 }
 
 // route fans out the events of batch to their endpoints and returns the rows to deliver: the
@@ -189,6 +202,9 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 	d.slots.Take(len(res.Deliveries))
 	d.slots.Release(len(events) - len(res.Kept))
 	d.stats.Claimed.Add(int64(len(res.Deliveries)))
+	if res.Queued > 0 {
+		d.waker.DueIn(0) // ordered deliveries wait for a claim: make it now
+	}
 	if res.Unrouted > 0 {
 		d.metrics.unrouted.Add(float64(res.Unrouted))
 		d.log.Info("events matched no endpoint", zap.Int("events", res.Unrouted))

@@ -8,11 +8,12 @@ WITH settled AS (
     SET processed = true, processed_at = now(), lease_until = NULL,
         status_code = nullif($3::int, 0), error = nullif($4::text, '')
     WHERE id = $1 AND processed IS NOT TRUE AND leased_by = $5 AND lease_token = $6
-    RETURNING id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, enqueued_at, tenant, endpoint_id
+    RETURNING id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, enqueued_at, tenant, endpoint_id,
+              order_key
 )
 INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload,
                                  endpoint_url, attempts, last_status, last_error, reason, enqueued_at,
-                                 tenant, endpoint_id)
+                                 tenant, endpoint_id, order_key)
 SELECT id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt,
-       nullif($3::int, 0), nullif($4::text, ''), $2, enqueued_at, tenant, endpoint_id
+       nullif($3::int, 0), nullif($4::text, ''), $2, enqueued_at, tenant, endpoint_id, order_key
 FROM settled

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -190,10 +191,15 @@ func (s *Settler) columns(batch []*delivery.Delivery) []any {
 	delays := make([]int64, n)
 	reasons := make([]string, n)
 	tokens := make([]int64, n)
+	orderKeys := make([]int64, n)
 	for i, d := range batch {
 		o := d.Outcome
 		ids[i] = d.ID
 		kinds[i] = int16(o.Kind)
+		if o.Kind == delivery.Permanent && d.StopStream && d.OrderKey != 0 {
+			kinds[i] = stopKind
+		}
+		orderKeys[i] = d.OrderKey
 		statuses[i] = int32(o.Status)
 		errs[i] = o.Error
 		durations[i] = int32(o.Duration.Milliseconds())
@@ -201,12 +207,30 @@ func (s *Settler) columns(batch []*delivery.Delivery) []any {
 		reasons[i] = o.Reason
 		tokens[i] = d.LeaseToken
 	}
-	return []any{ids, kinds, statuses, errs, durations, delays, reasons, s.instance, tokens}
+	return []any{ids, kinds, statuses, errs, durations, delays, reasons, s.instance, tokens, orderKeys}
 }
+
+// stopKind is settle.sql's kind for the dead letter of an ordered row whose consumer stops
+// the stream (delivery.Delivery.StopStream): the row stays, parked, in front of its stream.
+const stopKind = 6
 
 // decide turns a Retry outcome into the next attempt's delay or, after the last scheduled
 // retry, a dead letter. It also fills in dead-letter reasons for Permanent outcomes.
 func (s *Settler) decide(d *delivery.Delivery) {
+	s.decideKind(d)
+	// An ordered stream that skips its dead letters moves on: the dead letter says so.
+	if o := &d.Outcome; o.Kind == delivery.Permanent && d.OrderKey != 0 && !d.StopStream &&
+		!strings.HasSuffix(o.Reason, skippedSuffix) {
+		o.Reason += "; skipped in stream " + strconv.Quote(d.StreamID) + skippedSuffix
+	}
+}
+
+// skippedSuffix ends the reason of an ordered delivery dead-lettered by a consumer whose
+// streams skip their dead letters (ordering_failure 'skip').
+const skippedSuffix = "'s order: its later events went on"
+
+// decideKind is decide without the ordered stream's note.
+func (s *Settler) decideKind(d *delivery.Delivery) {
 	o := &d.Outcome
 	switch o.Kind {
 	case delivery.Retry:
@@ -220,6 +244,7 @@ func (s *Settler) decide(d *delivery.Delivery) {
 		if o.Reason == "" {
 			o.Reason = "permanent failure: " + describe(*o)
 		}
+
 	case delivery.Undecided:
 		// A stage forgot to decide: never lose the row, retry it soon without using an attempt.
 		o.Kind = delivery.Release

@@ -2,7 +2,13 @@
 --   $1 row ids, $2 kinds (1 delivered, 2 retry, 3 dead letter, 4 defer, 5 release), $3 HTTP
 --   status (0 = none), $4 error ('' = none), $5 attempt duration ms, $6 delay ms before the
 --   next row is due (retry, defer) or the lease ends (release), $7 dead-letter or deferral
---   reason, $8 this dispatcher's instance id, $9 each row's lease token (its claim's).
+--   reason, $8 this dispatcher's instance id, $9 each row's lease token (its claim's), $10 each
+--   row's order key (schema 6; 0: unordered). Kind 6 is a dead letter of an ordered row whose
+--   consumer stops the stream: the row stays undelivered, parked at 'infinity' with the reason,
+--   so that it holds the rest of its stream until the dead letter is replayed or purged.
+--
+-- A retry and a dead letter of an ordered row keep its order key: the retry keeps the stream's
+-- place, and a replay goes back to it.
 --
 -- Every kind is fenced by the lease (schema 4): a row is written only while leased_by and
 -- lease_token are still those of the claim that leased it. When the lease ran out during a
@@ -25,8 +31,8 @@
 WITH input AS (
     SELECT *
     FROM unnest($1::bigint[], $2::smallint[], $3::int[], $4::text[], $5::int[], $6::bigint[], $7::text[],
-                $9::bigint[])
-        AS t(id, kind, status, error, duration_ms, delay_ms, reason, token)
+                $9::bigint[], $10::bigint[])
+        AS t(id, kind, status, error, duration_ms, delay_ms, reason, token, order_key)
 ), settled AS (
     UPDATE webhook_outbox o
     SET processed = true,
@@ -40,23 +46,40 @@ WITH input AS (
     WHERE o.id = i.id AND i.kind IN (1, 2, 3) AND o.processed IS NOT TRUE
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
-              o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, i.kind, i.status, i.error, i.delay_ms, i.reason
+              o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, i.kind, i.status, i.error, i.delay_ms, i.reason,
+              nullif(i.order_key, 0) AS order_key
+), stopped AS (
+    UPDATE webhook_outbox o
+    SET created_at = 'infinity',
+        lease_until = NULL,
+        leased_by = NULL,
+        lease_token = NULL,
+        status_code = nullif(i.status, 0),
+        error = nullif(i.error, ''),
+        duration_ms = i.duration_ms,
+        order_key = nullif(i.order_key, 0),
+        deferred_reason = 'stream stopped: ' || i.reason
+    FROM input i
+    WHERE o.id = i.id AND i.kind = 6 AND o.processed IS NOT TRUE
+      AND o.leased_by = $8 AND o.lease_token = i.token
+    RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
+              o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, i.kind, i.status, i.error, i.delay_ms, i.reason,
+              o.order_key
 ), requeued AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt,
-                                enqueued_at, endpoint_url, tenant, endpoint_id, routed_at)
+                                enqueued_at, endpoint_url, tenant, endpoint_id, routed_at, order_key)
     SELECT stream_id, event_type, payload, now() + delay_ms * interval '1 millisecond', delivery_id,
-           attempt + 1, enqueued_at, endpoint_url, tenant, endpoint_id, routed_at
+           attempt + 1, enqueued_at, endpoint_url, tenant, endpoint_id, routed_at, order_key
     FROM settled
     WHERE kind = 2
     RETURNING id
 ), dead AS (
     INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload,
                                      endpoint_url, attempts, last_status, last_error, reason,
-                                     enqueued_at, tenant, endpoint_id)
+                                     enqueued_at, tenant, endpoint_id, order_key)
     SELECT id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt,
-           nullif(status, 0), nullif(error, ''), reason, enqueued_at, tenant, endpoint_id
-    FROM settled
-    WHERE kind = 3
+           nullif(status, 0), nullif(error, ''), reason, enqueued_at, tenant, endpoint_id, order_key
+    FROM (SELECT * FROM settled WHERE kind = 3 UNION ALL SELECT * FROM stopped) d
     RETURNING id
 ), deferred AS (
     UPDATE webhook_outbox o
@@ -77,6 +100,7 @@ WITH input AS (
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id
 )
-SELECT (SELECT count(*) FROM settled), (SELECT count(*) FROM requeued),
+SELECT (SELECT count(*) FROM settled) + (SELECT count(*) FROM stopped), (SELECT count(*) FROM requeued),
        (SELECT count(*) FROM dead), (SELECT count(*) FROM deferred), (SELECT count(*) FROM released),
-       ARRAY(SELECT id FROM settled UNION ALL SELECT id FROM deferred UNION ALL SELECT id FROM released)
+       ARRAY(SELECT id FROM settled UNION ALL SELECT id FROM stopped UNION ALL SELECT id FROM deferred
+             UNION ALL SELECT id FROM released)

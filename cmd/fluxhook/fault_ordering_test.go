@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/outbox"
+	"github.com/fluxora/fluxhook/sql/sqltest"
+)
+
+// TestFaultOrderedStreams is ordered delivery's property test: random streams go through two
+// instances with WEBHOOK_ORDERING=stream while the consumer fails a share of attempts, one
+// instance is frozen past its lease (its heads are taken over by the other) and the other is
+// killed with SIGKILL and replaced. Every stream's first arrivals (by delivery id) must come
+// strictly in the order the events were enqueued, and nothing may be lost.
+func TestFaultOrderedStreams(t *testing.T) {
+	t.Parallel()
+	const streams, perStream = 40, 20
+	db := sqltest.NewMigrated(t)
+	c := newHookConsumer(t, func(ctx context.Context, req *hookRequest) int {
+		h := fnv.New32a()
+		fmt.Fprint(h, req.DeliveryID, req.Attempt)
+		switch v := h.Sum32() % 100; {
+		case v < 15:
+			return http.StatusInternalServerError
+		case v < 25:
+			select { // slow: keeps heads in flight across the faults
+			case <-time.After(300 * time.Millisecond):
+			case <-ctx.Done():
+				return 0
+			}
+		}
+		return http.StatusOK
+	})
+	env := func(app string) map[string]string {
+		e := faultEnv(withURLParam(t, db.URL, "application_name", app), c.URL())
+		e["WEBHOOK_ORDERING"] = "stream"
+		e["WEBHOOK_TIMEOUT_MS"] = "2000"
+		e["WEBHOOK_LEASE_MS"] = "4000"
+		e["WEBHOOK_RETRY_SCHEDULE"] = "100ms,100ms,100ms,100ms,100ms,100ms,100ms,100ms,100ms,100ms"
+		return e
+	}
+	frozen := startServe(t, "frozen serve", env("fluxhook-frozen"))
+	victim := startServe(t, "victim serve", env("fluxhook-victim"))
+	frozenID, victimID := frozen.instanceID(), victim.instanceID()
+
+	prod := startProducer(t, db.Pool, streams*perStream, faultRate, func(i int) outbox.Event {
+		s := fmt.Sprintf("s%d", i%streams)
+		return outbox.Event{StreamID: s, EventType: "stream.updated", Payload: map[string]any{"stream": s, "seq": i / streams}}
+	})
+	leasedBy := func(instance string) []string {
+		return queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_outbox
+			WHERE NOT processed AND leased_by = $1`, instance)
+	}
+	inFlight := map[string]bool{}
+
+	// Lease expiry: freeze one instance with rows in flight, past its lease.
+	pollUntil(t, faultWait, "the first instance to hold rows in flight under load", func() bool {
+		return prod.produced() > streams*perStream/4 && len(leasedBy(frozenID)) > 0
+	})
+	frozen.signal(syscall.SIGSTOP)
+	for _, id := range leasedBy(frozenID) {
+		inFlight[id] = true
+	}
+	pollUntil(t, faultWait, "the frozen instance's leases to run out and its rows to move on", func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed AND leased_by = $1
+			AND lease_until > now()`, frozenID) == 0
+	})
+	frozen.signal(syscall.SIGCONT)
+
+	// A kill: the other instance dies with rows in flight and a new one takes its place.
+	pollUntil(t, faultWait, "the second instance to hold rows in flight", func() bool {
+		return prod.produced() > streams*perStream/2 && len(leasedBy(victimID)) > 0
+	})
+	victim.kill()
+	victim.waitExit(5 * time.Second)
+	pollUntil(t, 15*time.Second, "the killed instance's sessions to end", func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'fluxhook-victim'`) == 0
+	})
+	for _, id := range leasedBy(victimID) {
+		inFlight[id] = true
+	}
+	replacement := startServe(t, "replacement serve", env("fluxhook-replacement"))
+
+	ids := prod.wait(t, faultWait)
+	waitSettled(t, db, faultWait, []*serveProc{frozen, replacement}, []*hookConsumer{c}, len(ids))
+	tally := checkNoneLost(t, db, ids, []*hookConsumer{c}, faultExpect{InFlight: inFlight})
+
+	// Every stream's first arrivals, in the consumer's arrival order.
+	reqs := c.requests()
+	slices.SortFunc(reqs, func(a, b *hookRequest) int { return a.N - b.N })
+	seen := map[string]bool{}
+	next := map[string]int{}
+	var out []string
+	for _, r := range reqs {
+		if seen[r.DeliveryID] {
+			continue
+		}
+		seen[r.DeliveryID] = true
+		var ev struct {
+			Stream string `json:"stream"`
+			Seq    int    `json:"seq"`
+		}
+		if err := json.Unmarshal(r.Body, &ev); err != nil {
+			t.Fatalf("payload %s: %v", r.Body, err)
+		}
+		if ev.Seq != next[ev.Stream] {
+			out = append(out, fmt.Sprintf("%s: event %d arrived first when %d was next", ev.Stream, ev.Seq, next[ev.Stream]))
+		}
+		next[ev.Stream] = ev.Seq + 1
+	}
+	if len(out) > 0 {
+		t.Errorf("%d streams out of order: %v", len(out), out)
+	}
+	for s := range streams {
+		if n := next[fmt.Sprintf("s%d", s)]; n != perStream {
+			t.Errorf("stream s%d: first arrivals stopped at event %d of %d", s, n, perStream)
+		}
+	}
+	t.Logf("%s; %d rows in flight at the two faults", tally, len(inFlight))
+	frozen.stopCleanly()
+	replacement.stopCleanly()
+}

@@ -1,0 +1,111 @@
+package dispatcher
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/fluxora/fluxhook/stages/claim"
+	"github.com/fluxora/fluxhook/stages/delivery"
+)
+
+// Ordered delivery per stream (schema 6). The database decides which rows may go: a claim
+// takes an ordered row only when it is its stream's head and within the hold-back horizon
+// (claim.sql). The dispatcher's part is small: it tells each claim whether anything is
+// ordered and where the horizon is, it keeps the horizon from the claims' readings, it marks
+// the rows it sends with their order key (so that a retry keeps the stream's place) and their
+// consumer's failure mode, and it claims again as soon as a stream can move on: when this
+// instance settles an ordered row, or the horizon moves.
+
+// orderingState is the claiming loop's: only it touches it.
+type orderingState struct {
+	horizon claim.Horizon
+	set     claim.Ordering // what the claimer was last told
+	wait    time.Duration  // the look again while the horizon waits for a producer to end
+}
+
+// holdbackLook bounds how soon and how late the claiming loop looks again while an older
+// producer transaction holds the horizon back: at first soon (most producer transactions
+// last a few milliseconds), then doubling.
+const (
+	minHoldbackLook = 2 * time.Millisecond
+	maxHoldbackLook = 500 * time.Millisecond
+)
+
+// orders reports whether some consumer orders its streams: WEBHOOK_ORDERING=stream, or a
+// managed endpoint with ordering 'stream'.
+func (d *Dispatcher) orders() bool {
+	return d.cfg.Ordering || d.endpoints.anyOrdered()
+}
+
+// beforeClaim tells the claimer what the next claim needs to know about ordering.
+func (d *Dispatcher) beforeClaim(s *orderingState) {
+	o := claim.Ordering{Default: d.cfg.Ordering, Routed: d.endpoints.any()}
+	if o.Active = d.orders(); o.Active {
+		o.Horizon = s.horizon.Safe()
+	}
+	if o != s.set {
+		s.set = o
+		d.claimer.SetOrdering(o)
+	}
+}
+
+// afterClaim takes the claim's hold-back reading and sets the timer for the next look: at once
+// when the horizon moved (rows it held back may go now), soon while a producer transaction
+// that could still commit an older event is open.
+func (d *Dispatcher) afterClaim(s *orderingState, res claim.Result) {
+	if res.Horizon == "" {
+		return
+	}
+	moved, err := s.horizon.Observe(res.Horizon)
+	if err != nil {
+		d.log.Warn("ordered delivery: unreadable hold-back reading; ordered rows wait", zap.Error(err))
+		return
+	}
+	switch {
+	case moved:
+		s.wait = 0
+		d.waker.DueIn(0)
+	case s.horizon.Waiting():
+		s.wait = min(max(2*s.wait, minHoldbackLook), maxHoldbackLook)
+		d.waker.DueIn(s.wait)
+	default:
+		s.wait = 0
+	}
+}
+
+// markOrdered sets the order key and failure mode of a row about to be sent or settled. A
+// managed endpoint's ordered delivery has its key from routing; a row of WEBHOOK_URL or an
+// endpoint_url under WEBHOOK_ORDERING=stream is ordered by its own id, which its retries then
+// carry.
+func (d *Dispatcher) markOrdered(del *delivery.Delivery) {
+	switch {
+	case del.EndpointID != "":
+		if del.OrderKey != 0 {
+			if m := d.endpoints.lookup(del.EndpointID); m != nil {
+				del.StopStream = m.ep.OrderingFailure == "stop"
+			}
+		}
+	case d.cfg.Ordering && del.StreamID != "": // (called after routing: no event is left to route)
+		if del.OrderKey == 0 {
+			del.OrderKey = del.ID
+		}
+		del.StopStream = d.cfg.OrderingStop
+	}
+}
+
+// streamMoved reports whether settling batch lets an ordered stream go on (a head delivered
+// or skipped), so that the claiming loop should claim again now rather than at its next
+// wake-up.
+func streamMoved(batch []*delivery.Delivery) bool {
+	for _, del := range batch {
+		o := del.Outcome
+		if del.OrderKey == 0 || o.Stale || o.Unsettled {
+			continue
+		}
+		if o.Kind == delivery.Delivered || o.Kind == delivery.Permanent && !del.StopStream {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,349 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/endpoints"
+	"github.com/fluxora/fluxhook/sql/outbox"
+)
+
+// streamEvent is the payload of the ordering tests' events: its stream and its place in it.
+type streamEvent struct {
+	Stream string `json:"stream"`
+	Seq    int    `json:"seq"`
+}
+
+// streamWatch wraps a consumer's answers to check what ordering promises while requests
+// arrive: no two requests of one stream at once.
+type streamWatch struct {
+	mu       sync.Mutex
+	inFlight map[string]int
+	overlaps []string
+}
+
+func (w *streamWatch) wrap(respond func(a arrival, ev streamEvent, w http.ResponseWriter)) func(a arrival, rw http.ResponseWriter) {
+	return func(a arrival, rw http.ResponseWriter) {
+		var ev streamEvent
+		_ = json.Unmarshal(a.Body, &ev)
+		w.mu.Lock()
+		if w.inFlight[ev.Stream] > 0 {
+			w.overlaps = append(w.overlaps, fmt.Sprintf("%s#%d", ev.Stream, ev.Seq))
+		}
+		w.inFlight[ev.Stream]++
+		w.mu.Unlock()
+		respond(a, ev, rw)
+		w.mu.Lock()
+		w.inFlight[ev.Stream]--
+		w.mu.Unlock()
+	}
+}
+
+// insertStreams commits streams × perStream events, interleaved across streams (round robin,
+// a few events per transaction), each with its stream and place in the payload.
+func (b *bundle) insertStreams(prefix string, streams, perStream int) {
+	b.t.Helper()
+	ctx := context.Background()
+	for seq := range perStream {
+		for s := 0; s < streams; s += 4 {
+			var rows []string
+			for k := s; k < min(s+4, streams); k++ {
+				rows = append(rows, fmt.Sprintf(`('%s%d', 'stream.updated', '{"stream": "%s%d", "seq": %d}')`, prefix, k, prefix, k, seq))
+			}
+			if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload) VALUES `+strings.Join(rows, ", ")); err != nil {
+				b.t.Fatal(err)
+			}
+		}
+	}
+}
+
+// checkStreamOrder checks that each stream's first arrivals (by delivery id) came in the order
+// of their places, and returns how many distinct events arrived per stream.
+func checkStreamOrder(t *testing.T, c *consumer, managed bool) map[string]int {
+	t.Helper()
+	seen := map[string]bool{}
+	last := map[string]int{}
+	n := map[string]int{}
+	for _, a := range c.arrivals() {
+		if a.VerifyErr != nil && !managed { // a managed endpoint signs with its own secret
+			t.Errorf("a request does not verify: %v", a.VerifyErr)
+		}
+		if seen[a.DeliveryID] {
+			continue
+		}
+		seen[a.DeliveryID] = true
+		var ev streamEvent
+		if err := json.Unmarshal(a.Body, &ev); err != nil {
+			t.Fatalf("payload %s: %v", a.Body, err)
+		}
+		if prev, ok := last[ev.Stream]; ok && ev.Seq <= prev {
+			t.Errorf("stream %s: event %d arrived first after event %d", ev.Stream, ev.Seq, prev)
+		}
+		last[ev.Stream] = ev.Seq
+		n[ev.Stream]++
+	}
+	return n
+}
+
+// failsFirst decides a deterministic share of deliveries that fail their first attempt.
+func failsFirst(a arrival, oneIn uint32) bool {
+	h := fnv.New32a()
+	h.Write([]byte(a.DeliveryID))
+	return a.Attempt == "1" && h.Sum32()%oneIn == 0
+}
+
+// TestOrderedStreams: with WEBHOOK_ORDERING=stream, each stream's events reach the consumer one
+// at a time and in order, while a third of them fail their first attempt and are retried;
+// nothing is lost.
+func TestOrderedStreams(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var watch streamWatch
+	watch.inFlight = map[string]int{}
+	c := newConsumer(t, watch.wrap(func(a arrival, ev streamEvent, w http.ResponseWriter) {
+		if failsFirst(a, 3) {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	cfg := b.config(c.URL())
+	cfg.Ordering = true
+	cfg.RetrySchedule = []time.Duration{50 * time.Millisecond, 50 * time.Millisecond, 50 * time.Millisecond}
+	b.start(cfg)
+	const streams, perStream = 24, 8
+	b.insertStreams("s", streams, perStream)
+	b.waitSettled(60 * time.Second)
+	got := checkStreamOrder(t, c, false)
+	for s := range streams {
+		if n := got[fmt.Sprintf("s%d", s)]; n != perStream {
+			t.Errorf("stream s%d: %d events arrived, want %d", s, n, perStream)
+		}
+	}
+	if len(watch.overlaps) > 0 {
+		t.Errorf("requests of one stream overlapped at %v", watch.overlaps)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE attempt > 1`); n == 0 {
+		t.Error("no event was retried: the test did not exercise retries")
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Errorf("%d dead letters, want none", n)
+	}
+}
+
+// TestOrderedEndpoint: an endpoint with ordering 'stream' receives each stream in order, while
+// an unordered endpoint subscribed to the same events receives them all as well.
+func TestOrderedEndpoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var watch streamWatch
+	watch.inFlight = map[string]int{}
+	ordered := newConsumer(t, watch.wrap(func(a arrival, ev streamEvent, w http.ResponseWriter) {
+		if failsFirst(a, 4) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	plain := newConsumer(t, nil)
+	oep := b.addEndpoint(endpoints.New{URL: ordered.URL()})
+	b.addEndpoint(endpoints.New{URL: plain.URL()})
+	if _, err := b.pool.Exec(context.Background(), `UPDATE webhook_endpoints SET ordering = 'stream' WHERE id = $1`, oep.ID); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	cfg.RetrySchedule = []time.Duration{50 * time.Millisecond, 50 * time.Millisecond}
+	b.start(cfg)
+	const streams, perStream = 16, 6
+	b.insertStreams("e", streams, perStream)
+	b.waitSettled(60 * time.Second)
+	got := checkStreamOrder(t, ordered, true)
+	for s := range streams {
+		if n := got[fmt.Sprintf("e%d", s)]; n != perStream {
+			t.Errorf("ordered endpoint, stream e%d: %d events arrived, want %d", s, n, perStream)
+		}
+	}
+	if len(watch.overlaps) > 0 {
+		t.Errorf("requests of one stream overlapped at %v", watch.overlaps)
+	}
+	if n := len(plain.byDelivery()); n != streams*perStream {
+		t.Errorf("the unordered endpoint received %d events, want %d", n, streams*perStream)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND order_key IS NULL`, oep.ID); n != 0 {
+		t.Errorf("%d of the ordered endpoint's deliveries carry no order key", n)
+	}
+}
+
+// TestFailingStreamSkips: a stream whose head keeps failing holds only itself: every other
+// stream is delivered while it retries, and once its head is dead-lettered (saying it was
+// skipped) the stream's later events follow, in order.
+func TestFailingStreamSkips(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		var ev streamEvent
+		_ = json.Unmarshal(a.Body, &ev)
+		if ev.Stream == "bad" && ev.Seq == 0 {
+			select { // the head fails only once the others are all in
+			case <-release:
+			case <-a.Ctx.Done():
+			}
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	cfg := b.config(c.URL())
+	cfg.Ordering = true
+	cfg.RetrySchedule = []time.Duration{50 * time.Millisecond}
+	cfg.Timeout = 60 * time.Second // the head's first attempt waits for the other streams
+	b.start(cfg)
+	ctx := context.Background()
+	for seq := range 4 {
+		if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+			VALUES ('bad', 'stream.updated', jsonb_build_object('stream', 'bad', 'seq', $1::int))`, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.insertStreams("ok", 10, 5)
+	eventually(t, 30*time.Second, "every other stream delivered", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE processed AND stream_id LIKE 'ok%'`) == 50
+	})
+	for _, a := range c.arrivals() {
+		var ev streamEvent
+		_ = json.Unmarshal(a.Body, &ev)
+		if ev.Stream == "bad" && ev.Seq != 0 {
+			t.Fatalf("stream bad's event %s arrived while its head was in flight", a.Body)
+		}
+	}
+	close(release)
+	eventually(t, 30*time.Second, "stream bad delivered after its head's dead letter", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE NOT processed`) == 0
+	})
+	got := checkStreamOrder(t, c, false)
+	if got["bad"] != 4 {
+		t.Errorf("stream bad: %d events arrived, want 4 (its head and the 3 after it)", got["bad"])
+	}
+	var reason string
+	if err := b.pool.QueryRow(ctx, `SELECT reason FROM webhook_dead_letter WHERE stream_id = 'bad'`).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, `skipped in stream "bad"'s order`) {
+		t.Errorf("dead letter reason %q does not say the stream went on without it", reason)
+	}
+}
+
+// TestFailingStreamStops: with WEBHOOK_ORDERING_FAILURE=stop, a dead-lettered head stops its
+// stream (other streams go on) until it is replayed; the replay goes first.
+func TestFailingStreamStops(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var mu sync.Mutex
+	failing := true
+	c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing && strings.Contains(string(a.Body), `"stop"`) {
+			w.WriteHeader(http.StatusGone) // permanent: dead-lettered at once
+		}
+	})
+	cfg := b.config(c.URL())
+	cfg.Ordering, cfg.OrderingStop = true, true
+	b.start(cfg)
+	ctx := context.Background()
+	for seq := range 3 {
+		if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+			VALUES ('stop', 'stream.updated', jsonb_build_object('stream', 'stop', 'seq', $1::int))`, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 30*time.Second, "the stream's head dead-lettered", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_dead_letter WHERE stream_id = 'stop'`) == 1
+	})
+	// Evidence that the dispatcher claimed after the head stopped its stream: an event of
+	// another stream, inserted now, arrives.
+	b.insertStreams("other", 1, 1)
+	eventually(t, 30*time.Second, "another stream's event delivered", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE processed AND stream_id = 'other0'`) == 1
+	})
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE stream_id = 'stop' AND processed`); n != 0 {
+		t.Fatalf("%d of the stopped stream's rows settled; want none (its later events wait)", n)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE stream_id = 'stop' AND created_at = 'infinity'
+		AND deferred_reason LIKE 'stream stopped: %'`); n != 1 {
+		t.Fatalf("%d parked rows, want the stopped head", n)
+	}
+	// Replay, as `fluxhook dlq replay` does: the parked row is settled and the dead letter
+	// re-enqueued with its order key, in one statement.
+	mu.Lock()
+	failing = false
+	mu.Unlock()
+	if _, err := b.pool.Exec(ctx, `WITH dl AS (
+			UPDATE webhook_dead_letter SET replayed_at = now() WHERE stream_id = 'stop' RETURNING *
+		), unpark AS (
+			UPDATE webhook_outbox SET processed = true, processed_at = now() WHERE id = (SELECT outbox_id FROM dl)
+		)
+		INSERT INTO webhook_outbox (delivery_id, stream_id, event_type, payload, enqueued_at, order_key)
+		SELECT delivery_id, stream_id, event_type, payload, enqueued_at, order_key FROM dl`); err != nil {
+		t.Fatal(err)
+	}
+	b.waitSettled(30 * time.Second)
+	var order []string
+	for _, a := range c.arrivals() {
+		if strings.Contains(string(a.Body), `"stop"`) {
+			var ev streamEvent
+			_ = json.Unmarshal(a.Body, &ev)
+			order = append(order, fmt.Sprint(ev.Seq))
+		}
+	}
+	if got := strings.Join(order, ","); got != "0,0,1,2" {
+		t.Errorf("the stopped stream's arrivals were %s, want 0 (refused), 0 (replayed), 1, 2", got)
+	}
+}
+
+// TestOrderedHoldBack: a producer transaction that drew a smaller id of a stream and has not
+// committed holds back the stream's later event, committed by another transaction, until it
+// ends; then both arrive, the smaller id first. Unordered rows are not held back.
+func TestOrderedHoldBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	cfg := b.config(c.URL())
+	cfg.Ordering = true
+	b.start(cfg)
+	ctx := context.Background()
+	slow, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(ctx)
+	if _, err := slow.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+		VALUES ('h', 'stream.created', '{"stream": "h", "seq": 0}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+		VALUES ('h', 'stream.updated', '{"stream": "h", "seq": 1}')`); err != nil {
+		t.Fatal(err)
+	}
+	// An unordered event committed after both: its arrival shows a claim saw seq 1.
+	unordered := b.enqueue(outbox.Event{EventType: "test.unordered"})
+	eventually(t, 30*time.Second, "the unordered event delivered", func() bool {
+		return len(c.byDelivery()[unordered]) > 0
+	})
+	for _, a := range c.arrivals() {
+		if strings.Contains(string(a.Body), `"h"`) {
+			t.Fatalf("stream h's event %s arrived while an older producer transaction was open", a.Body)
+		}
+	}
+	if err := slow.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitSettled(30 * time.Second)
+	if got := checkStreamOrder(t, c, false); got["h"] != 2 {
+		t.Errorf("stream h: %d events arrived, want 2", got["h"])
+	}
+}
