@@ -22,15 +22,17 @@ import (
 // strictly in the order the events were enqueued, and nothing may be lost.
 func TestFaultOrderedStreams(t *testing.T) {
 	t.Parallel()
-	const streams, perStream = 40, 20
+	// 16 streams at 200 events/s: a stream's next event comes every 80 ms, sooner than a failed
+	// attempt's retry (250 ms), so that without ordering streams would go out of order.
+	const streams, perStream = 16, 60
 	db := sqltest.NewMigrated(t)
 	c := newHookConsumer(t, func(ctx context.Context, req *hookRequest) int {
 		h := fnv.New32a()
 		fmt.Fprint(h, req.DeliveryID, req.Attempt)
 		switch v := h.Sum32() % 100; {
-		case v < 15:
+		case v < 12:
 			return http.StatusInternalServerError
-		case v < 25:
+		case v < 15:
 			select { // slow: keeps heads in flight across the faults
 			case <-time.After(300 * time.Millisecond):
 			case <-ctx.Done():
@@ -44,7 +46,7 @@ func TestFaultOrderedStreams(t *testing.T) {
 		e["WEBHOOK_ORDERING"] = "stream"
 		e["WEBHOOK_TIMEOUT_MS"] = "2000"
 		e["WEBHOOK_LEASE_MS"] = "4000"
-		e["WEBHOOK_RETRY_SCHEDULE"] = "100ms,100ms,100ms,100ms,100ms,100ms,100ms,100ms,100ms,100ms"
+		e["WEBHOOK_RETRY_SCHEDULE"] = "250ms,250ms,250ms,250ms,250ms,250ms,250ms,250ms,250ms,250ms"
 		return e
 	}
 	frozen := startServe(t, "frozen serve", env("fluxhook-frozen"))
@@ -94,35 +96,42 @@ func TestFaultOrderedStreams(t *testing.T) {
 	waitSettled(t, db, faultWait, []*serveProc{frozen, replacement}, []*hookConsumer{c}, len(ids))
 	tally := checkNoneLost(t, db, ids, []*hookConsumer{c}, faultExpect{InFlight: inFlight})
 
-	// Every stream's first arrivals, in the consumer's arrival order.
+	// Every stream's first arrivals, and its first 2xx answers (what a consumer applies), in
+	// the consumer's arrival order.
 	reqs := c.requests()
 	slices.SortFunc(reqs, func(a, b *hookRequest) int { return a.N - b.N })
-	seen := map[string]bool{}
-	next := map[string]int{}
-	var out []string
-	for _, r := range reqs {
-		if seen[r.DeliveryID] {
-			continue
+	for _, okOnly := range []bool{false, true} {
+		seen := map[string]bool{}
+		next := map[string]int{}
+		var out []string
+		for _, r := range reqs {
+			if seen[r.DeliveryID] || okOnly && (r.Status < 200 || r.Status > 299) {
+				continue
+			}
+			seen[r.DeliveryID] = true
+			var ev struct {
+				Stream string `json:"stream"`
+				Seq    int    `json:"seq"`
+			}
+			if err := json.Unmarshal(r.Body, &ev); err != nil {
+				t.Fatalf("payload %s: %v", r.Body, err)
+			}
+			if ev.Seq != next[ev.Stream] {
+				out = append(out, fmt.Sprintf("%s: event %d came first when %d was next", ev.Stream, ev.Seq, next[ev.Stream]))
+			}
+			next[ev.Stream] = ev.Seq + 1
 		}
-		seen[r.DeliveryID] = true
-		var ev struct {
-			Stream string `json:"stream"`
-			Seq    int    `json:"seq"`
+		what := "arrivals"
+		if okOnly {
+			what = "2xx answers"
 		}
-		if err := json.Unmarshal(r.Body, &ev); err != nil {
-			t.Fatalf("payload %s: %v", r.Body, err)
+		if len(out) > 0 {
+			t.Errorf("first %s out of order %d times: %v", what, len(out), out)
 		}
-		if ev.Seq != next[ev.Stream] {
-			out = append(out, fmt.Sprintf("%s: event %d arrived first when %d was next", ev.Stream, ev.Seq, next[ev.Stream]))
-		}
-		next[ev.Stream] = ev.Seq + 1
-	}
-	if len(out) > 0 {
-		t.Errorf("%d streams out of order: %v", len(out), out)
-	}
-	for s := range streams {
-		if n := next[fmt.Sprintf("s%d", s)]; n != perStream {
-			t.Errorf("stream s%d: first arrivals stopped at event %d of %d", s, n, perStream)
+		for s := range streams {
+			if n := next[fmt.Sprintf("s%d", s)]; n != perStream {
+				t.Errorf("stream s%d: first %s stopped at event %d of %d", s, what, n, perStream)
+			}
 		}
 	}
 	t.Logf("%s; %d rows in flight at the two faults", tally, len(inFlight))
