@@ -95,7 +95,8 @@ type managedStatus struct {
 type deferredReason struct {
 	Reason string `json:"reason"`
 	Count  int64  `json:"count"`
-	// NextDueSeconds: how long until the first of them comes due again.
+	// NextDueSeconds: how long until the first of them comes due again; -1 when none comes
+	// due by itself (the heads of ordered streams stopped at a dead letter).
 	NextDueSeconds float64 `json:"next_due_seconds"`
 }
 
@@ -252,6 +253,10 @@ func printStatus(w io.Writer, rep statusReport) error {
 	fmt.Fprintf(tw, "retries pending\t%d\n", rep.RetriesPending)
 	fmt.Fprintf(tw, "scheduled\t%d\tnot yet due (retries, deferred and delayed rows)\n", rep.Scheduled)
 	for _, d := range rep.Deferred {
+		if d.NextDueSeconds < 0 {
+			fmt.Fprintf(tw, "  deferred\t%d\t%s\n", d.Count, printable(d.Reason))
+			continue
+		}
 		fmt.Fprintf(tw, "  deferred\t%d\t%s; next due in %s\n", d.Count, printable(d.Reason), formatSeconds(d.NextDueSeconds))
 	}
 	fmt.Fprintf(tw, "oldest undelivered\t%s\tsince the first enqueue of the oldest event not yet delivered\n", formatSeconds(rep.OldestUndeliveredAgeSeconds))

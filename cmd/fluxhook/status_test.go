@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"reflect"
 	"slices"
@@ -269,5 +270,44 @@ func TestStatusRefusesAnOutdatedSchema(t *testing.T) {
 	}
 	if r := runCLI(t, db.URL, "status", "extra"); r.code != 2 {
 		t.Errorf("status with an argument exited %d, want 2", r.code)
+	}
+}
+
+// TestStatusShowsStoppedStreams: the heads of ordered streams stopped at a dead letter (parked
+// at 'infinity') are listed as deferred under one reason without a due time, in text and JSON,
+// and do not break the scheduled-row arithmetic.
+func TestStatusShowsStoppedStreams(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	if _, err := db.Pool.Exec(context.Background(), `INSERT INTO webhook_outbox
+		(stream_id, event_type, payload, created_at, order_key, deferred_reason)
+		VALUES ('s1', 'stream.updated', '{}', 'infinity', 1, 'stream stopped: permanent failure: HTTP 410'),
+		       ('s2', 'stream.updated', '{}', 'infinity', 2, 'stream stopped: permanent failure: HTTP 400')`); err != nil {
+		t.Fatal(err)
+	}
+	text := runCLI(t, db.URL, "status")
+	if text.code != 0 {
+		t.Fatalf("status exited %d: %s", text.code, text.stderr)
+	}
+	if !strings.Contains(text.stdout, "ordered stream stopped at a dead letter (replay or purge it)\n") {
+		t.Errorf("status does not list the two stopped streams:\n%s", text.stdout)
+	}
+	js := runCLI(t, db.URL, "status", "--json")
+	if js.code != 0 {
+		t.Fatalf("status --json exited %d: %s", js.code, js.stderr)
+	}
+	var rep struct {
+		Deferred []struct {
+			Reason  string  `json:"reason"`
+			Count   int64   `json:"count"`
+			NextDue float64 `json:"next_due_seconds"`
+		} `json:"deferred_by_reason"`
+	}
+	if err := json.Unmarshal([]byte(js.stdout), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Deferred) != 1 || rep.Deferred[0].Count != 2 || rep.Deferred[0].NextDue != -1 ||
+		!strings.Contains(rep.Deferred[0].Reason, "stopped") {
+		t.Errorf("deferred_by_reason = %+v, want the two stopped streams under one reason, next due -1", rep.Deferred)
 	}
 }
