@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -38,6 +39,7 @@ type setting struct {
 // it had them.
 var settings = []setting{
 	{env: "DATABASE_URL", help: "PostgreSQL connection URL (required)", secret: true},
+	{env: "DATABASE_LISTEN_URL", help: "connection URL for the LISTEN session alone, to the same database (e.g. direct, when DATABASE_URL goes through a pooler); empty = DATABASE_URL", secret: true},
 	{env: "REDIS_URL", help: "Redis for the circuit breaker and rate limit shared by every instance (redis://, rediss://, unix://; Sentinel with ?master_name=; Cluster with ?cluster=true&addr=...); empty = in-process", secret: true},
 	{env: "WEBHOOK_URL", help: "consumer URL for rows without endpoint_url; https unless loopback (optional when endpoints are managed with `fluxhook endpoints`)"},
 	{env: "WEBHOOK_SECRET", help: "HMAC signing secret for WEBHOOK_URL and endpoint_url rows (required with WEBHOOK_URL)", secret: true},
@@ -140,6 +142,7 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	var c serveConfig
 	d := &c.dispatcher
 	d.DatabaseURL = v["DATABASE_URL"]
+	d.ListenURL = v["DATABASE_LISTEN_URL"]
 	d.DefaultURL = v["WEBHOOK_URL"]
 	d.Secret = v["WEBHOOK_SECRET"]
 	d.PreviousSecret = v["WEBHOOK_SECRET_PREVIOUS"]
@@ -206,6 +209,11 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	} else if _, err := pgxpool.ParseConfig(d.DatabaseURL); err != nil {
 		// pgx's message can quote the URL; say what is wrong without echoing a password.
 		bad("DATABASE_URL", "is not a valid PostgreSQL connection string (%s)", redactURL(err.Error()))
+	}
+	if d.ListenURL != "" {
+		if _, err := pgx.ParseConfig(d.ListenURL); err != nil {
+			bad("DATABASE_LISTEN_URL", "is not a valid PostgreSQL connection string (%s)", redactURL(err.Error()))
+		}
 	}
 	if d.DefaultURL != "" && d.Secret == "" {
 		bad("WEBHOOK_SECRET", "is required with WEBHOOK_URL: the secret consumers verify signatures with")
@@ -366,7 +374,7 @@ func effectiveConfig(v map[string]string) []zap.Field {
 		switch {
 		case val == "":
 			continue
-		case s.env == "DATABASE_URL" || s.env == "REDIS_URL":
+		case s.env == "DATABASE_URL" || s.env == "DATABASE_LISTEN_URL" || s.env == "REDIS_URL":
 			val = redactURL(val)
 		case s.secret:
 			val = "[redacted]"

@@ -20,6 +20,12 @@ import (
 type Config struct {
 	// DatabaseURL connects to the database holding webhook_outbox (DATABASE_URL).
 	DatabaseURL string
+	// ListenURL, when set, is the connection for the LISTEN session alone
+	// (DATABASE_LISTEN_URL): LISTEN needs a session of its own for as long as the dispatcher
+	// runs, which a pooler in transaction mode does not give, while the pool's statements can
+	// go through one. It must reach the same database: the listener's liveness check (a NOTIFY
+	// sent over the pool must arrive on it) fails otherwise.
+	ListenURL string
 	// DefaultURL is the consumer for rows without endpoint_url (WEBHOOK_URL).
 	DefaultURL string
 	// Ordering delivers the rows without a managed endpoint (WEBHOOK_URL's and endpoint_url's)

@@ -219,6 +219,14 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	}
 	listenCfg := poolCfg.ConnConfig.Copy()
 	listenCfg.RuntimeParams["application_name"] = "fluxhook-listener"
+	if d.cfg.ListenURL != "" {
+		if listenCfg, err = pgx.ParseConfig(d.cfg.ListenURL); err != nil {
+			return fmt.Errorf("DATABASE_LISTEN_URL: %w", err)
+		}
+		if listenCfg.RuntimeParams["application_name"] == "" {
+			listenCfg.RuntimeParams["application_name"] = "fluxhook-listener"
+		}
+	}
 
 	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
 	if err != nil {
