@@ -232,6 +232,10 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("connecting to the database: %w", err)
 	}
+	if err := checkSession(ctx, pool); err != nil {
+		pool.Close()
+		return err
+	}
 	if err := fluxsql.CheckCurrent(ctx, pool); err != nil {
 		pool.Close()
 		return err
