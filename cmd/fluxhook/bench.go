@@ -35,11 +35,11 @@ func init() {
 }
 
 // benchWorkloads are the workloads in the order they run.
-var benchWorkloads = []string{"drain", "idle", "steady", "producers", "fanout", "backlog"}
+var benchWorkloads = []string{"drain", "idle", "steady", "producers", "fanout", "ordered", "backlog"}
 
 // benchDefaultWorkloads run when --workload is not given: everything but backlog (1M rows
 // take minutes).
-const benchDefaultWorkloads = "drain,idle,steady,producers,fanout"
+const benchDefaultWorkloads = "drain,idle,steady,producers,fanout,ordered"
 
 // benchOptions are the command line of `fluxhook bench`.
 type benchOptions struct {
@@ -60,6 +60,8 @@ type benchOptions struct {
 	fanoutEndpoints  int
 	fanoutEvents     int
 	fanoutIdleEvents int
+	orderedStreams   int
+	orderedPerStream int
 	payloadBytes     int
 	json             bool
 	noBudget         bool
@@ -84,7 +86,7 @@ func parseBenchOptions(env *environment, args []string) (benchOptions, error) {
 	fs.IntVar(&o.rate, "rate", 1000, "steady: events per second")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "steady: how long to produce")
 	fs.IntVar(&o.connections, "connections", 8, "steady: producer connections")
-	fs.IntVar(&o.idleEvents, "idle-events", 200, "idle: events, one at a time")
+	fs.IntVar(&o.idleEvents, "idle-events", 200, "idle, and each of ordered's two idle runs: events, one at a time")
 	fs.DurationVar(&o.idleInterval, "idle-interval", 20*time.Millisecond, "idle: time between events")
 	producerConns := fs.String("producer-connections", "8,32", "producers: comma-separated numbers of concurrent producers")
 	fs.DurationVar(&o.producerDuration, "producer-duration", time.Second, "producers: length of each measured segment (the trigger is switched between segments)")
@@ -94,6 +96,8 @@ func parseBenchOptions(env *environment, args []string) (benchOptions, error) {
 	fs.IntVar(&o.fanoutEndpoints, "fanout-endpoints", 10, "fanout: managed endpoints every event goes to, each its own consumer path and secret")
 	fs.IntVar(&o.fanoutEvents, "fanout-events", 2000, "fanout: events prefilled before the dispatcher starts (each becomes one delivery per endpoint)")
 	fs.IntVar(&o.fanoutIdleEvents, "fanout-idle-events", 300, "fanout: events, one at a time --idle-interval apart, for the latency per delivery")
+	fs.IntVar(&o.orderedStreams, "ordered-streams", 1000, "ordered: streams (stream_ids) prefilled, --ordered-events-per-stream events each, interleaved; drained unordered, then with WEBHOOK_ORDERING=stream, on the same run")
+	fs.IntVar(&o.orderedPerStream, "ordered-events-per-stream", 20, "ordered: events per stream")
 	fs.IntVar(&o.payloadBytes, "payload-bytes", 200, "padding in each event's payload")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
 	fs.BoolVar(&o.noBudget, "no-budget", false, "only measure: no budget verdict, and exit 0 whenever the run itself worked (without it, a budget check missed or not computed exits 1)")
@@ -147,6 +151,8 @@ flags:
 	case o.drainEvents < 1, o.backlogEvents < 1, o.idleEvents < 1, o.rate < 1, o.connections < 1,
 		o.fanoutEvents < 1, o.fanoutIdleEvents < 1:
 		return o, usageError("event counts, --rate and --connections must be positive")
+	case o.orderedStreams < 1 || o.orderedPerStream < 1:
+		return o, usageError("--ordered-streams and --ordered-events-per-stream must be positive")
 	case o.fanoutEndpoints < 1 || o.fanoutEndpoints > maxFanoutEndpoints:
 		return o, usageError("--fanout-endpoints must be between 1 and %d", maxFanoutEndpoints)
 	case o.connections > 150:
@@ -304,6 +310,8 @@ func (b *bench) run(ctx context.Context, env *environment) (_ *benchReport, err 
 			rep.Producers, err = b.producers(ctx)
 		case "fanout":
 			rep.Fanout, err = b.fanout(ctx)
+		case "ordered":
+			rep.Ordered, err = b.ordered(ctx)
 		case "backlog":
 			rep.Backlog, err = b.backlog(ctx)
 		}

@@ -333,7 +333,7 @@ func (b *bench) fanoutIdle(ctx context.Context, overrides map[string]string) (*f
 		return nil, err
 	}
 	s.startClock()
-	sent, _, err := b.produceAtRate(ctx, conns, period, total, fanoutEventType)
+	sent, _, err := b.produceAtRate(ctx, conns, period, total, fanoutEventType, 0)
 	if err != nil {
 		return nil, err
 	}

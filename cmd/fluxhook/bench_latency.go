@@ -77,7 +77,8 @@ func (b *bench) producerConns(ctx context.Context, n int, mode string) ([]*pgx.C
 // whichever connection is free takes the next slot, and sleeps until its scheduled time.
 // Latency is later measured from that scheduled time, so a stalled insert delays the events
 // behind it in the measurement too (no coordinated omission).
-func (b *bench) produceAtRate(ctx context.Context, conns []*pgx.Conn, period time.Duration, total int, eventType string) ([]sentEvent, int, error) {
+// With streams > 0 each event has a stream_id, one of streams in turn (see producerInsert).
+func (b *bench) produceAtRate(ctx context.Context, conns []*pgx.Conn, period time.Duration, total int, eventType string, streams int) ([]sentEvent, int, error) {
 	sent := make([]sentEvent, total)
 	var next atomic.Int64
 	var failures atomic.Int64
@@ -102,7 +103,8 @@ func (b *bench) produceAtRate(ctx context.Context, conns []*pgx.Conn, period tim
 				ev.scheduled = sched.UnixNano()
 				ev.start = time.Now().UnixNano()
 				var id pgtype.UUID
-				err := conn.QueryRow(ctx, benchInsert, eventType, b.payload(i)).Scan(&id)
+				insert, args := b.producerInsert(eventType, i, streams)
+				err := conn.QueryRow(ctx, insert, args...).Scan(&id)
 				ev.commit = time.Now().UnixNano()
 				if err != nil {
 					failures.Add(1)
@@ -176,21 +178,29 @@ func (b *bench) waitArmed(ctx context.Context) error {
 
 // idle: single events well apart, the dispatcher idle and armed between them.
 func (b *bench) idle(ctx context.Context) (*latencyResult, error) {
-	return b.latencyRun(ctx, "idle", b.opts.idleEvents, b.opts.idleInterval, 1)
+	return b.latencyRun(ctx, "idle", b.opts.idleEvents, b.opts.idleInterval, 1, latencyOptions{})
 }
 
 // steady: a fixed rate from several connections for a while.
 func (b *bench) steady(ctx context.Context) (*latencyResult, error) {
 	total := int(float64(b.opts.rate) * b.opts.duration.Seconds())
 	period := time.Duration(float64(time.Second) / float64(b.opts.rate))
-	return b.latencyRun(ctx, "steady", max(total, 1), period, b.opts.connections)
+	return b.latencyRun(ctx, "steady", max(total, 1), period, b.opts.connections, latencyOptions{})
 }
 
-func (b *bench) latencyRun(ctx context.Context, name string, total int, period time.Duration, nconns int) (*latencyResult, error) {
+// latencyOptions vary a latency run (the ordered workload's idle runs): the dispatcher's
+// configuration overrides (see startSession), and streams > 0 gives every event a stream_id,
+// one of streams in turn (see producerInsert); the zero value is the idle and steady runs'.
+type latencyOptions struct {
+	overrides map[string]string
+	streams   int
+}
+
+func (b *bench) latencyRun(ctx context.Context, name string, total int, period time.Duration, nconns int, opt latencyOptions) (*latencyResult, error) {
 	if err := b.resetTables(ctx); err != nil {
 		return nil, err
 	}
-	s, err := b.startSession(ctx, nil)
+	s, err := b.startSession(ctx, opt.overrides)
 	if err != nil {
 		return nil, err
 	}
@@ -203,13 +213,13 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 		return nil, err
 	}
 	defer closeConns()
-	warm, err := b.warmUp(ctx, conns, s)
+	warm, err := b.warmUp(ctx, conns, s, opt.streams)
 	if err != nil {
 		return nil, err
 	}
 	s.startClock()
 	started := time.Now()
-	sent, _, err := b.produceAtRate(ctx, conns, period, total, "bench."+name)
+	sent, _, err := b.produceAtRate(ctx, conns, period, total, "bench."+name, opt.streams)
 	if err != nil {
 		return nil, err
 	}
@@ -251,11 +261,13 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 // the path: the producers' backends loading the table and compiling the trigger, the
 // dispatcher's pool opening connections and planning, the HTTP connections to the consumer;
 // the first few dozen events of a steady run arrived 10–23 ms after their commit, a third of
-// its p99. A deployment's connections are warm; the workloads measure that state.
-func (b *bench) warmUp(ctx context.Context, conns []*pgx.Conn, s *session) (int, error) {
+// its p99. A deployment's connections are warm; the workloads measure that state. With
+// streams > 0 the warm-up events have stream_ids as the measured ones do (see producerInsert).
+func (b *bench) warmUp(ctx context.Context, conns []*pgx.Conn, s *session, streams int) (int, error) {
 	for i, c := range conns {
 		var id pgtype.UUID
-		if err := c.QueryRow(ctx, benchInsert, "bench.warmup", b.payload(-1-i)).Scan(&id); err != nil {
+		insert, args := b.producerInsert("bench.warmup", -1-i, streams)
+		if err := c.QueryRow(ctx, insert, args...).Scan(&id); err != nil {
 			return 0, fmt.Errorf("warming up a producer: %w", err)
 		}
 	}

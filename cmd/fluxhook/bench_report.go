@@ -25,6 +25,7 @@ type benchReport struct {
 	Producers  *producersResult `json:"producers,omitempty"`
 	Backlog    *backlogResult   `json:"backlog,omitempty"`
 	Fanout     *fanoutResult    `json:"fanout,omitempty"`
+	Ordered    *orderedResult   `json:"ordered,omitempty"`
 	// Budget is every check, met or not, computed or not (empty with --no-budget).
 	Budget []budgetCheck `json:"budget"`
 	// BudgetMet is Verdict == "met": every check computed and met.
@@ -427,6 +428,9 @@ func (r *benchReport) check() {
 	if f := r.Fanout; f != nil {
 		f.check(add, notComputed, latency)
 	}
+	if o := r.Ordered; o != nil {
+		o.check(add, notComputed, perBatch)
+	}
 	if b := r.Backlog; b != nil {
 		what := fmt.Sprintf("%d-event backlog drained", b.Events)
 		if b.Received == 0 || b.Seconds <= 0 {
@@ -728,6 +732,10 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		f.writeRows(tw, r.idleSpacing, verdict)
 		rest(tw, "fanout")
 	}
+	if o := r.Ordered; o != nil {
+		o.writeRows(tw, r.idleSpacing, verdict)
+		rest(tw, "ordered")
+	}
 	if b := r.Backlog; b != nil {
 		fmt.Fprintf(tw, "backlog\t%s events prefilled with COPY, then the dispatcher started\t%s events/s (%.1f s)\t%s\n",
 			num(float64(b.Events), 0), num(b.EventsPerSecond, 0), b.Seconds, verdict("backlog", fmt.Sprintf("%d-event backlog drained", b.Events)))
@@ -779,6 +787,11 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		rows = append(rows, costRow{"fanout*", r.Fanout.Cost, true})
 		if r.Fanout.Idle != nil {
 			rows = append(rows, costRow{"fanout idle*", r.Fanout.Idle.Cost, true})
+		}
+	}
+	if r.Ordered != nil {
+		for _, c := range r.Ordered.costs() {
+			rows = append(rows, costRow{name: c.name, c: c.cost})
 		}
 	}
 	if r.Backlog != nil {

@@ -33,10 +33,11 @@ func TestBenchSmoke(t *testing.T) {
 	bin := fluxhookBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "drain,idle,producers,fanout",
+	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "drain,idle,producers,fanout,ordered",
 		"--drain-events", "200", "--idle-events", "10", "--idle-interval", "10ms",
 		"--producer-connections", "2", "--producer-duration", "500ms", "--producer-reps", "1",
 		"--producer-mode", "exec", "--fanout-endpoints", "3", "--fanout-events", "20", "--fanout-idle-events", "5",
+		"--ordered-streams", "20", "--ordered-events-per-stream", "5",
 		"--json", "--quiet")
 	// Asynchronous commits: the test server writes to a real disk, and one commit waiting
 	// out a slow flush under the parallel suite once left a producer with no commit in a
@@ -229,8 +230,51 @@ func TestBenchSmoke(t *testing.T) {
 			t.Errorf("producers run %d = %+v, want a split side of 1 producer, %v the trigger", i, r, i%2 == 1)
 		}
 	}
+	// Ordered: 20 streams × 5 events drained unordered and with WEBHOOK_ORDERING=stream, every
+	// event once and the ordered drain's streams in order; then the idle runs, off and on.
+	for path, want := range map[string]float64{
+		"ordered.streams": 20, "ordered.events_per_stream": 5, "ordered.events": 100, "ordered.idle_streams": orderedIdleStreams,
+		"ordered.ordered.events": 100, "ordered.ordered.received": 100, "ordered.unordered.received": 100,
+		"ordered.ordered.order_violations": 0, "ordered.ordered.streams_out_of_order": 0,
+		"ordered.ordered.lost": 0, "ordered.ordered.duplicates": 0, "ordered.ordered.rejected": 0,
+		"ordered.unordered.lost": 0, "ordered.unordered.rejected": 0,
+		"ordered.idle_ordered.latency_from_insert_start.n": 10, "ordered.idle_unordered.latency_from_insert_start.n": 10,
+		"ordered.idle_ordered.lost": 0, "ordered.idle_unordered.lost": 0,
+	} {
+		if n := number(path); n != want {
+			t.Errorf("%s = %v, want %v", path, n, want)
+		}
+	}
+	for _, path := range []string{
+		"ordered.ordered.events_per_sec", "ordered.unordered.events_per_sec", "ordered.ordered_rate_percent_of_unordered",
+		"ordered.ordered.cost.claim_statements_per_batch", "ordered.ordered.cost.settle_transactions_per_batch",
+		"ordered.idle_ordered.latency_from_insert_start.p50_ms", "ordered.idle_unordered.latency_from_insert_start.p50_ms",
+	} {
+		if n := number(path); n <= 0 {
+			t.Errorf("%s = %v, want a measurement", path, n)
+		}
+	}
+	number("ordered.idle_p50_delta_ms")
+	number("ordered.unordered.order_violations") // measured, not judged: the unordered drain may go out of order
+	orderedChecks := map[string]string{}
+	for _, raw := range budget {
+		if c, _ := raw.(map[string]any); c["workload"] == "ordered" {
+			what, _ := c["what"].(string)
+			orderedChecks[what], _ = c["status"].(string)
+		}
+	}
+	for _, what := range []string{orderedOrderCheck, orderedLostCheck} {
+		if orderedChecks[what] != checkMet {
+			t.Errorf("ordered check %q is %q, want met (checks: %v)", what, orderedChecks[what], orderedChecks)
+		}
+	}
+	for _, what := range []string{"20 streams × 5 events drained ordered, events/s vs unordered", orderedIdleCheck, "claim statements per claimed batch"} {
+		if _, ok := orderedChecks[what]; !ok {
+			t.Errorf("no ordered check %q (checks: %v)", what, orderedChecks)
+		}
+	}
 	if _, ok := rep["steady"]; ok {
-		t.Errorf("steady ran although only drain, idle, producers and fanout were asked for")
+		t.Errorf("steady ran although only drain, idle, producers, fanout and ordered were asked for")
 	}
 
 	// The bench database was created for the run and must be gone.
@@ -322,6 +366,29 @@ func TestBenchBacklogOverTime(t *testing.T) {
 	}
 }
 
+// TestBenchOrderViolations: an event counts when its first arrival came before the first
+// arrival of an earlier event of its stream; lost events and other streams do not.
+func TestBenchOrderViolations(t *testing.T) {
+	t.Parallel()
+	id := func(b byte) [16]byte { return [16]byte{b} }
+	events := []streamEvent{
+		{id(1), "a", 1}, {id(3), "a", 3}, {id(5), "a", 5}, {id(7), "a", 7}, // a: 7 before 3 and 5
+		{id(2), "b", 2}, {id(4), "b", 4}, {id(6), "b", 6}, // b: in order, 4 lost
+		{id(8), "c", 8}, {id(9), "c", 9}, // c: 9 before 8
+	}
+	first := map[[16]byte]int64{
+		id(1): 10, id(7): 20, id(3): 30, id(5): 40,
+		id(2): 10, id(6): 50,
+		id(9): 60, id(8): 70,
+	}
+	if v, s := orderViolations(events, first); v != 2 || s != 2 {
+		t.Errorf("orderViolations = %d events in %d streams, want 2 in 2 (a: 7 before 3 and 5; c: 9 before 8)", v, s)
+	}
+	if v, s := orderViolations(events[4:7], first); v != 0 || s != 0 {
+		t.Errorf("orderViolations of an ordered stream with a lost event = %d, %d; want 0, 0", v, s)
+	}
+}
+
 func TestBenchUUIDRoundTrip(t *testing.T) {
 	t.Parallel()
 	const s = "0190a6c2-7b1e-7d3a-9f00-1234567890ab"
@@ -354,14 +421,15 @@ func TestBenchOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(o.workloads, ",") != "drain,idle,steady,producers,fanout" || o.noBudget || o.fanoutEndpoints != 10 {
+	if strings.Join(o.workloads, ",") != "drain,idle,steady,producers,fanout,ordered" || o.noBudget || o.fanoutEndpoints != 10 ||
+		o.orderedStreams != 1000 || o.orderedPerStream != 20 {
 		t.Errorf("default workloads = %v", o.workloads)
 	}
 	if o.producerMode != "prepared" {
 		t.Errorf("default producer mode = %q, want prepared (pgx's default)", o.producerMode)
 	}
 	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"},
-		{"--fanout-endpoints", "0"}, {"--fanout-endpoints", "1001"}} {
+		{"--fanout-endpoints", "0"}, {"--fanout-endpoints", "1001"}, {"--ordered-streams", "0"}, {"--ordered-events-per-stream", "0"}} {
 		_, err := parseBenchOptions(env, args)
 		if err == nil {
 			t.Errorf("parseBenchOptions(%q) accepted it", args)

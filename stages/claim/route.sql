@@ -51,8 +51,8 @@ WITH input AS (
         processed = NOT c.keep,
         processed_at = CASE WHEN c.keep THEN NULL ELSE now() END,
         lease_until = CASE WHEN c.keep AND NOT c.ordered THEN o.lease_until END,
-        leased_by = CASE WHEN c.keep AND NOT c.ordered THEN o.leased_by END,
-        lease_token = CASE WHEN c.keep AND NOT c.ordered THEN o.lease_token END,
+        leased_by = CASE WHEN c.keep AND c.ordered THEN NULL ELSE o.leased_by END,
+        lease_token = CASE WHEN c.keep AND c.ordered THEN NULL ELSE o.lease_token END,
         error = CASE WHEN c.keep THEN NULL
                      WHEN c.n = 0 THEN 'no endpoint matched'
                      ELSE 'routed to ' || c.n || ' endpoint(s)' END

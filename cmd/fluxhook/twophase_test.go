@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
+	"github.com/fluxora/fluxhook/sql/sqltest"
+)
+
+// TestTwoPhaseProducer: PostgreSQL refuses to PREPARE a transaction that sent a NOTIFY, which
+// the insert trigger does while a dispatcher waits for work; a producer that runs
+// `SET LOCAL fluxhook.dispatcher = on` first (as the operations guide says) prepares and
+// commits, and its event is delivered by the dispatcher's next claim. The test's own cluster
+// allows prepared transactions (the shared test server does not).
+func TestTwoPhaseProducer(t *testing.T) {
+	t.Parallel()
+	if _, err := pgtemp.FindBinaries(); err != nil && os.Geteuid() != 0 {
+		t.Skipf("no PostgreSQL server binaries and not root to install them: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cluster, err := pgtemp.Start(ctx, pgtemp.Options{Settings: map[string]string{"max_prepared_transactions": "4"}})
+	if err != nil {
+		t.Fatalf("starting a PostgreSQL cluster: %v", err)
+	}
+	t.Cleanup(func() { _ = cluster.Stop() })
+	runFluxhook(t, map[string]string{"DATABASE_URL": cluster.URL()}, "migrate")
+	pool, err := pgxpool.New(ctx, cluster.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	db := &sqltest.DB{Name: "postgres", URL: cluster.URL(), Pool: pool}
+
+	c := newHookConsumer(t, nil)
+	env := serveEnv(cluster.URL(), c.URL())
+	env["WEBHOOK_POLL_INTERVAL_MS"] = "500" // the event without a NOTIFY is found by the poll at the latest
+	p := startServe(t, "serve", env)
+	p.instanceID()
+	pollUntil(t, faultWait, "the dispatcher to wait for work, producers to NOTIFY", func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM webhook_dispatcher WHERE armed`) == 1 &&
+			queryInt(t, db, `SELECT CASE WHEN webhook_outbox_notify_wanted() THEN 1 ELSE 0 END`) == 1
+	})
+
+	prepare := func(name string, setLocal bool) error {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		stmts := []string{"BEGIN"}
+		if setLocal {
+			stmts = append(stmts, "SET LOCAL fluxhook.dispatcher = on")
+		}
+		stmts = append(stmts, `INSERT INTO webhook_outbox (event_type, payload) VALUES ('test.2pc', '{"n": 1}')`,
+			"PREPARE TRANSACTION '"+name+"'")
+		for _, s := range stmts {
+			if _, err := conn.Exec(ctx, s); err != nil {
+				_, _ = conn.Exec(ctx, "ROLLBACK")
+				return err
+			}
+		}
+		_, err = conn.Exec(ctx, "COMMIT PREPARED '"+name+"'")
+		return err
+	}
+	if err := prepare("plain", false); err == nil || !strings.Contains(err.Error(), "NOTIFY") {
+		t.Fatalf("a two-phase producer without SET LOCAL prepared: %v; want PostgreSQL's refusal (the trigger sent a NOTIFY)", err)
+	}
+	if err := prepare("local", true); err != nil {
+		t.Fatalf("a two-phase producer with SET LOCAL fluxhook.dispatcher = on: %v", err)
+	}
+	pollUntil(t, faultWait, "the two-phase producer's event delivered", func() bool {
+		_, _, ok := c.counts()
+		return ok == 1
+	})
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox`); n != 1 {
+		t.Errorf("%d outbox rows, want the one committed event (the refused one rolled back)", n)
+	}
+	p.stopCleanly()
+}
