@@ -43,10 +43,15 @@ type Endpoint struct {
 	RetryRPS       int               `json:"retry_rps,omitempty"`
 	MaxConcurrency int               `json:"max_concurrency,omitempty"`
 	Headers        map[string]string `json:"headers"`
-	LastSuccessAt  time.Time         `json:"last_success_at,omitzero"`
-	FailingSince   time.Time         `json:"failing_since,omitzero"`
-	CreatedAt      time.Time         `json:"created_at"`
-	UpdatedAt      time.Time         `json:"updated_at"`
+	// Ordering is "none" or "stream" (schema 6): with "stream", each stream_id's events reach
+	// the endpoint one at a time, in order. OrderingFailure is what such a stream does when
+	// its head is dead-lettered: "skip" (go on) or "stop" (wait for a replay or a purge).
+	Ordering        string    `json:"ordering"`
+	OrderingFailure string    `json:"ordering_failure"`
+	LastSuccessAt   time.Time `json:"last_success_at,omitzero"`
+	FailingSince    time.Time `json:"failing_since,omitzero"`
+	CreatedAt       time.Time `json:"created_at"`
+	UpdatedAt       time.Time `json:"updated_at"`
 }
 
 // Matches reports whether an event of eventType passes the endpoint's filter: no filter, an
@@ -150,7 +155,7 @@ func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
 	var secret string
 	if err := row.Scan(&e.ID, &e.URL, &e.Description, &tenant, &e.EventTypes, &e.Scheme, &secret, &prev, &prevUntil,
 		&e.Enabled, &disabledAt, &disabledReason, &retryRPS, &maxConc, &headers, &lastSuccess, &failingSince,
-		&e.CreatedAt, &e.UpdatedAt); err != nil {
+		&e.CreatedAt, &e.UpdatedAt, &e.Ordering, &e.OrderingFailure); err != nil {
 		return e, fmt.Errorf("reading webhook_endpoints: %w", err)
 	}
 	deref := func(s *string) string {

@@ -11,4 +11,5 @@ VALUES ($1::text, $2::text, $3::text, $4::text[], $5::text, $6::text, $7::boolea
         $8::integer, $9::integer, $10::jsonb)
 RETURNING id::text, url, description, tenant, event_types, scheme, secret, previous_secret,
           previous_secret_expires_at, enabled, disabled_at, disabled_reason, retry_rps,
-          max_concurrency, headers, last_success_at, failing_since, created_at, updated_at
+          max_concurrency, headers, last_success_at, failing_since, created_at, updated_at,
+          ordering, ordering_failure
