@@ -251,6 +251,16 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		pool.Close()
 		return err
 	}
+	// The endpoints are loaded before the first claim, which must already know whether any
+	// of them orders its streams and whether events are routed: a claim that did not would
+	// take an ordered row without its head check (schema 6).
+	var version int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(pg_sequence_last_value('webhook_endpoints_version'), 0)`).Scan(&version); err != nil {
+		pool.Close()
+		return fmt.Errorf("reading the endpoints' version: %w", err)
+	}
+	d.endpoints.version.Store(version)
+	d.refreshEndpoints(ctx)
 	var connects atomic.Int64
 	d.waker = wake.New(wake.Config{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, listenCfg) },

@@ -348,3 +348,36 @@ func TestOrderedHoldBack(t *testing.T) {
 		t.Errorf("stream h: %d events arrived, want 2", got["h"])
 	}
 }
+
+// TestOrderedEndpointAtStart: a dispatcher that starts with an ordered endpoint's deliveries
+// already waiting orders them from its first claim (its endpoints are loaded before it claims).
+func TestOrderedEndpointAtStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: c.URL()})
+	ctx := context.Background()
+	// The stream's second event is older by due time and first by id: an unordered claim
+	// would take it first.
+	if _, err := b.pool.Exec(ctx, `UPDATE webhook_endpoints SET ordering = 'stream' WHERE id = $1`, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range []struct {
+		seq, key int
+		age      string
+	}{{1, 2, "2 seconds"}, {0, 1, "1 second"}} {
+		if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, routed_at, order_key, created_at)
+			VALUES ('st', 'stream.updated', jsonb_build_object('stream', 'st', 'seq', $1::int), $2, now(), $3, now() - $4::interval)`,
+			row.seq, ep.ID, row.key, row.age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	b.waitSettled(30 * time.Second)
+	if got := checkStreamOrder(t, c, true, nil); got["st"] != 2 {
+		t.Errorf("stream st: %d events arrived, want 2", got["st"])
+	}
+}
