@@ -63,6 +63,11 @@ supersedes it (the event went back there and failed again; replaying both would 
 name it by ID to replay it anyway. Bulk replay needs at least one filter; bulk purge needs a
 filter or --replayed-only. Dead letters stay until purged; the janitor never deletes them.
 DURATION is a Go duration (90m, 36h) or a number of days (7d).
+
+An ordered stream whose endpoint stops at a dead letter (fluxhook endpoints --ordering-failure
+stop) delivers nothing more until that dead letter is replayed or purged. Replay puts the event
+back in its place, at the head of the stream, which then goes on from it; purge gives it up,
+and the stream goes on with the next event.
 `
 
 // runDLQ is the operator's way back from a dead letter: see why events failed, then send them

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fluxora/fluxhook/sql/sqltest"
 )
 
@@ -769,5 +771,302 @@ func TestDLQMalformedIDs(t *testing.T) {
 	}
 	if n := count(t, db, "SELECT count(*) FROM webhook_dead_letter"); n != 4 {
 		t.Errorf("refused purges left %d of 4 dead letters", n)
+	}
+}
+
+// stoppedStream is an ordered stream stopped at a dead letter as the dispatcher leaves it in
+// "stop" mode (stages/settle, schema 6): the head's outbox row parked, undelivered, at
+// 'infinity' with a 'stream stopped: ...' deferred_reason and no lease; its dead letter
+// pointing at it (outbox_id) with its order key; and the stream's next event waiting behind it.
+type stoppedStream struct {
+	stream             string
+	delivery           string
+	parked, behind     int64 // outbox row ids
+	deadLetter, key    int64
+	parkedBeforeChange outboxRow
+}
+
+const stoppedEndpoint = "cccccccc-0000-4000-8000-000000000003"
+
+func insertStoppedStream(t *testing.T, db *sqltest.DB, stream string, key int64) stoppedStream {
+	t.Helper()
+	ctx := context.Background()
+	s := stoppedStream{stream: stream, key: key}
+	err := db.Pool.QueryRow(ctx, `
+		INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, tenant, routed_at, attempt, order_key,
+		                            created_at, status_code, error, duration_ms, deferred_reason)
+		VALUES ($1, 'order.updated', '{"step": 1}', $2::uuid, 'acme', now(), 3, $3, 'infinity', 410, 'HTTP 410', 12,
+		        'stream stopped: permanent: HTTP 410')
+		RETURNING id, delivery_id::text`, stream, stoppedEndpoint, key).Scan(&s.parked, &s.delivery)
+	if err != nil {
+		t.Fatalf("inserting the parked row: %v", err)
+	}
+	err = db.Pool.QueryRow(ctx, `
+		INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, attempts, last_status,
+		                                 last_error, reason, enqueued_at, tenant, endpoint_id, order_key)
+		SELECT id, delivery_id, stream_id, event_type, payload, attempt, status_code, error, 'permanent: HTTP 410',
+		       enqueued_at, tenant, endpoint_id, order_key
+		FROM webhook_outbox WHERE id = $1
+		RETURNING id`, s.parked).Scan(&s.deadLetter)
+	if err != nil {
+		t.Fatalf("inserting the dead letter: %v", err)
+	}
+	err = db.Pool.QueryRow(ctx, `
+		INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, tenant, routed_at, order_key)
+		VALUES ($1, 'order.updated', '{"step": 2}', $2::uuid, 'acme', now(), $3::bigint + 1)
+		RETURNING id`, stream, stoppedEndpoint, key).Scan(&s.behind)
+	if err != nil {
+		t.Fatalf("inserting the row behind: %v", err)
+	}
+	s.parkedBeforeChange = outboxRowOf(t, db, s.parked)
+	return s
+}
+
+// outboxRow is what the tests check of one outbox row, comparable with ==: "" and 0 stand
+// for NULL.
+type outboxRow struct {
+	processed, hasProcessedAt, leased, infinite bool
+	deferredReason, error                       string
+	orderKey                                    int64
+}
+
+func outboxRowOf(t *testing.T, db *sqltest.DB, id int64) outboxRow {
+	t.Helper()
+	var r outboxRow
+	err := db.Pool.QueryRow(context.Background(), `
+		SELECT processed, processed_at IS NOT NULL, lease_until IS NOT NULL, created_at = 'infinity',
+		       coalesce(deferred_reason, ''), coalesce(error, ''), coalesce(order_key, 0)
+		FROM webhook_outbox WHERE id = $1`, id).
+		Scan(&r.processed, &r.hasProcessedAt, &r.leased, &r.infinite, &r.deferredReason, &r.error, &r.orderKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// streamHead is the row that leads the stream for the stopped streams' endpoint, by the
+// claim's rule (the smallest key, order_key or else id, among its undelivered rows), and
+// whether it is due: a parked head is not, and holds every row behind it.
+func streamHead(t *testing.T, db *sqltest.DB, stream string) (id int64, due bool) {
+	t.Helper()
+	err := db.Pool.QueryRow(context.Background(), `
+		SELECT id, created_at <= now() FROM webhook_outbox
+		WHERE NOT processed AND stream_id = $1 AND endpoint_id = $2::uuid
+		ORDER BY coalesce(order_key, id), id LIMIT 1`, stream, stoppedEndpoint).Scan(&id, &due)
+	if err != nil {
+		t.Fatalf("the head of stream %s: %v", stream, err)
+	}
+	return id, due
+}
+
+// TestDLQReplayResumesStoppedStream: replaying the dead letter of a stream stopped in "stop"
+// mode settles the parked row and re-enqueues the event with its order key, in one statement,
+// so that the replayed event leads its stream again and the events behind it follow.
+func TestDLQReplayResumesStoppedStream(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	s1 := insertStoppedStream(t, db, "order-1", 1000)
+	s2 := insertStoppedStream(t, db, "order-2", 2000)
+	if head, due := streamHead(t, db, s1.stream); head != s1.parked || due {
+		t.Fatalf("fixture: the head of %s is %d (due %v), want the parked row %d, not due", s1.stream, head, due, s1.parked)
+	}
+
+	if r := runCLI(t, db.URL, "dlq", "replay", "--dry-run", itoa(s1.deadLetter)); r.code != 0 || !strings.Contains(r.stdout, "would replay 1") {
+		t.Fatalf("replay --dry-run: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := outboxRowOf(t, db, s1.parked); got != s1.parkedBeforeChange {
+		t.Errorf("a dry run changed the parked row: %+v", got)
+	}
+
+	r := runCLI(t, db.URL, "dlq", "replay", itoa(s1.deadLetter))
+	if r.code != 0 || !strings.Contains(r.stdout, "replayed 1\n") {
+		t.Fatalf("replay: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	parked := outboxRowOf(t, db, s1.parked)
+	if !parked.processed || !parked.hasProcessedAt || parked.leased || parked.deferredReason != "" || parked.orderKey != s1.key ||
+		!strings.Contains(parked.error, "dead letter "+itoa(s1.deadLetter)+" was replayed as a new row") {
+		t.Errorf("the parked row after the replay: %+v, want it settled as processed, saying it was replayed", parked)
+	}
+	var replayed int64
+	var orderKey *int64
+	var attempt int
+	var routed, due bool
+	err := db.Pool.QueryRow(context.Background(), `
+		SELECT id, order_key, attempt, routed_at IS NOT NULL, created_at <= now() FROM webhook_outbox
+		WHERE delivery_id = $1::uuid AND NOT processed`, s1.delivery).Scan(&replayed, &orderKey, &attempt, &routed, &due)
+	if err != nil {
+		t.Fatalf("the replayed row: %v", err)
+	}
+	if orderKey == nil || *orderKey != s1.key || attempt != 1 || !routed || !due {
+		t.Errorf("the replayed row: order_key %v, attempt %d, routed %v, due %v; want order key %d, a first attempt, routed, due",
+			orderKey, attempt, routed, due, s1.key)
+	}
+	if c := replayedCopies(t, db, s1.deadLetter); len(c) != 2 || !c[1].sameEvent {
+		t.Errorf("the event's outbox rows after the replay: %+v, want the parked one and its copy", c)
+	}
+	if head, due := streamHead(t, db, s1.stream); head != replayed || !due {
+		t.Errorf("the head of %s is %d (due %v), want the replayed row %d, due", s1.stream, head, due, replayed)
+	}
+	// The other stopped stream waits for its own dead letter.
+	if got := outboxRowOf(t, db, s2.parked); got != s2.parkedBeforeChange {
+		t.Errorf("another stopped stream's parked row changed: %+v", got)
+	}
+	if head, _ := streamHead(t, db, s2.stream); head != s2.parked {
+		t.Errorf("the head of %s is %d, want its parked row %d", s2.stream, head, s2.parked)
+	}
+
+	// --force replays it again; the parked row, settled already, is left as it is.
+	if r := runCLI(t, db.URL, "dlq", "replay", "--force", itoa(s1.deadLetter)); r.code != 0 || !strings.Contains(r.stdout, "replayed 1\n") {
+		t.Fatalf("replay --force: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := outboxRowOf(t, db, s1.parked); got != parked {
+		t.Errorf("a second replay changed the settled parked row: %+v, was %+v", got, parked)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1::uuid AND NOT processed AND order_key = $2`,
+		s1.delivery, s1.key); n != 2 {
+		t.Errorf("%d undelivered copies with the order key after replay --force, want 2", n)
+	}
+}
+
+// TestDLQPurgeResumesStoppedStream: purging the dead letter of a stream stopped in "stop" mode
+// gives the event up: its parked row is settled, the stream goes on with the next event, and
+// the dispatchers are told.
+func TestDLQPurgeResumesStoppedStream(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	s1 := insertStoppedStream(t, db, "order-1", 1000)
+	s2 := insertStoppedStream(t, db, "order-2", 2000)
+	outboxRows := count(t, db, `SELECT count(*) FROM webhook_outbox`)
+
+	if r := runCLI(t, db.URL, "dlq", "purge", "--dry-run", itoa(s1.deadLetter)); r.code != 0 || !strings.Contains(r.stdout, "would purge 1") {
+		t.Fatalf("purge --dry-run: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := outboxRowOf(t, db, s1.parked); got != s1.parkedBeforeChange {
+		t.Errorf("a dry run changed the parked row: %+v", got)
+	}
+
+	listener, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN webhook_outbox"); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, db.URL, "dlq", "purge", itoa(s1.deadLetter))
+	if r.code != 0 || r.stdout != "purged 1 dead letter(s): "+itoa(s1.deadLetter)+"\n" {
+		t.Fatalf("purge: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	parked := outboxRowOf(t, db, s1.parked)
+	if !parked.processed || !parked.hasProcessedAt || parked.leased || parked.deferredReason != "" ||
+		!strings.Contains(parked.error, "dead letter "+itoa(s1.deadLetter)+" was purged") {
+		t.Errorf("the parked row after the purge: %+v, want it settled as processed, saying it was purged", parked)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox`); n != outboxRows {
+		t.Errorf("the purge wrote outbox rows: %d, was %d", n, outboxRows)
+	}
+	if head, due := streamHead(t, db, s1.stream); head != s1.behind || !due {
+		t.Errorf("the head of %s is %d (due %v), want the next event %d, due", s1.stream, head, due, s1.behind)
+	}
+	if got := outboxRowOf(t, db, s2.parked); got != s2.parkedBeforeChange {
+		t.Errorf("another stopped stream's parked row changed: %+v", got)
+	}
+	// The rows behind were due already: without a NOTIFY an idle dispatcher would find them
+	// only at its backstop poll.
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	n, err := listener.WaitForNotification(waitCtx)
+	cancel()
+	if err != nil {
+		t.Fatalf("no NOTIFY after a purge released a stream: %v", err)
+	}
+	if _, perr := strconv.ParseUint(n.Payload, 10, 64); n.Channel != "webhook_outbox" || perr != nil {
+		t.Errorf("NOTIFY %q on %q, want a transaction id on webhook_outbox", n.Payload, n.Channel)
+	}
+
+	// By filter too, with the same effect on the other stream.
+	if r := runCLI(t, db.URL, "dlq", "purge", "--all-matching", "--endpoint-id", stoppedEndpoint); r.code != 0 ||
+		r.stdout != "purged 1 dead letter(s): "+itoa(s2.deadLetter)+"\n" {
+		t.Fatalf("purge --all-matching: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if head, due := streamHead(t, db, s2.stream); head != s2.behind || !due {
+		t.Errorf("the head of %s is %d (due %v), want the next event %d, due", s2.stream, head, due, s2.behind)
+	}
+}
+
+// TestDLQReplayOrdinaryDeadLetters: what a replay did before schema 6 it still does. A dead
+// letter's outbox row, settled by the dispatcher, is left as it is; an unordered dead letter
+// gives an unordered row, a skipped ordered one keeps its key; and a parked row is settled
+// only by its own dead letter, never by one whose outbox_id names it by mistake.
+func TestDLQReplayOrdinaryDeadLetters(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	stopped := insertStoppedStream(t, db, "order-1", 1000)
+
+	// As the dispatcher leaves a dead letter of an unordered row, and of an ordered one whose
+	// stream skipped it: the outbox row processed, with its error.
+	var unorderedRow, skippedRow int64
+	for _, r := range []struct {
+		id  *int64
+		key *int64
+	}{{&unorderedRow, nil}, {&skippedRow, ptr(int64(500))}} {
+		if err := db.Pool.QueryRow(ctx, `
+			INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, routed_at, attempt, order_key,
+			                            processed, processed_at, status_code, error)
+			VALUES ('order-9', 'order.created', '{}', $1::uuid, now(), 2, $2, true, now(), 404, 'HTTP 404')
+			RETURNING id`, stoppedEndpoint, r.key).Scan(r.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadLetterOf := func(outboxID int64) int64 {
+		t.Helper()
+		var id int64
+		if err := db.Pool.QueryRow(ctx, `
+			INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, attempts, reason,
+			                                 enqueued_at, endpoint_id, order_key)
+			SELECT id, delivery_id, stream_id, event_type, payload, attempt, 'permanent: HTTP 404', enqueued_at,
+			       endpoint_id, order_key
+			FROM webhook_outbox WHERE id = $1
+			RETURNING id`, outboxID).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	unordered, skipped := deadLetterOf(unorderedRow), deadLetterOf(skippedRow)
+	// A dead letter written by hand, whose outbox_id names the parked row of another event.
+	stray := insertDeadLetter(t, db, deadLetterFixture{eventType: "order.created", reason: "imported"})
+	mustExec(t, db, `UPDATE webhook_dead_letter SET outbox_id = $1 WHERE id = $2`, stopped.parked, stray)
+	before := map[int64]outboxRow{unorderedRow: outboxRowOf(t, db, unorderedRow), skippedRow: outboxRowOf(t, db, skippedRow)}
+
+	r := runCLI(t, db.URL, "dlq", "replay", itoa(unordered), itoa(skipped), itoa(stray))
+	if r.code != 0 || !strings.Contains(r.stdout, "replayed 3\n") {
+		t.Fatalf("replay: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for id, want := range before {
+		if got := outboxRowOf(t, db, id); got != want {
+			t.Errorf("outbox row %d changed by the replay of its dead letter: %+v, was %+v", id, got, want)
+		}
+	}
+	if got := outboxRowOf(t, db, stopped.parked); got != stopped.parkedBeforeChange {
+		t.Errorf("a dead letter of another event settled the parked row: %+v", got)
+	}
+	for _, tc := range []struct {
+		deadLetter int64
+		key        *int64
+	}{{unordered, nil}, {skipped, ptr(int64(500))}, {stray, nil}} {
+		c := replayedCopies(t, db, tc.deadLetter)
+		last := c[len(c)-1]
+		if !last.sameEvent || last.attempt != 1 || !last.dueNow || last.processed || last.replayedAt == nil {
+			t.Errorf("dead letter %d: replayed row %+v, want the same event as a first attempt due now", tc.deadLetter, last)
+		}
+		var key *int64
+		if err := db.Pool.QueryRow(ctx, `SELECT o.order_key FROM webhook_outbox o JOIN webhook_dead_letter d USING (delivery_id)
+			WHERE d.id = $1 AND NOT o.processed`, tc.deadLetter).Scan(&key); err != nil {
+			t.Fatal(err)
+		}
+		if (key == nil) != (tc.key == nil) || key != nil && *key != *tc.key {
+			t.Errorf("dead letter %d: the replayed row's order_key is %v, want %v", tc.deadLetter, key, tc.key)
+		}
 	}
 }

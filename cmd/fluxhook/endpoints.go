@@ -26,11 +26,13 @@ func init() {
 const endpointsUsage = `usage:
   fluxhook endpoints add --url URL [--event-types TYPE,PREFIX.*] [--tenant T] [--scheme fluxora|standard]
                          [--secret S] [--description D] [--retry-rps N] [--max-concurrency N]
-                         [--header NAME=VALUE]... [--disabled] [--json]
+                         [--header NAME=VALUE]... [--ordering none|stream] [--ordering-failure skip|stop]
+                         [--disabled] [--json]
   fluxhook endpoints list [--json]
   fluxhook endpoints show ID [--json]
   fluxhook endpoints update ID [--url URL] [--event-types LIST] [--tenant T] [--description D]
                          [--retry-rps N] [--max-concurrency N] [--header NAME=VALUE]... [--clear-headers]
+                         [--ordering none|stream] [--ordering-failure skip|stop]
                          [--scheme fluxora|standard [--secret S]] [--json]
   fluxhook endpoints disable ID [--reason R] [--json]
   fluxhook endpoints enable ID [--json]
@@ -52,6 +54,13 @@ encrypted (AES-256-GCM); without it they are stored in clear. To change the key,
 one in WEBHOOK_ENCRYPTION_KEY and the old one in WEBHOOK_ENCRYPTION_KEY_PREVIOUS, to the
 dispatchers too; run reencrypt; then remove the old key. reencrypt also seals secrets stored
 in clear.
+
+--ordering stream delivers each stream's events (same stream_id) to the endpoint one at a time,
+in order; none, the default, sends events concurrently. --ordering-failure is what an ordered
+stream does when one of its events is dead-lettered: skip, the default, goes on without it;
+stop holds the rest of the stream until that dead letter is replayed (the event then leads the
+stream again) or purged (the stream goes on without it): see fluxhook dlq. Changing either
+setting does not release a stream already stopped.
 
 disable stops routing to the endpoint; the dispatcher dead-letters its pending deliveries.
 remove refuses while deliveries are pending: --pending dead-letter moves them to the
@@ -318,6 +327,9 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 	fs.IntVar(&n.MaxConcurrency, "max-concurrency", 0, "concurrent requests (default WEBHOOK_ENDPOINT_CONCURRENCY)")
 	headers := headerFlag{}
 	fs.Var(headers, "header", "extra request header NAME=VALUE (repeatable)")
+	fs.StringVar(&n.Ordering, "ordering", endpoints.OrderingNone, "delivery order: none | stream (each stream_id's events one at a time, in order)")
+	fs.StringVar(&n.OrderingFailure, "ordering-failure", endpoints.OrderingFailureSkip,
+		"what an ordered stream does at a dead letter: skip | stop (wait until it is replayed or purged)")
 	fs.BoolVar(&n.Disabled, "disabled", false, "add it without routing events to it yet")
 	asJSON := fs.Bool("json", false, "print the endpoint, with its secret, as one JSON object")
 	if err := noArguments(fs, args); err != nil {
@@ -382,14 +394,14 @@ func runEndpointsList(ctx context.Context, env *environment, args []string) erro
 		return err
 	}
 	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tURL\tTENANT\tEVENTS\tENABLED\tDISABLED REASON")
+	fmt.Fprintln(tw, "ID\tURL\tTENANT\tEVENTS\tORDERING\tENABLED\tDISABLED REASON")
 	for _, e := range list {
 		enabled, reason := "yes", "-"
 		if !e.Enabled {
 			enabled, reason = "no", shorten(printable(e.DisabledReason), 50)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, shorten(printable(listURL(e.URL)), 60), orDash(e.Tenant),
-			shorten(printable(filterText(e.EventTypes)), 40), enabled, reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, shorten(printable(listURL(e.URL)), 60), orDash(e.Tenant),
+			shorten(printable(filterText(e.EventTypes)), 40), orderingText(e), enabled, reason)
 	}
 	return tw.Flush()
 }
@@ -406,6 +418,15 @@ func listURL(raw string) string {
 		short += "?…"
 	}
 	return short
+}
+
+// orderingText is the ORDERING column: "none", or "stream/" and what the stream does at a
+// dead letter, the one case where that matters; show prints both settings in full.
+func orderingText(e endpoints.Endpoint) string {
+	if e.Ordering != endpoints.OrderingStream {
+		return printable(e.Ordering)
+	}
+	return e.Ordering + "/" + printable(e.OrderingFailure)
 }
 
 func filterText(types []string) string {
@@ -475,6 +496,9 @@ func printEndpoint(w io.Writer, d endpoints.Details, haveKey bool) error {
 	}
 	fmt.Fprintf(tw, "retry_rps\t%s\n", limit(d.RetryRPS, "WEBHOOK_RETRY_RPS"))
 	fmt.Fprintf(tw, "max_concurrency\t%s\n", limit(d.MaxConcurrency, "WEBHOOK_ENDPOINT_CONCURRENCY"))
+	ordering, failure := orderingDetails(d.Endpoint)
+	fmt.Fprintf(tw, "ordering\t%s\n", ordering)
+	fmt.Fprintf(tw, "ordering_failure\t%s\n", failure)
 	if len(d.Headers) == 0 {
 		fmt.Fprintf(tw, "headers\t-\n")
 	}
@@ -512,10 +536,35 @@ func printEndpoint(w io.Writer, d endpoints.Details, haveKey bool) error {
 	return tw.Flush()
 }
 
+// orderingDetails is show's ordering and ordering_failure: each value with what it does, since
+// the difference between skip and stop is what an operator looks it up for.
+func orderingDetails(e endpoints.Endpoint) (ordering, failure string) {
+	switch e.Ordering {
+	case endpoints.OrderingNone:
+		ordering = "none (no order between events)"
+	case endpoints.OrderingStream:
+		ordering = "stream (each stream's events one at a time, in order)"
+	default:
+		ordering = printable(e.Ordering)
+	}
+	switch {
+	case e.Ordering != endpoints.OrderingStream:
+		// Kept for when the endpoint is ordered: saying what it does now would mislead.
+		failure = printable(e.OrderingFailure) + " (applies with ordering stream)"
+	case e.OrderingFailure == endpoints.OrderingFailureSkip:
+		failure = "skip (a dead-lettered event is left behind; its stream goes on)"
+	case e.OrderingFailure == endpoints.OrderingFailureStop:
+		failure = "stop (a dead-lettered event stops its stream until it is replayed or purged)"
+	default:
+		failure = printable(e.OrderingFailure)
+	}
+	return ordering, failure
+}
+
 func runEndpointsUpdate(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("endpoints update", env, "fluxhook endpoints update ID [flags]")
 	dbURL := databaseURLFlag(fs, env)
-	var u, types, tenant, description, scheme, secret optString
+	var u, types, tenant, description, scheme, secret, ordering, orderingFailure optString
 	var rps, conc optInt
 	fs.Var(&u, "url", "new URL")
 	fs.Var(&types, "event-types", `new filter, comma-separated ("" = every event)`)
@@ -526,6 +575,8 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	headers := headerFlag{}
 	fs.Var(headers, "header", "add or replace the header NAME=VALUE (repeatable)")
 	clearHeaders := fs.Bool("clear-headers", false, "remove every custom header first (then --header sets the new ones)")
+	fs.Var(&ordering, "ordering", "new delivery order: none | stream")
+	fs.Var(&orderingFailure, "ordering-failure", "new behaviour of an ordered stream at a dead letter: skip | stop")
 	fs.Var(&scheme, "scheme", "new signature scheme; a change comes with a new secret, printed once")
 	fs.Var(&secret, "secret", "the new secret for a --scheme change (default: generated)")
 	asJSON := fs.Bool("json", false, "print the updated endpoint as one JSON object")
@@ -534,7 +585,8 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 		return err
 	}
 	p := endpoints.Patch{URL: u.ptr(), Description: description.ptr(), Tenant: tenant.ptr(), RetryRPS: rps.ptr(),
-		MaxConcurrency: conc.ptr(), Scheme: scheme.ptr(), Secret: secret.ptr()}
+		MaxConcurrency: conc.ptr(), Scheme: scheme.ptr(), Secret: secret.ptr(), Ordering: ordering.ptr(),
+		OrderingFailure: orderingFailure.ptr()}
 	if types.set {
 		list := eventTypes(types.v)
 		p.EventTypes = &list
@@ -546,8 +598,9 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	if secret.set && !scheme.set {
 		return usageError("--secret changes the secret only with --scheme; to replace it, use `fluxhook endpoints rotate-secret %s --secret S`", id)
 	}
-	if !u.set && !types.set && !tenant.set && !description.set && !rps.set && !conc.set && len(headers) == 0 && !*clearHeaders && !scheme.set {
-		return usageError("endpoints update needs something to change: --url, --event-types, --tenant, --description, --retry-rps, --max-concurrency, --header, --clear-headers or --scheme")
+	if !u.set && !types.set && !tenant.set && !description.set && !rps.set && !conc.set && len(headers) == 0 && !*clearHeaders &&
+		!scheme.set && !ordering.set && !orderingFailure.set {
+		return usageError("endpoints update needs something to change: --url, --event-types, --tenant, --description, --retry-rps, --max-concurrency, --header, --clear-headers, --ordering, --ordering-failure or --scheme")
 	}
 	var newSecret string
 	d, c, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, c *endpoints.Cipher) (err error) {

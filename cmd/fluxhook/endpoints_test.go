@@ -45,6 +45,8 @@ type endpointJSON struct {
 	PreviousUntil         *time.Time        `json:"previous_secret_expires_at"`
 	PreviousSecretInGrace bool              `json:"previous_secret_in_grace"`
 	PendingDeliveries     int64             `json:"pending_deliveries"`
+	Ordering              string            `json:"ordering"`
+	OrderingFailure       string            `json:"ordering_failure"`
 }
 
 func decodeEndpoint(t *testing.T, r cliResult) endpointJSON {
@@ -272,6 +274,99 @@ func TestEndpointsUpdate(t *testing.T) {
 	}
 	if got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "show", "--json", e.ID)); got.URL != "https://b.example/" || got.Scheme != "fluxora" {
 		t.Errorf("a refused update changed the endpoint: %+v", got)
+	}
+}
+
+// TestEndpointsOrdering: --ordering and --ordering-failure are set by add and update like the
+// other flags, validated by the store (exit 2 naming the flag), and printed by list and show.
+func TestEndpointsOrdering(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+
+	plain := addEndpoint(t, db, nil, "--url", "https://plain.example/")
+	if plain.Ordering != "none" || plain.OrderingFailure != "skip" {
+		t.Errorf("add without ordering flags: ordering %q, ordering_failure %q; want none, skip", plain.Ordering, plain.OrderingFailure)
+	}
+	ordered := addEndpoint(t, db, nil, "--url", "https://ordered.example/", "--ordering", "stream", "--ordering-failure", "stop")
+	if ordered.Ordering != "stream" || ordered.OrderingFailure != "stop" {
+		t.Errorf("add --ordering stream --ordering-failure stop --json = %+v", ordered)
+	}
+	if got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "show", "--json", ordered.ID)); got.Ordering != "stream" || got.OrderingFailure != "stop" {
+		t.Errorf("show --json of the ordered endpoint = %+v", got)
+	}
+
+	r := runEndpointsCLI(t, db, nil, "show", ordered.ID)
+	for _, want := range []string{"ordering            stream (each stream's events one at a time, in order)\n",
+		"ordering_failure    stop (a dead-lettered event stops its stream until it is replayed or purged)\n"} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Errorf("show of the ordered endpoint lacks %q: exit %d\n%s%s", want, r.code, r.stdout, r.stderr)
+		}
+	}
+	r = runEndpointsCLI(t, db, nil, "show", plain.ID)
+	for _, want := range []string{"ordering            none (no order between events)\n",
+		"ordering_failure    skip (applies with ordering stream)\n"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("show of the unordered endpoint lacks %q:\n%s", want, r.stdout)
+		}
+	}
+
+	r = runEndpointsCLI(t, db, nil, "list")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 3 || !strings.Contains(lines[0], "  ORDERING  ") {
+		t.Fatalf("list: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if f := strings.Fields(lines[1]); len(f) < 5 || f[0] != plain.ID || f[4] != "none" {
+		t.Errorf("list row of the unordered endpoint: %q", lines[1])
+	}
+	if f := strings.Fields(lines[2]); len(f) < 5 || f[0] != ordered.ID || f[4] != "stream/stop" {
+		t.Errorf("list row of the ordered endpoint: %q", lines[2])
+	}
+	r = runEndpointsCLI(t, db, nil, "list", "--json")
+	var list []endpointJSON
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 2 ||
+		list[0].Ordering != "none" || list[0].OrderingFailure != "skip" || list[1].Ordering != "stream" || list[1].OrderingFailure != "stop" {
+		t.Errorf("list --json = %q (%v)", r.stdout, err)
+	}
+
+	// update sets each one alone, and is something to change on its own.
+	got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "update", plain.ID, "--ordering", "stream", "--json"))
+	if got.Ordering != "stream" || got.OrderingFailure != "skip" || got.URL != "https://plain.example/" {
+		t.Errorf("update --ordering stream --json = %+v", got)
+	}
+	if r := runEndpointsCLI(t, db, nil, "update", plain.ID, "--ordering-failure", "stop"); r.code != 0 || !strings.Contains(r.stdout, "updated endpoint "+plain.ID) {
+		t.Errorf("update --ordering-failure stop: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "show", "--json", plain.ID)); got.Ordering != "stream" || got.OrderingFailure != "stop" {
+		t.Errorf("after update --ordering-failure stop: %+v", got)
+	}
+	if r := runEndpointsCLI(t, db, nil, "list"); !strings.Contains(r.stdout, "stream/stop") || strings.Contains(r.stdout, "none") {
+		t.Errorf("list after the updates:\n%s", r.stdout)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"add", "--url", "https://a.example/", "--ordering", "fifo"}, `--ordering: "fifo" is not an ordering; use "none"`},
+		{[]string{"add", "--url", "https://a.example/", "--ordering-failure", "halt"}, `--ordering-failure: "halt" is not`},
+		{[]string{"update", ordered.ID, "--ordering", "Stream"}, `or "stream"`},
+		{[]string{"update", ordered.ID, "--ordering-failure", "pause"}, `use "skip"`},
+		{[]string{"update", ordered.ID, "--ordering-failure", ""}, `--ordering-failure: "" is not`},
+		{[]string{"update", ordered.ID, "--ordering"}, "flag needs an argument: -ordering"},
+	} {
+		r := runEndpointsCLI(t, db, nil, tc.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("endpoints %q: exit %d, %q; want 2 and %q", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_endpoints`); n != 2 {
+		t.Errorf("refused adds left %d endpoints, want 2", n)
+	}
+	if got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "show", "--json", ordered.ID)); got.Ordering != "stream" || got.OrderingFailure != "stop" {
+		t.Errorf("a refused update changed the endpoint: %+v", got)
+	}
+	if r := runEndpointsCLI(t, db, nil, "update", ordered.ID); r.code != 2 || !strings.Contains(r.stderr, "--ordering, --ordering-failure") {
+		t.Errorf("update with nothing to change: exit %d, %q", r.code, r.stderr)
 	}
 }
 

@@ -20,6 +20,27 @@ const (
 	SchemeStandard = "standard"
 )
 
+// Orderings an endpoint delivers with (the values of webhook_endpoints.ordering, schema 6).
+// OrderingNone is the default because order costs throughput: with OrderingStream a stream
+// has one delivery in flight at a time, and a slow or failing event holds back the stream's
+// later ones; only consumers that need each stream's events in order should pay for it.
+const (
+	OrderingNone   = "none"
+	OrderingStream = "stream"
+)
+
+// What an ordered stream does when its head is dead-lettered (the values of
+// webhook_endpoints.ordering_failure). OrderingFailureSkip, the default, keeps the stream
+// flowing past the event (the dead letter says it was skipped), since a stream that stops
+// delivers nothing until an operator acts. OrderingFailureStop is for consumers that must never
+// see a stream's events out of order: the stream waits, parked behind its dead letter, until
+// `fluxhook dlq replay` (the replayed event becomes its head) or `fluxhook dlq purge` (the
+// stream moves on without it).
+const (
+	OrderingFailureSkip = "skip"
+	OrderingFailureStop = "stop"
+)
+
 // Endpoint is one row of webhook_endpoints, its secrets opened.
 type Endpoint struct {
 	ID          string `json:"id"`
@@ -43,9 +64,11 @@ type Endpoint struct {
 	RetryRPS       int               `json:"retry_rps,omitempty"`
 	MaxConcurrency int               `json:"max_concurrency,omitempty"`
 	Headers        map[string]string `json:"headers"`
-	// Ordering is "none" or "stream" (schema 6): with "stream", each stream_id's events reach
-	// the endpoint one at a time, in order. OrderingFailure is what such a stream does when
-	// its head is dead-lettered: "skip" (go on) or "stop" (wait for a replay or a purge).
+	// Ordering is OrderingNone or OrderingStream (schema 6): with OrderingStream, each
+	// stream_id's events reach the endpoint one at a time, in order. OrderingFailure is what
+	// such a stream does when its head is dead-lettered: OrderingFailureSkip (go on) or
+	// OrderingFailureStop (wait for a replay or a purge); it is kept, unused, while Ordering
+	// is OrderingNone.
 	Ordering        string    `json:"ordering"`
 	OrderingFailure string    `json:"ordering_failure"`
 	LastSuccessAt   time.Time `json:"last_success_at,omitzero"`

@@ -110,6 +110,13 @@ type New struct {
 	MaxConcurrency int
 	// Headers are extra request headers; the signature and transport headers are reserved.
 	Headers map[string]string
+	// Ordering is OrderingNone or OrderingStream; "" is OrderingNone, so that an endpoint
+	// orders its deliveries only when asked to (order costs throughput, see OrderingNone).
+	Ordering string
+	// OrderingFailure is OrderingFailureSkip or OrderingFailureStop; "" is
+	// OrderingFailureSkip. It may be set with OrderingNone: it then waits, unused, for the
+	// endpoint to be ordered.
+	OrderingFailure string
 }
 
 // Add validates n and inserts it, with its secret sealed by c (in clear when c has no key).
@@ -125,9 +132,16 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 	if n.Headers == nil {
 		n.Headers = map[string]string{}
 	}
+	if n.Ordering == "" {
+		n.Ordering = OrderingNone
+	}
+	if n.OrderingFailure == "" {
+		n.OrderingFailure = OrderingFailureSkip
+	}
 	err := errors.Join(validateURL(n.URL), validateScheme(n.Scheme), validateTenant(n.Tenant),
 		validateFilter(n.EventTypes), validateLimit("retry_rps", n.RetryRPS),
-		validateLimit("max_concurrency", n.MaxConcurrency), validateHeaders(n.Headers))
+		validateLimit("max_concurrency", n.MaxConcurrency), validateHeaders(n.Headers),
+		validateOrdering(n.Ordering), validateOrderingFailure(n.OrderingFailure))
 	if err != nil {
 		return Endpoint{}, firstError(err)
 	}
@@ -144,7 +158,8 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 		return Endpoint{}, fmt.Errorf("encoding headers: %w", err)
 	}
 	rows, err := q.Query(ctx, insertSQL, n.URL, n.Description, nullString(n.Tenant), n.EventTypes, n.Scheme,
-		c.Seal(secret), !n.Disabled, nullInt(n.RetryRPS), nullInt(n.MaxConcurrency), string(headers))
+		c.Seal(secret), !n.Disabled, nullInt(n.RetryRPS), nullInt(n.MaxConcurrency), string(headers), n.Ordering,
+		n.OrderingFailure)
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("adding endpoint: %w", err)
 	}
@@ -298,12 +313,19 @@ type Patch struct {
 	// Secret is the new secret for a scheme change; "" or nil generates one. It is refused
 	// without a scheme change: rotate with RotateSecret, which keeps the old one in its grace.
 	Secret *string
+	// Ordering and OrderingFailure change how the endpoint's streams are delivered (see
+	// New); "" is refused rather than taken as the default, since a patch sets what it is
+	// given. Neither releases a stream already stopped at a dead letter (its row stays
+	// parked): replay or purge that dead letter.
+	Ordering        *string
+	OrderingFailure *string
 }
 
 // empty reports whether p changes nothing.
 func (p Patch) empty() bool {
 	return p.URL == nil && p.Description == nil && p.Tenant == nil && p.EventTypes == nil && p.RetryRPS == nil &&
-		p.MaxConcurrency == nil && p.Headers == nil && p.Scheme == nil && p.Secret == nil
+		p.MaxConcurrency == nil && p.Headers == nil && p.Scheme == nil && p.Secret == nil && p.Ordering == nil &&
+		p.OrderingFailure == nil
 }
 
 // validate checks every field p sets on its own; what depends on the current row (merged
@@ -330,6 +352,12 @@ func (p Patch) validate() error {
 	}
 	if p.Secret != nil && p.Scheme == nil {
 		errs = append(errs, errSecretWithoutScheme)
+	}
+	if p.Ordering != nil {
+		errs = append(errs, validateOrdering(*p.Ordering))
+	}
+	if p.OrderingFailure != nil {
+		errs = append(errs, validateOrderingFailure(*p.OrderingFailure))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return firstError(err)
@@ -387,7 +415,7 @@ func Update(ctx context.Context, q Querier, c *Cipher, id string, p Patch) (newS
 		}
 		var got string
 		err = q.QueryRow(ctx, updateSQL, key, w.set, s.scheme, string(s.headers), w.url, w.description, w.tenant,
-			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed).Scan(&got)
+			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed, w.ordering, w.orderingFailure).Scan(&got)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // its scheme or headers changed (or it was removed) since the read: decide again
 		}
@@ -412,8 +440,10 @@ type write struct {
 	headers        *string
 	scheme         string
 	// sealed is the new secret as stored, nil to keep the secret; secret is it in plain text.
-	sealed *string
-	secret string
+	sealed          *string
+	secret          string
+	ordering        string
+	orderingFailure string
 }
 
 // write computes what p writes over the state s it was decided on: merged headers, and the
@@ -440,6 +470,12 @@ func (p Patch) write(s state, c *Cipher) (write, error) {
 	}
 	if p.MaxConcurrency != nil {
 		w.set, w.maxConcurrency = append(w.set, "max_concurrency"), nullInt(*p.MaxConcurrency)
+	}
+	if p.Ordering != nil {
+		w.set, w.ordering = append(w.set, "ordering"), *p.Ordering
+	}
+	if p.OrderingFailure != nil {
+		w.set, w.orderingFailure = append(w.set, "ordering_failure"), *p.OrderingFailure
 	}
 	if p.Headers != nil {
 		h := map[string]string{}
@@ -615,7 +651,9 @@ func (e *PendingError) Error() string {
 	return fmt.Sprintf("endpoint %s has %d deliveries pending; nothing was removed: choose whether they are dead-lettered or dropped", e.ID, e.Pending)
 }
 
-// Removed is what Remove did with the pending deliveries.
+// Removed is what Remove did with the pending deliveries. DeadLettered does not count the
+// rows of ordered streams stopped at a dead letter: those are settled without a second dead
+// letter, since theirs is in the table already.
 type Removed struct {
 	DeadLettered int64
 	Dropped      int64

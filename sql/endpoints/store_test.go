@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/send"
@@ -299,6 +301,10 @@ func TestAddValidation(t *testing.T) {
 		{"negative retry rps", with(func(n *endpoints.New) { n.RetryRPS = -1 }), "retry_rps", "positive"},
 		{"huge concurrency", with(func(n *endpoints.New) { n.MaxConcurrency = 1 << 40 }), "max_concurrency", "positive"},
 		{"tenant with spaces", with(func(n *endpoints.New) { n.Tenant = "acme " }), "tenant", "spaces"},
+		{"ordering", with(func(n *endpoints.New) { n.Ordering = "fifo" }), "ordering", `"fifo" is not an ordering; use "none"`},
+		{"ordering in capitals", with(func(n *endpoints.New) { n.Ordering = "Stream" }), "ordering", `or "stream"`},
+		{"ordering failure", with(func(n *endpoints.New) { n.OrderingFailure = "halt" }), "ordering_failure", `"halt" is not`},
+		{"ordering failure allowed", with(func(n *endpoints.New) { n.OrderingFailure = "retry" }), "ordering_failure", `use "skip"`},
 	}
 	for _, tc := range cases {
 		_, err := endpoints.Add(context.Background(), db.Pool, nil, tc.n)
@@ -400,6 +406,9 @@ func TestUpdate(t *testing.T) {
 		"bad scheme":              {Scheme: ptr("v2")},
 		"standard secret":         {Scheme: ptr("standard"), Secret: ptr("plain")},
 		"negative rps":            {RetryRPS: num(-3)},
+		"bad ordering":            {Ordering: ptr("strict")},
+		"empty ordering":          {Ordering: ptr("")},
+		"bad ordering failure":    {OrderingFailure: ptr("pause")},
 	} {
 		if _, err := endpoints.Update(ctx, db.Pool, c, e.ID, p); !errors.Is(err, endpoints.ErrInvalid) {
 			t.Errorf("Update %s: %v, want ErrInvalid", name, err)
@@ -411,6 +420,129 @@ func TestUpdate(t *testing.T) {
 	// An empty patch checks existence only.
 	if _, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{}); err != nil {
 		t.Errorf("empty Update: %v", err)
+	}
+}
+
+// TestOrdering: the schema 6 settings are written by Add and Update like the other fields, and
+// read back by every read path (the dispatcher's LoadAll, Get, List, Describe).
+func TestOrdering(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	ptr := func(s string) *string { return &s }
+	type setting struct{ ordering, failure string }
+	read := func(id string) map[string]setting {
+		t.Helper()
+		got := map[string]setting{}
+		e := mustGet(t, db, nil, id)
+		got["Get"] = setting{e.Ordering, e.OrderingFailure}
+		d, err := endpoints.Describe(ctx, db.Pool, nil, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got["Describe"] = setting{d.Ordering, d.OrderingFailure}
+		list, err := endpoints.List(ctx, db.Pool, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, _, err := endpoints.LoadAll(ctx, db.Pool, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, l := range map[string][]endpoints.Endpoint{"List": list, "LoadAll": all} {
+			for _, e := range l {
+				if e.ID == id {
+					got[name] = setting{e.Ordering, e.OrderingFailure}
+				}
+			}
+		}
+		return got
+	}
+	check := func(what, id string, want setting) {
+		t.Helper()
+		got := read(id)
+		if len(got) != 4 {
+			t.Errorf("%s: read by %d paths, want 4: %v", what, len(got), got)
+		}
+		for path, s := range got {
+			if s != want {
+				t.Errorf("%s: %s reads ordering %q, ordering_failure %q; want %q, %q", what, path, s.ordering, s.failure, want.ordering, want.failure)
+			}
+		}
+	}
+
+	// "" is the defaults: unordered, and an ordered stream would skip its dead letters.
+	def := mustAdd(t, db, nil, endpoints.New{URL: "https://a.example/"})
+	if def.Ordering != endpoints.OrderingNone || def.OrderingFailure != endpoints.OrderingFailureSkip {
+		t.Errorf("Add with no ordering returned %q, %q", def.Ordering, def.OrderingFailure)
+	}
+	check("defaults", def.ID, setting{endpoints.OrderingNone, endpoints.OrderingFailureSkip})
+
+	ordered := mustAdd(t, db, nil, endpoints.New{URL: "https://b.example/", Ordering: endpoints.OrderingStream,
+		OrderingFailure: endpoints.OrderingFailureStop})
+	if ordered.Ordering != endpoints.OrderingStream || ordered.OrderingFailure != endpoints.OrderingFailureStop {
+		t.Errorf("Add(stream, stop) returned %q, %q", ordered.Ordering, ordered.OrderingFailure)
+	}
+	check("added ordered", ordered.ID, setting{endpoints.OrderingStream, endpoints.OrderingFailureStop})
+	// The failure mode may be chosen before the endpoint is ordered.
+	ahead := mustAdd(t, db, nil, endpoints.New{URL: "https://c.example/", OrderingFailure: endpoints.OrderingFailureStop})
+	check("stop without ordering", ahead.ID, setting{endpoints.OrderingNone, endpoints.OrderingFailureStop})
+
+	// Update sets each only when given, and leaves the other fields as they are.
+	if _, err := endpoints.Update(ctx, db.Pool, nil, def.ID, endpoints.Patch{Ordering: ptr(endpoints.OrderingStream)}); err != nil {
+		t.Fatal(err)
+	}
+	check("ordering updated", def.ID, setting{endpoints.OrderingStream, endpoints.OrderingFailureSkip})
+	if _, err := endpoints.Update(ctx, db.Pool, nil, def.ID, endpoints.Patch{OrderingFailure: ptr(endpoints.OrderingFailureStop)}); err != nil {
+		t.Fatal(err)
+	}
+	check("failure updated", def.ID, setting{endpoints.OrderingStream, endpoints.OrderingFailureStop})
+	if _, err := endpoints.Update(ctx, db.Pool, nil, def.ID, endpoints.Patch{Description: ptr("orders")}); err != nil {
+		t.Fatal(err)
+	}
+	check("another field updated", def.ID, setting{endpoints.OrderingStream, endpoints.OrderingFailureStop})
+	if _, err := endpoints.Update(ctx, db.Pool, nil, def.ID, endpoints.Patch{Ordering: ptr(endpoints.OrderingNone),
+		OrderingFailure: ptr(endpoints.OrderingFailureSkip)}); err != nil {
+		t.Fatal(err)
+	}
+	check("both updated back", def.ID, setting{endpoints.OrderingNone, endpoints.OrderingFailureSkip})
+	if got := mustGet(t, db, nil, def.ID); got.URL != "https://a.example/" || got.Description != "orders" {
+		t.Errorf("the ordering updates changed other fields: %+v", got)
+	}
+
+	// A refused value writes nothing, and its error names the value and the allowed ones.
+	for _, tc := range []struct {
+		p     endpoints.Patch
+		field string
+		want  []string
+	}{
+		{endpoints.Patch{Ordering: ptr("strict"), Description: ptr("x")}, "ordering", []string{`"strict" is not an ordering`, `"none"`, `"stream"`}},
+		{endpoints.Patch{OrderingFailure: ptr("STOP")}, "ordering_failure", []string{`"STOP" is not`, `"skip"`, `"stop"`}},
+		{endpoints.Patch{OrderingFailure: ptr("")}, "ordering_failure", []string{`"" is not`, `"skip"`, `"stop"`}},
+	} {
+		_, err := endpoints.Update(ctx, db.Pool, nil, ordered.ID, tc.p)
+		var inv *endpoints.InvalidError
+		if !errors.As(err, &inv) || inv.Field != tc.field || !errors.Is(err, endpoints.ErrInvalid) {
+			t.Errorf("Update(%+v) = %v; want an InvalidError on %s", tc.p, err, tc.field)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("Update(%+v) = %v; want it to mention %s", tc.p, err, w)
+			}
+		}
+	}
+	check("after refused updates", ordered.ID, setting{endpoints.OrderingStream, endpoints.OrderingFailureStop})
+	if got := mustGet(t, db, nil, ordered.ID); got.Description != "" {
+		t.Errorf("a refused update wrote its other fields: %+v", got)
+	}
+
+	// The table's CHECK stands behind the validation, for values written by SQL.
+	for _, col := range []string{"ordering", "ordering_failure"} {
+		if _, err := db.Pool.Exec(ctx, "UPDATE webhook_endpoints SET "+col+" = 'sometimes' WHERE id = $1::uuid", ordered.ID); err == nil ||
+			!strings.Contains(err.Error(), "webhook_endpoints_"+col+"_check") {
+			t.Errorf("SQL writing %s = 'sometimes': %v, want the CHECK to refuse it", col, err)
+		}
 	}
 }
 
@@ -575,6 +707,67 @@ func TestRemove(t *testing.T) {
 	}
 	if _, err := endpoints.Remove(ctx, db.Pool, keep.ID, "later"); !errors.Is(err, endpoints.ErrInvalid) {
 		t.Errorf("Remove with an unknown action: %v", err)
+	}
+}
+
+// TestRemoveStoppedStream: an ordered stream stopped at a dead letter leaves its row parked,
+// undelivered, with its dead letter already written. Removing the endpoint with dead-letter
+// settles that row without a second dead letter (replaying both would send the event twice),
+// and the rows behind it keep their order keys in theirs, as the dispatcher's dead letters do.
+func TestRemoveStoppedStream(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	e := mustAdd(t, db, nil, endpoints.New{URL: "https://a.example/", Ordering: endpoints.OrderingStream,
+		OrderingFailure: endpoints.OrderingFailureStop})
+	var parked int64
+	err := db.Pool.QueryRow(ctx, `
+		INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, routed_at, order_key, created_at, deferred_reason)
+		VALUES ('s1', 'order.created', '{"n": 1}', $1::uuid, now(), 100, 'infinity', 'stream stopped: permanent: HTTP 410')
+		RETURNING id`, e.ID).Scan(&parked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, attempts, reason, enqueued_at,
+		                                 endpoint_id, order_key)
+		SELECT id, delivery_id, stream_id, event_type, payload, attempt, 'permanent: HTTP 410', enqueued_at, endpoint_id, order_key
+		FROM webhook_outbox WHERE id = $1`, parked); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, routed_at, order_key)
+		VALUES ('s1', 'order.created', '{"n": 2}', $1::uuid, now(), 101)`, e.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := endpoints.Remove(ctx, db.Pool, e.ID, endpoints.PendingDeadLetter)
+	if err != nil || r != (endpoints.Removed{DeadLettered: 1}) {
+		t.Fatalf("Remove = %+v, %v; want the row behind the stopped one dead-lettered", r, err)
+	}
+	rows, err := db.Pool.Query(ctx, `SELECT d.order_key, d.reason, count(*) OVER (PARTITION BY d.delivery_id)
+		FROM webhook_dead_letter d ORDER BY d.order_key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type dead struct {
+		key    int64
+		reason string
+		copies int64
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (dead, error) {
+		var d dead
+		return d, r.Scan(&d.key, &d.reason, &d.copies)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []dead{{100, "permanent: HTTP 410", 1}, {101, "endpoint removed", 1}}; !slices.Equal(got, want) {
+		t.Errorf("dead letters after Remove = %+v, want %+v", got, want)
+	}
+	var pending int64
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_outbox WHERE NOT processed`).Scan(&pending); err != nil || pending != 0 {
+		t.Errorf("%d rows left undelivered after Remove (%v); the parked row must be settled too", pending, err)
 	}
 }
 

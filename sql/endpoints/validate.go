@@ -113,6 +113,25 @@ func validateScheme(scheme string) error {
 	return nil
 }
 
+// validateOrdering and validateOrderingFailure refuse a value the table's CHECK would refuse,
+// before anything is written, with the allowed values: the CHECK is the backstop for SQL
+// written by hand, and its violation names a constraint rather than what to type instead.
+func validateOrdering(ordering string) error {
+	if ordering != OrderingNone && ordering != OrderingStream {
+		return invalid("ordering", "%q is not an ordering; use %q (no order between events) or %q (each stream's events in order)",
+			ordering, OrderingNone, OrderingStream)
+	}
+	return nil
+}
+
+func validateOrderingFailure(failure string) error {
+	if failure != OrderingFailureSkip && failure != OrderingFailureStop {
+		return invalid("ordering_failure", "%q is not what an ordered stream does at a dead letter; use %q (go on without the event) or %q (wait until it is replayed or purged)",
+			failure, OrderingFailureSkip, OrderingFailureStop)
+	}
+	return nil
+}
+
 // validateURL applies the dispatcher's own rules (send.ValidateURL): http(s), https unless the
 // host is loopback, no credentials. The network policy (WEBHOOK_ALLOWED_NETWORKS) is the
 // dispatcher's and is applied when it sends.

@@ -4,17 +4,37 @@
 -- once. A managed endpoint's dead letter goes back to that endpoint (endpoint_id), marked
 -- routed so that it is not fanned out again; so does an event that went to WEBHOOK_URL after
 -- being routed. Returns the number of outbox rows written.
+--
+-- Ordered delivery (schema 6). The new row keeps the dead letter's order_key, so that a
+-- replayed event of an ordered stream takes its place in the stream again instead of going
+-- after the events that followed it. A dead letter whose stream stopped (ordering_failure
+-- 'stop') left its own outbox row (outbox_id) undelivered, parked at 'infinity' with a
+-- deferred_reason 'stream stopped: ...', holding back the rest of its stream: that row is
+-- settled here as processed, in the same statement, so that the stream is released exactly
+-- when its event is back in it, and the new row, with the same key, is the stream's head. The
+-- parked row keeps created_at 'infinity', which tells it apart in the delivery log. outbox_id
+-- is no foreign key (dead letters outlive their rows, and SQL may write anything there), so
+-- the delivery_id must match too: only the dead letter's own row is ever settled.
 WITH replayed AS (
     UPDATE webhook_dead_letter
     SET replayed_at = now()
     WHERE id = ANY($1::bigint[])
-    RETURNING id, delivery_id, stream_id, event_type, payload, endpoint_url, enqueued_at, tenant, endpoint_id
+    RETURNING id, outbox_id, delivery_id, stream_id, event_type, payload, endpoint_url, enqueued_at, tenant,
+              endpoint_id, order_key
+), resumed AS (
+    UPDATE webhook_outbox o
+    SET processed = true, processed_at = now(), lease_until = NULL, deferred_reason = NULL,
+        error = 'stream stopped here; dead letter ' || r.id || ' was replayed as a new row'
+    FROM replayed r
+    WHERE o.id = r.outbox_id AND o.delivery_id = r.delivery_id AND NOT o.processed
+      AND o.deferred_reason LIKE 'stream stopped%'
 ), inserted AS (
     INSERT INTO webhook_outbox
         (delivery_id, stream_id, event_type, payload, endpoint_url, enqueued_at, attempt, created_at,
-         tenant, endpoint_id, routed_at)
+         tenant, endpoint_id, routed_at, order_key)
     SELECT delivery_id, stream_id, event_type, payload, endpoint_url, enqueued_at, 1, now(),
-           tenant, endpoint_id, CASE WHEN endpoint_id IS NOT NULL OR endpoint_url IS NULL THEN now() END
+           tenant, endpoint_id, CASE WHEN endpoint_id IS NOT NULL OR endpoint_url IS NULL THEN now() END,
+           order_key
     FROM replayed
     ORDER BY id
     RETURNING 1

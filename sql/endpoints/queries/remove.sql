@@ -2,7 +2,11 @@
 -- rows with its endpoint_id) by $2:
 --   'refuse'       remove nothing if any is pending;
 --   'dead-letter'  settle them as the dispatcher settles a dead letter (processed, with the
---                  reason in error) and copy them to webhook_dead_letter, reason 'endpoint removed';
+--                  reason in error) and copy them to webhook_dead_letter, reason 'endpoint removed',
+--                  with their order keys as the dispatcher's dead letters keep them. A row parked
+--                  by an ordered stream that stopped (schema 6: created_at 'infinity') is settled
+--                  but not copied: it has its dead letter already, and a second one would have
+--                  the event replayed twice;
 --   'drop'         delete them.
 -- One statement, so that the check, the deliveries and the endpoint change together. Locking
 -- the endpoint row makes a concurrent update or rotation wait. A row that a dispatcher settles
@@ -22,13 +26,14 @@ WITH target AS (
         deferred_reason = NULL
     WHERE endpoint_id = $1::uuid AND NOT processed AND $2::text = 'dead-letter' AND (SELECT ok FROM decision)
     RETURNING id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, enqueued_at,
-              tenant, endpoint_id
+              tenant, endpoint_id, order_key, created_at = 'infinity' AS parked
 ), dead AS (
     INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, endpoint_url,
-                                     attempts, reason, enqueued_at, tenant, endpoint_id)
+                                     attempts, reason, enqueued_at, tenant, endpoint_id, order_key)
     SELECT id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, 'endpoint removed',
-           enqueued_at, tenant, endpoint_id
+           enqueued_at, tenant, endpoint_id, order_key
     FROM settled
+    WHERE NOT parked
     ORDER BY id
     RETURNING 1
 ), dropped AS (

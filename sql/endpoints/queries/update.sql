@@ -5,7 +5,7 @@
 --   $10 max concurrency (NULL: the dispatcher's default), $11 headers, $12 scheme,
 --   $13 a new secret as stored (NULL: keep the secret). A new secret comes only with a scheme
 --   change, and drops the previous secret: that one belongs to the other scheme, which the
---   consumer no longer verifies.
+--   consumer no longer verifies. $14 ordering, $15 ordering_failure.
 UPDATE webhook_endpoints
 SET url = CASE WHEN 'url' = ANY ($2::text[]) THEN $5::text ELSE url END,
     description = CASE WHEN 'description' = ANY ($2::text[]) THEN $6::text ELSE description END,
@@ -15,6 +15,8 @@ SET url = CASE WHEN 'url' = ANY ($2::text[]) THEN $5::text ELSE url END,
     max_concurrency = CASE WHEN 'max_concurrency' = ANY ($2::text[]) THEN $10::integer ELSE max_concurrency END,
     headers = CASE WHEN 'headers' = ANY ($2::text[]) THEN $11::jsonb ELSE headers END,
     scheme = CASE WHEN 'scheme' = ANY ($2::text[]) THEN $12::text ELSE scheme END,
+    ordering = CASE WHEN 'ordering' = ANY ($2::text[]) THEN $14::text ELSE ordering END,
+    ordering_failure = CASE WHEN 'ordering_failure' = ANY ($2::text[]) THEN $15::text ELSE ordering_failure END,
     secret = coalesce($13::text, secret),
     previous_secret = CASE WHEN $13::text IS NULL THEN previous_secret END,
     previous_secret_expires_at = CASE WHEN $13::text IS NULL THEN previous_secret_expires_at END
