@@ -1,0 +1,39 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	fluxsql "github.com/fluxora/fluxhook/sql"
+)
+
+// TestVersion: `fluxhook version` names the Go version and the schema this build needs, in
+// text and JSON, exits 0 on -h and 2 on an argument.
+func TestVersion(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"version"}, &out, &errOut, func(string) string { return "" }); code != 0 {
+		t.Fatalf("version exited %d: %s", code, errOut.String())
+	}
+	want := "schema version " + strconv.Itoa(fluxsql.LatestVersion())
+	if !strings.HasPrefix(out.String(), "fluxhook ") || !strings.Contains(out.String(), runtime.Version()) || !strings.Contains(out.String(), want) {
+		t.Errorf("version printed %q, want fluxhook's version, %s and %q", out.String(), runtime.Version(), want)
+	}
+	out.Reset()
+	if code := run([]string{"version", "--json"}, &out, &errOut, func(string) string { return "" }); code != 0 {
+		t.Fatalf("version --json exited %d: %s", code, errOut.String())
+	}
+	var v versionInfo
+	if err := json.Unmarshal(out.Bytes(), &v); err != nil || v.Schema != fluxsql.LatestVersion() || v.Go != runtime.Version() || v.Version == "" {
+		t.Errorf("version --json = %s (%v)", out.String(), err)
+	}
+	if code := run([]string{"version", "-h"}, &out, &errOut, func(string) string { return "" }); code != 0 {
+		t.Errorf("version -h exited %d, want 0", code)
+	}
+	if code := run([]string{"version", "extra"}, &out, &errOut, func(string) string { return "" }); code != 2 {
+		t.Errorf("version extra exited %d, want 2", code)
+	}
+}
