@@ -86,11 +86,8 @@ func loadSettings(fs *flag.FlagSet, args []string, getenv func(string) string) (
 		}
 		flagged[s.env] = fs.String(flagName(s.env), "", help+" [$"+s.env+"]")
 	}
-	if err := fs.Parse(args); err != nil {
-		return nil, usageError("%v", err)
-	}
-	if fs.NArg() > 0 {
-		return nil, usageError("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	if err := noArguments(fs, args); err != nil {
+		return nil, err
 	}
 	values := map[string]string{}
 	for _, s := range settings {

@@ -37,8 +37,8 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	dbURL := databaseURLFlag(fs, env)
 	events := fs.Int("events", 0, "stop after this many events have been delivered (0 = run until Ctrl-C)")
 	interval := fs.Duration("interval", 500*time.Millisecond, "time between sample events")
-	if err := fs.Parse(args); err != nil {
-		return usageError("%v", err)
+	if err := noArguments(fs, args); err != nil {
+		return err
 	}
 	if *interval <= 0 || *events < 0 {
 		return usageError("--interval must be positive and --events not negative")

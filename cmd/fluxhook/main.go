@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -65,6 +66,9 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	defer stop()
 	env := &environment{stdout: stdout, stderr: stderr, getenv: getenv, signals: signals}
 	if err := cmd.run(ctx, env, args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0 // the command printed its flags: asking for help is not a failure
+		}
 		fmt.Fprintf(stderr, "fluxhook %s: %v\n", args[0], err)
 		if errors.Is(err, errUsage) {
 			return 2

@@ -23,8 +23,8 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 		"longest wait for each table lock (every producer's insert waits behind it); then roll back and retry, "+
 			fmt.Sprint(fluxsql.DefaultLockAttempts)+" attempts in all; 0 waits as long as it takes")
 	dbURL := databaseURLFlag(fs, env)
-	if err := fs.Parse(args); err != nil {
-		return usageError("%v", err)
+	if err := noArguments(fs, args); err != nil {
+		return err
 	}
 	if *lockTimeout < 0 {
 		return usageError("--lock-timeout must not be negative")

@@ -37,3 +37,17 @@ func TestVersion(t *testing.T) {
 		t.Errorf("version extra exited %d, want 2", code)
 	}
 }
+
+// TestEveryCommandHelpExitsZero: `fluxhook COMMAND -h` prints the command's flags and exits 0
+// for every command, as `fluxhook help` does.
+func TestEveryCommandHelpExitsZero(t *testing.T) {
+	for name := range commands {
+		var out, errOut bytes.Buffer
+		if code := run([]string{name, "-h"}, &out, &errOut, func(string) string { return "" }); code != 0 {
+			t.Errorf("%s -h exited %d: %s", name, code, errOut.String())
+		}
+		if strings.Contains(errOut.String(), "help requested") {
+			t.Errorf("%s -h reports an error: %s", name, errOut.String())
+		}
+	}
+}
