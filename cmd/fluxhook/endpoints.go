@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/sql/endpoints"
 )
 
@@ -350,6 +351,9 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 		return err
 	}
 	warnClear(env, c)
+	if added.Ordering == endpoints.OrderingStream {
+		ensureStreamIndex(ctx, env, pool)
+	}
 	d, err := describe(ctx, pool, c, added.ID)
 	if err != nil {
 		return err
@@ -604,7 +608,9 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	}
 	var newSecret string
 	d, c, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, c *endpoints.Cipher) (err error) {
-		newSecret, err = endpoints.Update(ctx, pool, c, id, p)
+		if newSecret, err = endpoints.Update(ctx, pool, c, id, p); err == nil && ordering.set && *p.Ordering == endpoints.OrderingStream {
+			ensureStreamIndex(ctx, env, pool)
+		}
 		return err
 	})
 	if err != nil {
@@ -786,4 +792,18 @@ func runEndpointsReencrypt(ctx context.Context, env *environment, args []string)
 		_, err = fmt.Fprintln(env.stdout, "WEBHOOK_ENCRYPTION_KEY_PREVIOUS can be removed once every dispatcher runs with the new key.")
 	}
 	return err
+}
+
+// ensureStreamIndex creates the index ordered delivery needs, once an endpoint orders its
+// streams (it is not part of the schema: producers would pay for it with ordering off). A
+// failure is a warning: the endpoint is changed already, and every dispatcher that sees an
+// ordered endpoint tries again.
+func ensureStreamIndex(ctx context.Context, env *environment, pool *pgxpool.Pool) {
+	built, err := fluxsql.EnsureStreamIndex(ctx, pool)
+	switch {
+	case err != nil:
+		fmt.Fprintf(env.stderr, "warning: %v\n", err)
+	case built:
+		fmt.Fprintln(env.stderr, "created index webhook_outbox_stream_idx, which ordered delivery needs")
+	}
 }

@@ -283,13 +283,22 @@ func TestEndpointsOrdering(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 
+	streamIndex := func() int {
+		return queryInt(t, db, `SELECT count(*) FROM pg_index WHERE indexrelid = to_regclass('webhook_outbox_stream_idx') AND indisvalid`)
+	}
 	plain := addEndpoint(t, db, nil, "--url", "https://plain.example/")
 	if plain.Ordering != "none" || plain.OrderingFailure != "skip" {
 		t.Errorf("add without ordering flags: ordering %q, ordering_failure %q; want none, skip", plain.Ordering, plain.OrderingFailure)
 	}
+	if streamIndex() != 0 {
+		t.Error("an unordered endpoint created the stream index (producers would pay for it)")
+	}
 	ordered := addEndpoint(t, db, nil, "--url", "https://ordered.example/", "--ordering", "stream", "--ordering-failure", "stop")
 	if ordered.Ordering != "stream" || ordered.OrderingFailure != "stop" {
 		t.Errorf("add --ordering stream --ordering-failure stop --json = %+v", ordered)
+	}
+	if streamIndex() != 1 {
+		t.Error("add --ordering stream did not create the stream index ordered delivery needs")
 	}
 	if got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "show", "--json", ordered.ID)); got.Ordering != "stream" || got.OrderingFailure != "stop" {
 		t.Errorf("show --json of the ordered endpoint = %+v", got)

@@ -24,17 +24,9 @@
 ALTER TABLE webhook_outbox ADD COLUMN IF NOT EXISTS order_key bigint;
 ALTER TABLE webhook_dead_letter ADD COLUMN IF NOT EXISTS order_key bigint;
 
--- The head check looks up a stream's undelivered rows with a smaller key: an index range
--- that is empty for a head and ends at the first row for any other, however long the stream's
--- backlog (an index on stream_id alone read every undelivered row of the stream for each
--- check). Partial: only the backlog, never the delivery log. Producers pay for it on every insert that has a stream_id: measured at about
--- 1.5% of single-row insert throughput (pgbench, 8 clients, asynchronous commit: 20,370 against
--- 20,690 transactions/s, median of three), which is why it is this narrow.
--- Building it scans the table while holding a lock that blocks inserts: on a large outbox,
--- create it beforehand with CREATE INDEX CONCURRENTLY (same definition); this statement then
--- does nothing.
-CREATE INDEX IF NOT EXISTS webhook_outbox_stream_idx
-    ON webhook_outbox (stream_id, (coalesce(order_key, id))) WHERE NOT processed AND stream_id IS NOT NULL;
+-- The head check's index (webhook_outbox_stream_idx) is not created here: producers would pay
+-- for it on every insert with a stream_id whether or not anything is ordered. It is created
+-- (CONCURRENTLY) once something orders its streams; see StreamIndexSQL in sql/stream_index.go.
 
 -- ordering: 'none' (the default) or 'stream'. ordering_failure: what an ordered stream does
 -- when its head is dead-lettered: 'skip' (the stream moves on; the dead letter says it was

@@ -20,8 +20,8 @@
 --   head for its endpoint: no undelivered row of the same endpoint and stream has a smaller key
 --   (whether in flight, waiting for a retry, deferred or stopped), and no event of the stream
 --   with a smaller id waits to be routed. Ordered rows are those with an order_key, and with
---   $12 those without an endpoint_id that will not be routed. The check uses the stream index
---   (schema 6), a few rows per stream.
+--   $12 those without an endpoint_id that will not be routed. The check is a range of the stream
+--   index (built when ordering is turned on: sql/stream_index.go), empty for a head.
 -- The lease commits with the statement: no transaction stays open across HTTP.
 --
 -- The claimed rows come back in no particular order (the caller sorts them), followed by one

@@ -67,6 +67,10 @@ type Dispatcher struct {
 	draining atomic.Bool
 	// gated are the endpoints the gate is holding back, which claims skip (see gatedEndpoints).
 	gated gatedEndpoints
+	// streamIndex is set once the index ordered delivery needs is known to exist; wantIndex
+	// asks indexer to build it (see ensureStreamIndex).
+	streamIndex atomic.Bool
+	wantIndex   chan struct{}
 	// streamMoved is set when this instance settled the head of an ordered stream, whose next
 	// row the next claim must look for from the head of the due index (see streamMoved).
 	streamMoved atomic.Bool
@@ -140,14 +144,15 @@ func New(cfg Config) (*Dispatcher, error) {
 		return nil, err
 	}
 	d := &Dispatcher{
-		cfg:     cfg,
-		log:     cfg.Logger,
-		signer:  signer,
-		sender:  sender,
-		slots:   pipeline.NewSlots(cfg.MaxInFlight),
-		cipher:  cipher,
-		stopped: make(chan struct{}),
-		now:     time.Now,
+		cfg:       cfg,
+		log:       cfg.Logger,
+		signer:    signer,
+		sender:    sender,
+		slots:     pipeline.NewSlots(cfg.MaxInFlight),
+		wantIndex: make(chan struct{}, 1),
+		cipher:    cipher,
+		stopped:   make(chan struct{}),
+		now:       time.Now,
 	}
 	d.metrics = newMetrics(d)
 	if d.cfg.Gate == nil {
@@ -251,6 +256,15 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		pool.Close()
 		return err
 	}
+	if d.cfg.Ordering {
+		if built, err := fluxsql.EnsureStreamIndex(ctx, pool); err != nil {
+			pool.Close()
+			return fmt.Errorf("WEBHOOK_ORDERING=stream: %w", err)
+		} else if built {
+			d.log.Info("created the stream index ordered delivery needs", zap.String("index", "webhook_outbox_stream_idx"))
+		}
+		d.streamIndex.Store(true)
+	}
 	// The endpoints are loaded before the first claim, which must already know whether any
 	// of them orders its streams and whether events are routed: a claim that did not would
 	// take an ordered row without its head check (schema 6).
@@ -299,6 +313,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	}, nil)
 	d.stages.Source(d.claimLoop, func() { close(d.claimed) })
 	d.stages.Source(d.maintain, nil)
+	d.stages.Source(d.indexer, nil)
 	d.stages.Stage(1, func(ctx context.Context) {
 		for batch := range d.claimed {
 			d.prepare(ctx, batch)

@@ -116,6 +116,9 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 	for _, m := range byID {
 		ordered = ordered || m.ep.Enabled && m.ep.Ordering == "stream"
 	}
+	if ordered {
+		d.ensureStreamIndex()
+	}
 	c.mu.Lock()
 	c.byID, c.loaded, c.reload, c.ordered = byID, want, reload, ordered
 	c.enabledAt = make(map[string]bool, len(byID))

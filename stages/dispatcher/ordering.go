@@ -1,10 +1,12 @@
 package dispatcher
 
 import (
+	"context"
 	"time"
 
 	"go.uber.org/zap"
 
+	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/stages/claim"
 	"github.com/fluxora/fluxhook/stages/delivery"
 )
@@ -108,4 +110,45 @@ func streamMoved(batch []*delivery.Delivery) bool {
 		}
 	}
 	return false
+}
+
+// ensureStreamIndex asks for the index ordered delivery's head check uses, once an endpoint
+// orders its streams (WEBHOOK_ORDERING=stream builds it at start): the schema does not have
+// it, since producers would pay for it with ordering off. indexer builds it.
+func (d *Dispatcher) ensureStreamIndex() {
+	if d.streamIndex.Load() {
+		return
+	}
+	select {
+	case d.wantIndex <- struct{}{}:
+	default: // asked already
+	}
+}
+
+// indexer builds the stream index when asked, apart from the pipeline (CONCURRENTLY on a
+// large outbox takes a while, and deliveries go on meanwhile; until it exists the head check
+// is correct but reads the table). A failure (say, a role that does not own the table) is
+// logged, and tried again at the next ask.
+func (d *Dispatcher) indexer(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wantIndex:
+		}
+		if d.streamIndex.Load() {
+			continue
+		}
+		built, err := fluxsql.EnsureStreamIndex(ctx, d.pool)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			d.log.Error("ordered delivery: the stream index could not be created; ordered claims read the table until it is", zap.Error(err))
+		case err != nil:
+		case built:
+			d.log.Info("created the stream index ordered delivery needs", zap.String("index", "webhook_outbox_stream_idx"))
+			d.streamIndex.Store(true)
+		default:
+			d.streamIndex.Store(true)
+		}
+	}
 }

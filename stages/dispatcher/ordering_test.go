@@ -132,6 +132,9 @@ func TestOrderedStreams(t *testing.T) {
 	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE attempt > 1`); n == 0 {
 		t.Error("no event was retried: the test did not exercise retries")
 	}
+	if !b.streamIndexValid() {
+		t.Error("WEBHOOK_ORDERING=stream did not create the stream index")
+	}
 	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
 		t.Errorf("%d dead letters, want none", n)
 	}
@@ -178,6 +181,7 @@ func TestOrderedEndpoint(t *testing.T) {
 	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND order_key IS NULL`, oep.ID); n != 0 {
 		t.Errorf("%d of the ordered endpoint's deliveries carry no order key", n)
 	}
+	eventually(t, 30*time.Second, "the stream index built once an endpoint orders", b.streamIndexValid)
 }
 
 // TestFailingStreamSkips: a stream whose head keeps failing holds only itself: every other
@@ -380,4 +384,9 @@ func TestOrderedEndpointAtStart(t *testing.T) {
 	if got := checkStreamOrder(t, c, true, nil); got["st"] != 2 {
 		t.Errorf("stream st: %d events arrived, want 2", got["st"])
 	}
+}
+
+// streamIndexValid reports whether ordered delivery's index exists and is valid.
+func (b *bundle) streamIndexValid() bool {
+	return b.count(`SELECT count(*) FROM pg_index WHERE indexrelid = to_regclass('webhook_outbox_stream_idx') AND indisvalid`) == 1
 }

@@ -1,0 +1,42 @@
+package sql_test
+
+import (
+	"context"
+	"testing"
+
+	fluxsql "github.com/fluxora/fluxhook/sql"
+	"github.com/fluxora/fluxhook/sql/sqltest"
+)
+
+// TestEnsureStreamIndex: the migrations leave ordered delivery's index out (producers would pay
+// for it with ordering off); EnsureStreamIndex builds it once, leaves a valid one alone, and
+// rebuilds one that a failed build left invalid.
+func TestEnsureStreamIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqltest.NewMigrated(t)
+	state := func() string {
+		t.Helper()
+		var s string
+		if err := db.Pool.QueryRow(ctx, `SELECT coalesce((SELECT CASE WHEN indisvalid THEN 'valid' ELSE 'invalid' END
+			FROM pg_index WHERE indexrelid = to_regclass('webhook_outbox_stream_idx')), 'missing')`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if s := state(); s != "missing" {
+		t.Fatalf("after the migrations the stream index is %s, want missing", s)
+	}
+	for i, want := range []bool{true, false} {
+		built, err := fluxsql.EnsureStreamIndex(ctx, db.Pool)
+		if err != nil || built != want || state() != "valid" {
+			t.Fatalf("call %d: built %v, err %v, index %s; want built %v and a valid index", i+1, built, err, state(), want)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'webhook_outbox_stream_idx'::regclass`); err != nil {
+		t.Skipf("cannot mark the index invalid (not a superuser?): %v", err)
+	}
+	if built, err := fluxsql.EnsureStreamIndex(ctx, db.Pool); err != nil || !built || state() != "valid" {
+		t.Fatalf("over an invalid index: built %v, err %v, index %s; want it rebuilt and valid", built, err, state())
+	}
+}
