@@ -130,7 +130,7 @@ func ScriptWith(opts MigrateOptions) string {
 	opts = opts.withDefaults()
 	timeout := lockTimeoutSetting(opts.LockTimeout)
 	var b strings.Builder
-	b.WriteString("-- fluxhook schema, version " + strconv.Itoa(LatestVersion()) + ". Apply with: psql -v ON_ERROR_STOP=1 -f FILE\n")
+	b.WriteString("-- fluxhook schema, version " + strconv.Itoa(LatestVersion()) + ". Apply with: psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -f FILE (psql ignores DATABASE_URL: pass it)\n")
 	b.WriteString("--\n")
 	b.WriteString("-- If it stops with \"canceling statement due to lock timeout\", a long transaction holds a\n")
 	b.WriteString("-- lock on a table it changes (usually webhook_outbox: see pg_locks and pg_stat_activity),\n")

@@ -18,7 +18,7 @@ func init() {
 func runMigrate(ctx context.Context, env *environment, args []string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
-	print := fs.Bool("print", false, "print the SQL for `psql -v ON_ERROR_STOP=1 -f` instead of applying it")
+	print := fs.Bool("print", false, "print the schema as one SQL script, for psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -f FILE, instead of applying it")
 	lockTimeout := fs.Duration("lock-timeout", fluxsql.DefaultLockTimeout,
 		"longest wait for each table lock (every producer's insert waits behind it); then roll back and retry, "+
 			fmt.Sprint(fluxsql.DefaultLockAttempts)+" attempts in all; 0 waits as long as it takes")
