@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/fluxora/fluxhook/sql/endpoints"
@@ -284,16 +285,23 @@ func (d *Dispatcher) noteEndpointOutcomes(ctx context.Context, settled []*delive
 		d.log.Warn("recording endpoint outcomes failed", zap.Error(err))
 		return
 	}
-	var gone []string
-	for rows.Next() {
+	// The statement's errors (a refused disable among them) surface while reading its rows.
+	gone, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
 		var id string
 		var disabled bool
-		if err := rows.Scan(&id, &disabled); err == nil && disabled {
-			gone = append(gone, id)
+		if err := r.Scan(&id, &disabled); err != nil || !disabled {
+			return "", err
 		}
+		return id, nil
+	})
+	if err != nil {
+		d.log.Warn("recording endpoint outcomes failed", zap.Error(err))
+		return
 	}
-	rows.Close()
 	for _, id := range gone {
+		if id == "" {
+			continue
+		}
 		d.disabledEndpoint(ctx, id, goneReason)
 	}
 }
@@ -312,14 +320,13 @@ func (d *Dispatcher) disableStale(ctx context.Context) {
 		}
 		return
 	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err == nil {
-			ids = append(ids, id)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn("disabling failing endpoints failed", zap.Error(err))
 		}
+		return
 	}
-	rows.Close()
 	for _, id := range ids {
 		d.disabledEndpoint(ctx, id, reason)
 	}
