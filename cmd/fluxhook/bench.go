@@ -1,7 +1,7 @@
 package main
 
 // `fluxhook bench`: the end-to-end benchmark a user runs to see fluxhook's throughput, latency
-// and cost on their own machine, next to the performance budget in DESIGN.md.
+// and cost on their own machine, next to the performance budget (docs/benchmarks.md).
 //
 // Everything runs side by side on one machine, each part in its own process: PostgreSQL (a
 // throwaway cluster, or a fresh database on the server in DATABASE_URL), the consumer (this

@@ -252,7 +252,7 @@ type producersResult struct {
 	Runs        []producerRun        `json:"runs"`
 }
 
-// budgetCheck is one line of DESIGN.md's performance budget against what was measured.
+// budgetCheck is one line of the performance budget (docs/benchmarks.md) against what was measured.
 type budgetCheck struct {
 	Workload string `json:"workload"`
 	What     string `json:"what"`
@@ -331,7 +331,7 @@ func (r *benchReport) judge(noBudget bool) {
 	r.check()
 }
 
-// check compares the results with the budget (DESIGN.md, "Performance budget"; issue 4). Every
+// check compares the results with the budget (docs/benchmarks.md). Every
 // check the workloads that ran call for is listed: met, missed, or not computed with the
 // reason (which fails it too).
 func (r *benchReport) check() {

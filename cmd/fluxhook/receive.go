@@ -23,7 +23,7 @@ func init() {
 }
 
 // runReceive serves receiver.Receiver: every request is checked like a real consumer should
-// (REFERENCE.md, "Consumer side") and printed. --status and --delay make it a failing or slow
+// (docs/wire-format.md) and printed. --status and --delay make it a failing or slow
 // consumer, to watch retries, dead letters and the circuit breaker.
 func runReceive(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("receive", env, "fluxhook receive [--addr HOST:PORT] [--secret S] [--previous-secret S] [--status N] [--delay D] [--quiet]")

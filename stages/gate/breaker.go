@@ -36,7 +36,7 @@ type Params struct {
 	// or while fewer than RetryReserve retries were admitted in it, so that first attempts at
 	// any rate cannot starve retries. See RetryReserve.
 	RetryShare float64
-	// Window is the rate limiter's sliding window (default 1 s, as REFERENCE.md specifies;
+	// Window is the rate limiter's sliding window (default 1 s, as the original dispatcher has it;
 	// settable for tests).
 	Window time.Duration
 	// ProbeTimeout is how long a half-open probe may stay unanswered before another attempt
@@ -321,7 +321,7 @@ func resultOf(o delivery.Outcome) Result {
 	}
 }
 
-// retryableStatus lists the statuses REFERENCE.md calls retryable (send.Classify's Retry).
+// retryableStatus lists the statuses the original dispatcher retries (send.Classify's Retry).
 func retryableStatus(status int) bool {
 	switch status {
 	case 408, 425, 429, 500, 502, 503, 504:

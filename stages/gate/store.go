@@ -142,7 +142,7 @@ const (
 	// 504). It counts toward the threshold and, from the probe, re-opens the circuit.
 	Failure
 	// Neutral: the consumer answered with a permanent status (other 4xx, 3xx, ...). It
-	// leaves the breaker alone, as REFERENCE.md says; a probe that gets it is given back.
+	// leaves the breaker alone, as the original dispatcher does (docs/design.md, "The gate"); a probe that gets it is given back.
 	Neutral
 	// NotAttempted: no request was completed (released for saturation or shutdown). It
 	// only gives back a probe.

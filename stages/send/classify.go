@@ -22,7 +22,7 @@ import (
 // it again at the retry schedule's largest step.
 const MaxRetryAfter = 30 * 24 * time.Hour
 
-// Classify decides what a status code means for the row, following REFERENCE.md: any 2xx is
+// Classify decides what a status code means for the row, following the original dispatcher (docs/design.md, "Send"): any 2xx is
 // delivered (a 204 without a body or Content-Type included), the statuses that signal a
 // passing condition are retried, and everything else, including 3xx because redirects are not
 // followed, will not improve by retrying and goes to the dead-letter table. A 409 Conflict is

@@ -3,7 +3,7 @@
 //
 // Signing is the contract with consumers: they authenticate every webhook by recomputing the
 // HMAC over what they received, so the headers and the signed bytes must match the original
-// Fluxora dispatcher byte for byte (see REFERENCE.md, "Wire format"). A change here that looks
+// Fluxora dispatcher byte for byte (docs/wire-format.md). A change here that looks
 // harmless on our side (another separator, upper-case hex, a body re-serialised on retry) makes
 // every consumer reject every delivery. The test vectors in testdata/signatures.json pin the
 // format down; the same file feeds the fuzz corpus.

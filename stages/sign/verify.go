@@ -16,7 +16,7 @@ import (
 const DefaultTolerance = 300 * time.Second
 
 // The reasons VerifyFluxora rejects a request. Each is a separate value because a receiver
-// answers them differently (REFERENCE.md, "Consumer side"): ErrInvalidTimestamp is a
+// answers them differently (the original receiver's, docs/wire-format.md): ErrInvalidTimestamp is a
 // malformed request (400), the others are authentication failures (401), and ErrNoSecret is
 // the receiver's own misconfiguration. Match them with errors.Is; the returned error's
 // message adds the detail (which header, how far off).

@@ -2,7 +2,7 @@
 // request really comes from the dispatcher, is fresh, and is not a delivery already handled,
 // and answers the ones that are not with the status the dispatcher expects.
 //
-// The checks and their answers are the original Fluxora receiver's (REFERENCE.md, "Consumer
+// The checks and their answers are the original Fluxora receiver's (docs/wire-format.md, "Consumer
 // side"), in its order, so that a consumer written against the original answers the same:
 //
 //  1. a secret is configured, else 500 (the consumer's own misconfiguration);

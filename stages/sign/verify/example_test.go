@@ -12,7 +12,7 @@ import (
 )
 
 // A consumer puts the middleware in front of its webhook handler, which then only sees
-// verified, first-time deliveries. Here the request is REFERENCE.md's signed vector, sent
+// verified, first-time deliveries. Here the request is the signed test vector of testdata/signatures.json, sent
 // twice, then once with a tampered body.
 func ExampleVerifier_Middleware() {
 	v := &verify.Verifier{

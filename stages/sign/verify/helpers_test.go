@@ -18,7 +18,7 @@ import (
 	"github.com/fluxora/fluxhook/stages/sign/verify"
 )
 
-// The REFERENCE.md vector every request here starts from, verified at its own timestamp.
+// The test vector (testdata/signatures.json) every request here starts from, verified at its own timestamp.
 const (
 	vecSecret = "topsecret"
 	vecTS     = 1710000000

@@ -78,7 +78,7 @@ func TestVectors(t *testing.T) {
 }
 
 // TestCheckOrder sends requests that fail several checks at once: the answer must be the
-// first failing check's, in REFERENCE.md's order, with its status, through the function API
+// first failing check's, in the original receiver's order (docs/wire-format.md), with its status, through the function API
 // and through the middleware alike.
 func TestCheckOrder(t *testing.T) {
 	t.Parallel()

@@ -1,5 +1,5 @@
 // Package receiver is a development webhook consumer: an http.Handler that verifies every
-// request the way REFERENCE.md's "Consumer side" prescribes, in the same order and with the
+// request the way the original receiver does (docs/wire-format.md), in the same order and with the
 // same answers, and reports each accepted delivery or rejection to a callback.
 //
 // `fluxhook receive` serves it for people trying fluxhook out; the demo and the end-to-end

@@ -10,7 +10,7 @@ import (
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/receiver"
 )
 
-// A receiver checking the requests it gets, here one signed like REFERENCE.md's test vector
+// A receiver checking the requests it gets, here one signed like the test vector of testdata/signatures.json
 // and then the same delivery again.
 func ExampleReceiver() {
 	rc := &receiver.Receiver{

@@ -11,7 +11,7 @@ import (
 	"github.com/fluxora/fluxhook/stages/sign/verify"
 )
 
-// The headers fluxhook sends (REFERENCE.md, wire format).
+// The headers fluxhook sends (docs/wire-format.md).
 const (
 	HeaderDeliveryID = "x-fluxora-delivery-id"
 	HeaderTimestamp  = "x-fluxora-timestamp"

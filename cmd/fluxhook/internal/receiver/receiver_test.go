@@ -13,7 +13,7 @@ import (
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/receiver"
 )
 
-// The REFERENCE.md test vector, verified at its own timestamp.
+// The test vector of testdata/signatures.json, verified at its own timestamp.
 const (
 	vectorSecret    = "topsecret"
 	vectorTimestamp = 1710000000
@@ -117,7 +117,7 @@ func TestReferenceVectorIsAccepted(t *testing.T) {
 }
 
 // TestCheckOrder sends requests that fail several checks at once: the answer must be the
-// first failing check's, in REFERENCE.md's order.
+// first failing check's, in the original receiver's order.
 func TestCheckOrder(t *testing.T) {
 	t.Parallel()
 	const tol = 300
