@@ -123,6 +123,10 @@ type Result struct {
 	// Horizon is the hold-back reading ('<last id>:<holders>', see Horizon.Observe), taken
 	// after this claim's snapshot; empty when the claim ordered nothing.
 	Horizon string
+	// OrderedWaiting: ordered rows may wait behind their streams' heads (or the horizon), so
+	// that settling a head calls for another claim. False only when this claim looked (it
+	// armed, ordering on) and found none among the first 1,000 due rows it did not take.
+	OrderedWaiting bool
 	// Last is the position of the last row claimed (the zero Cursor when none was): where
 	// the next claim may start while a backlog is being drained.
 	Last Cursor
@@ -231,11 +235,12 @@ func read(rows pgx.Rows, token int64) (Result, error) {
 	var next *time.Duration
 	var snapshot, endpointURL, horizon *string
 	var version *int64
+	var held *bool
 	for rows.Next() {
 		d := &delivery.Delivery{}
 		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload,
 			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &endpointURL, &d.EndpointID, &d.Tenant, &d.Routed,
-			&d.OrderKey, &next, &snapshot, &version, &horizon); err != nil {
+			&d.OrderKey, &next, &snapshot, &version, &horizon, &held); err != nil {
 			return Result{}, fmt.Errorf("claim: scanning row: %w", err)
 		}
 		if snapshot != nil {
@@ -251,6 +256,7 @@ func read(rows pgx.Rows, token int64) (Result, error) {
 			if horizon != nil {
 				res.Horizon = *horizon
 			}
+			res.OrderedWaiting = held == nil || *held
 			if snapshot != nil {
 				var err error
 				if res.Snapshot, err = ParseSnapshot(*snapshot); err != nil {

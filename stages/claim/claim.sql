@@ -81,6 +81,21 @@ WITH claimed AS (
     SET armed = ($5::boolean AND (SELECT count(*) FROM claimed) < $1), seen_at = now()
     WHERE instance_id = $4
       AND armed <> ($5::boolean AND (SELECT count(*) FROM claimed) < $1)
+), head AS (
+    -- The first 1,000 due rows this claim did not take, looked at only by a claim that arms
+    -- and came back short (see next); referenced twice, computed once.
+    SELECT lease_until,
+           order_key IS NOT NULL
+           OR ($12::boolean AND stream_id IS NOT NULL AND endpoint_id IS NULL
+               AND NOT ($13::boolean AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)) AS ordered
+    FROM webhook_outbox
+    WHERE $5::boolean AND (SELECT count(*) FROM claimed) < $1
+      AND NOT processed AND created_at <= now()
+      AND NOT (coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($3::text[]))
+      AND NOT (attempt > 1 AND coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($9::text[]))
+      AND id <> ALL (ARRAY(SELECT id FROM claimed))
+    ORDER BY created_at, id
+    LIMIT 1000
 ), next AS (
     -- Asked only by a claim that arms (a busy dispatcher claims again at once and needs no
     -- timer), and answered from this statement's own snapshot: a row committed after it
@@ -102,23 +117,17 @@ WITH claimed AS (
         -- An unleased ordered row waits for its stream's head to settle, or for the horizon,
         -- which wake the dispatcher themselves: it is not a locked row to look at again.
         (SELECT min(CASE WHEN $10::boolean AND lease_until IS NULL AND ordered THEN NULL
-                         ELSE greatest(coalesce(lease_until, now()), now()) END) FROM (
-            SELECT lease_until,
-                   order_key IS NOT NULL
-                   OR ($12::boolean AND stream_id IS NOT NULL AND endpoint_id IS NULL
-                       AND NOT ($13::boolean AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)) AS ordered
-            FROM webhook_outbox
-            WHERE NOT processed AND created_at <= now()
-              AND NOT (coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($3::text[]))
-              AND NOT (attempt > 1 AND coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($9::text[]))
-              AND id <> ALL (ARRAY(SELECT id FROM claimed))
-            ORDER BY created_at, id
-            LIMIT 1000) head)
+                         ELSE greatest(coalesce(lease_until, now()), now()) END) FROM head)
     ) - now() END AS wait, pg_current_snapshot()::text AS snapshot,
     -- Read after this statement's snapshot was taken, as Horizon requires.
-    CASE WHEN $10::boolean THEN webhook_outbox_horizon() END AS horizon
+    CASE WHEN $10::boolean THEN webhook_outbox_horizon() END AS horizon,
+    -- Whether ordered rows wait behind their streams' heads (or the horizon) among those
+    -- rows: only then does settling a head call for another claim. NULL: not looked at.
+    CASE WHEN $10::boolean AND $5::boolean AND (SELECT count(*) FROM claimed) < $1
+         THEN coalesce((SELECT bool_or(ordered AND (lease_until IS NULL OR lease_until < now())) FROM head), false)
+    END AS held
 )
-SELECT c.*, NULL::interval, NULL::text, NULL::bigint, NULL::text FROM claimed c
+SELECT c.*, NULL::interval, NULL::text, NULL::bigint, NULL::text, NULL::boolean FROM claimed c
 UNION ALL
 SELECT 0, '', '', '', '{}', 1, now(), now(), NULL, '', '', false, 0, wait, snapshot,
-       pg_sequence_last_value('webhook_endpoints_version'), horizon FROM next
+       pg_sequence_last_value('webhook_endpoints_version'), horizon, held FROM next

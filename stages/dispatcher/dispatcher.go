@@ -74,6 +74,9 @@ type Dispatcher struct {
 	// streamMoved is set when this instance settled the head of an ordered stream, whose next
 	// row the next claim must look for from the head of the due index (see streamMoved).
 	streamMoved atomic.Bool
+	// orderedWaiting: the last claim saw ordered rows waiting behind their heads, or could not
+	// tell (claim.Result.OrderedWaiting).
+	orderedWaiting atomic.Bool
 	// endpoints are the managed endpoints (webhook_endpoints), cipher opens their secrets.
 	endpoints endpointCache
 	cipher    *endpoints.Cipher
@@ -1077,8 +1080,12 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 		}
 	}
 	if streamMoved(settled) {
-		soonest = 0 // the next event of an ordered stream may go now
+		// The next event of an ordered stream may go now, if the last claim saw one waiting
+		// (afterClaim: a claim that ran meanwhile sees streamMoved instead).
 		d.streamMoved.Store(true)
+		if d.orderedWaiting.Load() {
+			soonest = 0
+		}
 	}
 	if soonest >= 0 {
 		d.waker.DueIn(soonest)

@@ -59,6 +59,12 @@ func (d *Dispatcher) afterClaim(s *orderingState, res claim.Result) {
 	if res.Horizon == "" {
 		return
 	}
+	// Stored before streamMoved is read, as settle sets streamMoved before it reads this: a
+	// head settled while this claim ran is seen by one side or the other (see settle).
+	d.orderedWaiting.Store(res.OrderedWaiting)
+	if res.OrderedWaiting && d.streamMoved.Load() {
+		d.waker.DueIn(0)
+	}
 	moved, err := s.horizon.Observe(res.Horizon)
 	if err != nil {
 		d.log.Warn("ordered delivery: unreadable hold-back reading; ordered rows wait", zap.Error(err))
