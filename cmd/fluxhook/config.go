@@ -218,11 +218,11 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	d.EncryptionKey = v["WEBHOOK_ENCRYPTION_KEY"]
 	d.EncryptionKeyPrevious = v["WEBHOOK_ENCRYPTION_KEY_PREVIOUS"]
 	if r := v["WEBHOOK_ENDPOINT_DISABLE_AFTER"]; r != "" {
-		dur, err := time.ParseDuration(r)
-		if err != nil || dur <= 0 {
-			bad("WEBHOOK_ENDPOINT_DISABLE_AFTER", "must be a positive Go duration such as 120h, got %q", r)
+		var dur sinceValue // whole days too, as dlq --since takes them
+		if err := dur.Set(r); err != nil {
+			bad("WEBHOOK_ENDPOINT_DISABLE_AFTER", "must be a positive duration such as 120h or 5d, got %q", r)
 		}
-		d.EndpointDisableAfter = dur
+		d.EndpointDisableAfter = time.Duration(dur)
 	}
 	sched, err := parseSchedule(v["WEBHOOK_RETRY_SCHEDULE"])
 	if err != nil {
@@ -230,11 +230,11 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	}
 	d.RetrySchedule = sched
 	if r := v["WEBHOOK_RETENTION"]; r != "" {
-		dur, err := time.ParseDuration(r)
-		if err != nil || dur <= 0 {
-			bad("WEBHOOK_RETENTION", "must be a positive Go duration such as 168h, got %q", r)
+		var dur sinceValue // whole days too, as dlq --since takes them
+		if err := dur.Set(r); err != nil {
+			bad("WEBHOOK_RETENTION", "must be a positive duration such as 168h or 7d, got %q", r)
 		}
-		d.Retention = dur
+		d.Retention = time.Duration(dur)
 	}
 	if nets := v["WEBHOOK_ALLOWED_NETWORKS"]; nets != "" {
 		allowed, err := send.ParseAllowedNetworks(nets)

@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	fluxsql "github.com/fluxora/fluxhook/sql"
 )
@@ -49,5 +51,38 @@ func TestEveryCommandHelpExitsZero(t *testing.T) {
 		if strings.Contains(errOut.String(), "help requested") {
 			t.Errorf("%s -h reports an error: %s", name, errOut.String())
 		}
+	}
+}
+
+// TestDurationsInDays: WEBHOOK_RETENTION and WEBHOOK_ENDPOINT_DISABLE_AFTER take whole days as
+// `dlq --since` does, and Go durations as before.
+func TestDurationsInDays(t *testing.T) {
+	base := map[string]string{"DATABASE_URL": "postgres://u@127.0.0.1:5432/db", "WEBHOOK_URL": "https://example.com/h", "WEBHOOK_SECRET": "s"}
+	for _, s := range settings {
+		if _, ok := base[s.env]; !ok && s.def != "" {
+			base[s.env] = s.def
+		}
+	}
+	for _, tc := range []struct {
+		retention, disable string
+		want, wantDisable  time.Duration
+	}{
+		{"7d", "5d", 7 * 24 * time.Hour, 5 * 24 * time.Hour},
+		{"36h", "90m", 36 * time.Hour, 90 * time.Minute},
+	} {
+		v := maps.Clone(base)
+		v["WEBHOOK_RETENTION"], v["WEBHOOK_ENDPOINT_DISABLE_AFTER"] = tc.retention, tc.disable
+		c, err := parseServeConfig(v)
+		if err != nil {
+			t.Fatalf("%s, %s: %v", tc.retention, tc.disable, err)
+		}
+		if c.dispatcher.Retention != tc.want || c.dispatcher.EndpointDisableAfter != tc.wantDisable {
+			t.Errorf("%s, %s: retention %s, disable after %s", tc.retention, tc.disable, c.dispatcher.Retention, c.dispatcher.EndpointDisableAfter)
+		}
+	}
+	v := maps.Clone(base)
+	v["WEBHOOK_RETENTION"] = "0d"
+	if _, err := parseServeConfig(v); err == nil || !strings.Contains(err.Error(), "WEBHOOK_RETENTION") {
+		t.Errorf("WEBHOOK_RETENTION=0d: %v, want an error naming it", err)
 	}
 }
