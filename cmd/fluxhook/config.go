@@ -272,8 +272,11 @@ func mergeConfigErrors(parsed, built error) error {
 	}
 	errs := []error{parsed}
 	for _, err := range flattenErrors(built) {
-		if !reported[variableName.FindString(err.Error())] {
+		// Each variable once, also when two of the dispatcher's own checks name it (its
+		// validation and the signer's, for a bad signature scheme).
+		if name := variableName.FindString(err.Error()); !reported[name] {
 			errs = append(errs, err)
+			reported[name] = name != ""
 		}
 	}
 	return errors.Join(errs...)

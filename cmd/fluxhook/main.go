@@ -43,6 +43,10 @@ var commands = map[string]command{}
 // errUsage marks errors caused by the command line itself; they exit with status 2.
 var errUsage = errors.New("usage")
 
+// errInvalidConfig marks a configuration serve refused before claiming anything; it exits
+// with status 2 like a usage error, its message naming every bad variable.
+var errInvalidConfig = errors.New("invalid configuration")
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
 }
@@ -70,7 +74,7 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 			return 0 // the command printed its flags: asking for help is not a failure
 		}
 		fmt.Fprintf(stderr, "fluxhook %s: %v\n", args[0], err)
-		if errors.Is(err, errUsage) {
+		if errors.Is(err, errUsage) || errors.Is(err, errInvalidConfig) {
 			return 2
 		}
 		return 1

@@ -48,7 +48,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		}
 	}()
 	if err := mergeConfigErrors(parseErr, buildErr); err != nil {
-		return usageError("invalid configuration:\n%v", err)
+		return fmt.Errorf("%w:\n%v", errInvalidConfig, err)
 	}
 	log.Info("starting fluxhook", effectiveConfig(withComputedDefaults(values, d.Config(), cfg.drainTimeout))...)
 	// The metrics address is bound before the dispatcher starts: an address that cannot be

@@ -86,3 +86,21 @@ func TestDurationsInDays(t *testing.T) {
 		t.Errorf("WEBHOOK_RETENTION=0d: %v, want an error naming it", err)
 	}
 }
+
+// TestInvalidConfigMessage: serve's refusal of a configuration names each bad variable once,
+// is not dressed as a command-line usage error, and exits 2.
+func TestInvalidConfigMessage(t *testing.T) {
+	vars := map[string]string{"DATABASE_URL": "postgres://u@127.0.0.1:1/db", "WEBHOOK_URL": "https://example.com/h",
+		"WEBHOOK_SECRET": "s", "WEBHOOK_SIGNATURE_SCHEME": "bogus"}
+	var out, errOut bytes.Buffer
+	if code := run([]string{"serve"}, &out, &errOut, func(k string) string { return vars[k] }); code != 2 {
+		t.Fatalf("serve exited %d, want 2: %s", code, errOut.String())
+	}
+	msg := errOut.String()
+	if !strings.HasPrefix(msg, "fluxhook serve: invalid configuration:\n") || strings.Contains(msg, "usage:") {
+		t.Errorf("message %q: want it to start with the refusal, without usage:", msg)
+	}
+	if n := strings.Count(msg, "WEBHOOK_SIGNATURE_SCHEME"); n != 1 {
+		t.Errorf("WEBHOOK_SIGNATURE_SCHEME named %d times, want once:\n%s", n, msg)
+	}
+}
