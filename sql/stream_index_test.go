@@ -40,3 +40,40 @@ func TestEnsureStreamIndex(t *testing.T) {
 		t.Fatalf("over an invalid index: built %v, err %v, index %s; want it rebuilt and valid", built, err, state())
 	}
 }
+
+// TestEnsureStreamIndexConcurrently: instances that start together take turns: one builds the
+// index, the others wait for its build (an index being built is not valid yet, and dropping it
+// as a failed build deadlocked), and none fails.
+func TestEnsureStreamIndexConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqltest.NewMigrated(t)
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+		SELECT 's' || (g % 100), 'x', '{}' FROM generate_series(1, 50000) g`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		built bool
+		err   error
+	}
+	results := make(chan result, 4)
+	for range 4 {
+		go func() {
+			built, err := fluxsql.EnsureStreamIndex(ctx, db.Pool)
+			results <- result{built, err}
+		}()
+	}
+	builds := 0
+	for range 4 {
+		r := <-results
+		if r.err != nil {
+			t.Errorf("EnsureStreamIndex: %v", r.err)
+		}
+		if r.built {
+			builds++
+		}
+	}
+	if builds != 1 {
+		t.Errorf("%d sessions built the index, want exactly one", builds)
+	}
+}
