@@ -379,9 +379,11 @@ func effectiveConfig(v map[string]string) []zap.Field {
 		case s.secret:
 			val = "[redacted]"
 		case s.env == "WEBHOOK_URL":
-			// The URL may carry a token in its query; logs name endpoints by hash.
+			// The URL may carry a token in its query; logs name endpoints by hash, written
+			// as every delivery line's endpoint field writes it (bare hex), so one search
+			// finds both.
 			sum := sha256.Sum256([]byte(val))
-			val = "sha256:" + hex.EncodeToString(sum[:])
+			val = hex.EncodeToString(sum[:])
 		}
 		fields = append(fields, zap.String(strings.ToLower(s.env), val))
 	}

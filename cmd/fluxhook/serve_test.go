@@ -670,7 +670,7 @@ func TestServeLogsNoSecrets(t *testing.T) {
 	sum := sha256.Sum256([]byte(failURL))
 	failHash := hex.EncodeToString(sum[:])
 	sum = sha256.Sum256([]byte(hookURL))
-	hookHash := "sha256:" + hex.EncodeToString(sum[:])
+	hookHash := hex.EncodeToString(sum[:]) // as the delivery lines' endpoint field
 	failures := map[string]int{}
 	var startup map[string]any
 	for i, line := range strings.Split(strings.TrimRight(logs, "\n"), "\n") {
