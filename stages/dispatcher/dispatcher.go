@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -1157,8 +1158,14 @@ func (d *Dispatcher) stale(del *delivery.Delivery) {
 func deliveryFields(del *delivery.Delivery) []zap.Field {
 	o := del.Outcome
 	endpoint := ""
-	if del.Endpoint != nil {
+	switch {
+	case del.Endpoint != nil:
 		endpoint = del.Endpoint.Hash
+	case del.EndpointURL != "":
+		// A row dead-lettered for its endpoint_url before it had an endpoint: named by the
+		// same hash (of the URL as written), never by the URL, which may carry a token.
+		sum := sha256.Sum256([]byte(del.EndpointURL))
+		endpoint = hex.EncodeToString(sum[:])
 	}
 	f := []zap.Field{
 		zap.String("delivery_id", del.DeliveryID),
@@ -1166,7 +1173,9 @@ func deliveryFields(del *delivery.Delivery) []zap.Field {
 		zap.Int("attempt", del.Attempt),
 		zap.Int("status", o.Status),
 		zap.Int64("duration_ms", o.Duration.Milliseconds()),
-		zap.String("endpoint", endpoint),
+	}
+	if endpoint != "" { // none before an endpoint was resolved (an invalid row of WEBHOOK_URL)
+		f = append(f, zap.String("endpoint", endpoint))
 	}
 	if del.EndpointID != "" {
 		f = append(f, zap.String("endpoint_id", del.EndpointID))
@@ -1208,7 +1217,11 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 		d.log.Warn("delivery attempt failed", append(fields(), zap.String("error", o.Error), zap.Duration("retry_in", o.Delay))...)
 	case delivery.Permanent:
 		d.stats.DeadLettered.Add(1)
-		d.log.Error("delivery dead-lettered", append(fields(), zap.String("error", o.Error), zap.String("reason", o.Reason))...)
+		f := append(fields(), zap.String("reason", o.Reason))
+		if o.Error != "" { // none for a row refused before any attempt (the reason says why)
+			f = append(f, zap.String("error", o.Error))
+		}
+		d.log.Error("delivery dead-lettered", f...)
 	case delivery.Defer:
 		d.stats.Deferred.Add(1)
 		if ce := d.log.Check(zap.DebugLevel, "delivery deferred"); ce != nil {

@@ -3,6 +3,8 @@ package dispatcher_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -708,5 +710,34 @@ func TestRowTheDatabaseRefusesToSettleIsLoggedByDeliveryID(t *testing.T) {
 	}
 	if v := counterValue(t, d, "fluxora_webhook_deliveries_total", "outcome", "delivered"); v != 1 {
 		t.Errorf("deliveries_total{outcome=delivered} = %v, want 1 (the fine row only)", v)
+	}
+}
+
+// TestInvalidURLDeadLetterLogFields: a row dead-lettered for its endpoint_url before any attempt
+// is logged with the hash of that URL as its endpoint (never the URL) and without an empty
+// error field: the reason says what is wrong.
+func TestInvalidURLDeadLetterLogFields(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := b.config(c.URL())
+	cfg.Logger = zap.New(core)
+	b.start(cfg)
+	const bad = "ftp://user:token@example.com/hook"
+	id := b.enqueue(outbox.Event{EventType: "bad.url", EndpointURL: bad})
+	eventually(t, 10*time.Second, "the row dead-lettered and logged", func() bool {
+		return logs.FilterMessage("delivery dead-lettered").FilterField(zap.String("delivery_id", id)).Len() == 1
+	})
+	fields := logs.FilterMessage("delivery dead-lettered").FilterField(zap.String("delivery_id", id)).All()[0].ContextMap()
+	sum := sha256.Sum256([]byte(bad))
+	if fields["endpoint"] != hex.EncodeToString(sum[:]) {
+		t.Errorf("endpoint field = %v, want the URL's hash", fields["endpoint"])
+	}
+	if e, ok := fields["error"]; ok {
+		t.Errorf("error field %q present, want it left out when there was no attempt", e)
+	}
+	if fmt.Sprint(fields["reason"]) == "" || strings.Contains(fmt.Sprint(fields), "token") {
+		t.Errorf("fields %v: want a reason and no part of the URL", fields)
 	}
 }
