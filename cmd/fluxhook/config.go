@@ -41,7 +41,7 @@ var settings = []setting{
 	{env: "DATABASE_URL", help: "PostgreSQL connection URL (required)", secret: true},
 	{env: "DATABASE_LISTEN_URL", help: "connection URL for the LISTEN session alone, to the same database (e.g. direct, when DATABASE_URL goes through a pooler); empty = DATABASE_URL", secret: true},
 	{env: "REDIS_URL", help: "Redis for the circuit breaker and rate limit shared by every instance (redis://, rediss://, unix://; Sentinel with ?master_name=; Cluster with ?cluster=true&addr=...); empty = in-process", secret: true},
-	{env: "WEBHOOK_URL", help: "consumer URL for rows without endpoint_url; https unless loopback (optional when endpoints are managed with `fluxhook endpoints`)"},
+	{env: "WEBHOOK_URL", help: "consumer URL for rows without endpoint_url; https unless loopback (optional when endpoints are managed with fluxhook endpoints)"},
 	{env: "WEBHOOK_SECRET", help: "HMAC signing secret for WEBHOOK_URL and endpoint_url rows (required with WEBHOOK_URL)", secret: true},
 	{env: "WEBHOOK_SECRET_PREVIOUS", help: "previous secret during a rotation", secret: true},
 	{env: "WEBHOOK_SIGNATURE_SCHEME", def: "fluxora", help: "fluxora | standard"},
@@ -73,6 +73,38 @@ var settings = []setting{
 	{env: "PROFILE_DIR", help: "write cpu.pprof and allocs.pprof of this run into this directory at shutdown (profiling; off when empty)"},
 }
 
+// valueKind names what a setting's value is, for -h: taken from the variable's name, which
+// says it for every setting.
+func valueKind(env string) string {
+	switch {
+	case strings.HasSuffix(env, "_URL"):
+		return "url"
+	case strings.HasSuffix(env, "_MS"):
+		return "milliseconds"
+	case strings.HasSuffix(env, "_SECRET") || strings.HasSuffix(env, "_PREVIOUS") || strings.HasSuffix(env, "_KEY"):
+		return "secret"
+	case strings.HasSuffix(env, "_SCHEDULE"):
+		return "durations"
+	case strings.HasSuffix(env, "_RETENTION") || strings.HasSuffix(env, "_AFTER"):
+		return "duration"
+	case strings.HasSuffix(env, "_SHARE"):
+		return "fraction"
+	case strings.HasSuffix(env, "_NETWORKS"):
+		return "cidrs"
+	case strings.HasSuffix(env, "_ADDR"):
+		return "host:port"
+	case strings.HasSuffix(env, "_DIR"):
+		return "directory"
+	case strings.HasSuffix(env, "_SIZE") || strings.HasSuffix(env, "_BYTES") || strings.HasSuffix(env, "_FLIGHT") ||
+		strings.HasSuffix(env, "_CONCURRENCY") || strings.HasSuffix(env, "_RPS") || strings.HasSuffix(env, "_THRESHOLD"):
+		return "integer"
+	case strings.HasSuffix(env, "_DELIVERED") || strings.HasSuffix(env, "_LABEL"):
+		return "bool"
+	default:
+		return "choice"
+	}
+}
+
 func flagName(env string) string { return strings.ReplaceAll(strings.ToLower(env), "_", "-") }
 
 // loadSettings registers a flag per setting on fs, parses args, and returns the effective
@@ -80,11 +112,14 @@ func flagName(env string) string { return strings.ReplaceAll(strings.ToLower(env
 func loadSettings(fs *flag.FlagSet, args []string, getenv func(string) string) (map[string]string, error) {
 	flagged := map[string]*string{}
 	for _, s := range settings {
-		help := s.help
+		// The kind in back quotes is what -h shows after the flag's name (the flag package
+		// takes it from there), instead of "string" for all of them; the environment
+		// variable is written as every command writes it.
+		detail := "`" + valueKind(s.env) + "`"
 		if s.def != "" {
-			help += " (default " + s.def + ")"
+			detail += ", default " + s.def
 		}
-		flagged[s.env] = fs.String(flagName(s.env), "", help+" [$"+s.env+"]")
+		flagged[s.env] = fs.String(flagName(s.env), "", s.help+" ("+detail+", env "+s.env+")")
 	}
 	if err := noArguments(fs, args); err != nil {
 		return nil, err

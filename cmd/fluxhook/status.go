@@ -135,8 +135,8 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("status", env, "fluxhook status [--json]")
 	dbURL := databaseURLFlag(fs, env)
 	asJSON := fs.Bool("json", false, "print one JSON object with stable snake_case fields")
-	redisURL := fs.String("redis-url", "", "Redis holding the shared breaker state (default $REDIS_URL)")
-	webhookURL := fs.String("webhook-url", "", "the configured consumer URL, to include its breaker (default $WEBHOOK_URL)")
+	redisURL := fs.String("redis-url", "", "Redis holding the shared breaker state (env REDIS_URL)")
+	webhookURL := fs.String("webhook-url", "", "the configured consumer URL, to include its breaker (env WEBHOOK_URL)")
 	if err := noArguments(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil

@@ -104,3 +104,24 @@ func TestInvalidConfigMessage(t *testing.T) {
 		t.Errorf("WEBHOOK_SIGNATURE_SCHEME named %d times, want once:\n%s", n, msg)
 	}
 }
+
+// TestServeHelpNamesKinds: serve -h names each flag's kind of value (not "string" for all) and
+// its environment variable the way the other commands do.
+func TestServeHelpNamesKinds(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"serve", "-h"}, &out, &errOut, func(string) string { return "" }); code != 0 {
+		t.Fatalf("serve -h exited %d", code)
+	}
+	help := errOut.String() + out.String()
+	for _, want := range []string{"-webhook-batch-size integer", "-webhook-timeout-ms milliseconds", "-database-url url",
+		"-webhook-retention duration", "(integer, default 100, env WEBHOOK_BATCH_SIZE)"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("serve -h lacks %q", want)
+		}
+	}
+	for _, bad := range []string{" string\n", "[$", "(default $"} {
+		if strings.Contains(help, bad) {
+			t.Errorf("serve -h contains %q:\n%s", bad, help)
+		}
+	}
+}
