@@ -390,3 +390,40 @@ func TestOrderedEndpointAtStart(t *testing.T) {
 func (b *bundle) streamIndexValid() bool {
 	return b.count(`SELECT count(*) FROM pg_index WHERE indexrelid = to_regclass('webhook_outbox_stream_idx') AND indisvalid`) == 1
 }
+
+// TestOrderedDefaultBesideEndpoints: with WEBHOOK_ORDERING=stream and managed endpoints, the
+// events kept for WEBHOOK_URL after routing are ordered there (routing leaves them for a claim
+// to take as heads), while an unordered endpoint gets every event as well.
+func TestOrderedDefaultBesideEndpoints(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var watch streamWatch
+	watch.inFlight = map[string]int{}
+	def := newConsumer(t, watch.wrap(func(a arrival, ev streamEvent, w http.ResponseWriter) {
+		if failsFirst(a, 3) {
+			w.WriteHeader(http.StatusBadGateway)
+		}
+	}))
+	plain := newConsumer(t, nil)
+	b.addEndpoint(endpoints.New{URL: plain.URL()})
+	cfg := b.config(def.URL())
+	cfg.EncryptionKey = testKey
+	cfg.Ordering = true
+	cfg.RetrySchedule = []time.Duration{50 * time.Millisecond, 50 * time.Millisecond}
+	b.start(cfg)
+	const streams, perStream = 12, 6
+	b.insertStreams("d", streams, perStream)
+	b.waitSettled(60 * time.Second)
+	got := checkStreamOrder(t, def, false, func(a arrival) bool { return failsFirst(a, 3) })
+	for s := range streams {
+		if n := got[fmt.Sprintf("d%d", s)]; n != perStream {
+			t.Errorf("default consumer, stream d%d: %d events arrived, want %d", s, n, perStream)
+		}
+	}
+	if len(watch.overlaps) > 0 {
+		t.Errorf("requests of one stream overlapped at %v", watch.overlaps)
+	}
+	if n := len(plain.byDelivery()); n != streams*perStream {
+		t.Errorf("the unordered endpoint received %d events, want %d", n, streams*perStream)
+	}
+}
