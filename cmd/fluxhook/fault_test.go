@@ -371,8 +371,11 @@ func TestFaultSettleFails(t *testing.T) {
 
 	c := newHookConsumer(t, respondAfter(200*time.Millisecond)) // ~40 requests in flight at any time
 	env := faultEnv(withUser(t, db.URL, role), c.URL())
-	env["WEBHOOK_TIMEOUT_MS"] = "1000"
-	env["WEBHOOK_LEASE_MS"] = "3000"
+	// Far above the consumer's 200 ms even on a loaded machine: an answer that came after the
+	// timeout would be retried and count as a duplicate this case does not expect (the full
+	// suite under -race once stretched 33 answers past a 1 s timeout).
+	env["WEBHOOK_TIMEOUT_MS"] = "3000"
+	env["WEBHOOK_LEASE_MS"] = "5000"
 	env["METRICS_ADDR"] = "127.0.0.1:0"
 	p := startServe(t, "serve", env)
 	addr := p.metricsAddr()
