@@ -323,7 +323,10 @@ func lockHolders(ctx context.Context, db Execer, lockTimeout time.Duration) []lo
 		  AND l.pid IS DISTINCT FROM pg_backend_pid()
 		  AND c.relkind IN ('r', 'p') AND c.relname LIKE 'webhook\_%'
 		  AND n.nspname = ANY (current_schemas(false))
-		  AND (a.xact_start IS NULL OR a.xact_start <= now() - $1::bigint * interval '1 millisecond')
+		  -- pg_locks and pg_stat_activity are read at slightly different moments: a session
+		  -- whose short transaction ended in between shows a lock but no transaction, and was
+		  -- named as the long one. Only a prepared transaction holds locks without a session.
+		  AND (l.pid IS NULL OR a.xact_start <= now() - $1::bigint * interval '1 millisecond')
 		GROUP BY l.pid, a.state, a.xact_start, a.query
 		ORDER BY a.xact_start NULLS FIRST
 		LIMIT 3`, max(lockTimeout.Milliseconds(), 0))
