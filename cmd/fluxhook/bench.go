@@ -35,10 +35,10 @@ func init() {
 }
 
 // benchWorkloads are the workloads in the order they run.
-var benchWorkloads = []string{"drain", "idle", "steady", "producers", "fanout", "ordered", "backlog"}
+var benchWorkloads = []string{"drain", "idle", "steady", "producers", "fanout", "ordered", "backlog", "soak"}
 
 // benchDefaultWorkloads run when --workload is not given: everything but backlog (1M rows
-// take minutes).
+// take minutes) and soak (30 minutes).
 const benchDefaultWorkloads = "drain,idle,steady,producers,fanout,ordered"
 
 // benchOptions are the command line of `fluxhook bench`.
@@ -62,6 +62,10 @@ type benchOptions struct {
 	fanoutIdleEvents int
 	orderedStreams   int
 	orderedPerStream int
+	soakDuration     time.Duration
+	soakShare        float64
+	soakInterval     time.Duration
+	soakRetention    time.Duration // 0: soakRetention's default
 	payloadBytes     int
 	json             bool
 	noBudget         bool
@@ -79,13 +83,13 @@ func parseBenchOptions(env *environment, args []string) (benchOptions, error) {
 	fs := newFlagSet("bench", env, "fluxhook bench [flags]")
 	dbURL := databaseURLFlag(fs, env)
 	workloads := fs.String("workload", benchDefaultWorkloads,
-		"comma-separated workloads: "+strings.Join(benchWorkloads, ", ")+" (backlog is opt-in: 1M rows take minutes)")
-	fs.IntVar(&o.drainEvents, "drain-events", 20000, "drain: events prefilled before the dispatcher starts")
+		"comma-separated workloads: "+strings.Join(benchWorkloads, ", ")+" (backlog and soak are opt-in: 1M rows take minutes, a soak 30)")
+	fs.IntVar(&o.drainEvents, "drain-events", 20000, "drain, and soak's drain rate when drain does not run: events prefilled before the dispatcher starts")
 	fs.IntVar(&o.backlogEvents, "backlog-events", 1000000, "backlog: events prefilled before the dispatcher starts")
 	fs.IntVar(&o.backlogSlice, "backlog-slice", 100000, "backlog: throughput is reported per slice of this many events")
 	fs.IntVar(&o.rate, "rate", 1000, "steady: events per second")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "steady: how long to produce")
-	fs.IntVar(&o.connections, "connections", 8, "steady: producer connections")
+	fs.IntVar(&o.connections, "connections", 8, "steady and soak: producer connections")
 	fs.IntVar(&o.idleEvents, "idle-events", 200, "idle, and each of ordered's two idle runs: events, one at a time")
 	fs.DurationVar(&o.idleInterval, "idle-interval", 20*time.Millisecond, "idle: time between events")
 	producerConns := fs.String("producer-connections", "8,32", "producers: comma-separated numbers of concurrent producers")
@@ -98,6 +102,10 @@ func parseBenchOptions(env *environment, args []string) (benchOptions, error) {
 	fs.IntVar(&o.fanoutIdleEvents, "fanout-idle-events", 300, "fanout: events, one at a time --idle-interval apart, for the latency per delivery")
 	fs.IntVar(&o.orderedStreams, "ordered-streams", 1000, "ordered: streams (stream_ids) prefilled, --ordered-events-per-stream events each, interleaved; drained unordered, then with WEBHOOK_ORDERING=stream, on the same run")
 	fs.IntVar(&o.orderedPerStream, "ordered-events-per-stream", 20, "ordered: events per stream")
+	fs.DurationVar(&o.soakDuration, "soak-duration", 30*time.Minute, "soak: how long to produce (a whole number of --soak-interval)")
+	fs.Float64Var(&o.soakShare, "soak-share", 0.5, "soak: the producer's rate as a share of the drain rate (the drain workload's, or a drain of --drain-events first)")
+	fs.DurationVar(&o.soakInterval, "soak-interval", time.Minute, "soak: time between samples")
+	fs.DurationVar(&o.soakRetention, "soak-retention", 0, "soak: the dispatcher's WEBHOOK_RETENTION, at least 1m (default: --soak-duration / 6, at least 1m; the janitor runs once a minute)")
 	fs.IntVar(&o.payloadBytes, "payload-bytes", 200, "padding in each event's payload")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
 	fs.BoolVar(&o.noBudget, "no-budget", false, "only measure: no budget verdict, and exit 0 whenever the run itself worked (without it, a budget check missed or not computed exits 1)")
@@ -165,6 +173,12 @@ flags:
 		return o, usageError("--producer-mode: %q is not prepared, exec or simple", o.producerMode)
 	case o.producerReps < 1:
 		return o, usageError("--producer-reps must be at least 1")
+	case o.soakDuration <= 0 || o.soakInterval <= 0 || o.soakDuration < 2*o.soakInterval:
+		return o, usageError("--soak-duration must be at least two --soak-interval, both positive")
+	case o.soakShare <= 0 || o.soakShare > 1:
+		return o, usageError("--soak-share must be above 0 and at most 1")
+	case o.soakRetention != 0 && o.soakRetention < soakMinRetention:
+		return o, usageError("--soak-retention must be at least %s (the dispatcher's minimum WEBHOOK_RETENTION)", soakMinRetention)
 	case o.payloadBytes < 0 || o.payloadBytes > 1<<20:
 		return o, usageError("--payload-bytes must be between 0 and 1048576")
 	}
@@ -314,6 +328,8 @@ func (b *bench) run(ctx context.Context, env *environment) (_ *benchReport, err 
 			rep.Ordered, err = b.ordered(ctx)
 		case "backlog":
 			rep.Backlog, err = b.backlog(ctx)
+		case "soak":
+			rep.Soak, err = b.soak(ctx, rep.Drain)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", w, err)

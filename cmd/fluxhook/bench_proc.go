@@ -198,7 +198,13 @@ func (c *consumerProc) reset(ctx context.Context) error {
 
 // arrivals fetches every arrival recorded since the last reset.
 func (c *consumerProc) arrivals(ctx context.Context) ([]arrivalRecord, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/arrivals", nil)
+	return c.arrivalsFrom(ctx, 0)
+}
+
+// arrivalsFrom fetches the arrivals recorded since the last reset from the from-th on (the
+// soak workload reads each interval's new ones).
+func (c *consumerProc) arrivalsFrom(ctx context.Context, from int) ([]arrivalRecord, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/arrivals?from="+strconv.Itoa(from), nil)
 	if err != nil {
 		return nil, err
 	}

@@ -26,6 +26,7 @@ type benchReport struct {
 	Backlog    *backlogResult   `json:"backlog,omitempty"`
 	Fanout     *fanoutResult    `json:"fanout,omitempty"`
 	Ordered    *orderedResult   `json:"ordered,omitempty"`
+	Soak       *soakResult      `json:"soak,omitempty"`
 	// Budget is every check, met or not, computed or not (empty with --no-budget).
 	Budget []budgetCheck `json:"budget"`
 	// BudgetMet is Verdict == "met": every check computed and met.
@@ -463,6 +464,9 @@ func (r *benchReport) check() {
 		add("backlog", "lost", float64(b.Lost), "", "0", b.Lost == 0 && b.Rejected == 0)
 		perBatch("backlog", b.Cost)
 	}
+	if s := r.Soak; s != nil {
+		s.check(add, notComputed)
+	}
 	r.tally()
 }
 
@@ -763,7 +767,14 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", b.Lost, b.Duplicates, b.Rejected, verdict("backlog", "lost"))
 		rest(tw, "backlog")
 	}
+	if s := r.Soak; s != nil {
+		s.writeRows(tw, verdict)
+		rest(tw, "soak")
+	}
 	tw.Flush()
+	if s := r.Soak; s != nil {
+		s.writeSamples(w)
+	}
 
 	type costRow struct {
 		name string
@@ -796,6 +807,12 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 	}
 	if r.Backlog != nil {
 		rows = append(rows, costRow{name: "backlog", c: r.Backlog.Cost})
+	}
+	if r.Soak != nil {
+		if r.Soak.Drain != nil {
+			rows = append(rows, costRow{name: "soak: drain", c: r.Soak.Drain.Cost})
+		}
+		rows = append(rows, costRow{name: "soak", c: r.Soak.Cost})
 	}
 	if len(rows) > 0 {
 		fmt.Fprintln(w)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -296,6 +297,112 @@ func TestBenchSmoke(t *testing.T) {
 	}
 }
 
+// TestBenchSoakSmoke runs the soak workload for seconds: its own drain for the rate, one
+// dispatcher with the retention override, a sample every 2 s. It checks the samples' shape
+// and that nothing was lost, never the times. A run shorter than two retention periods (the
+// dispatcher's minimum is 1m) cannot judge the log's size: that check is not computed, and the
+// run exits 1.
+func TestBenchSoakSmoke(t *testing.T) {
+	t.Parallel()
+	bin := fluxhookBinary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "soak", "--soak-duration", "6s", "--soak-interval", "2s",
+		"--soak-share", "0.2", "--drain-events", "500", "--connections", "2", "--json", "--quiet")
+	cmd.Env = []string{"DATABASE_URL=" + sqltest.ServerURL(), "GORACE=atexit_sleep_ms=0", "PGOPTIONS=-c synchronous_commit=off"}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("fluxhook bench --workload soak: %v, want exit status 1 (the log's size not computed on a 6 s run)\nstderr:\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Workloads []string `json:"workloads"`
+		Drain     any      `json:"drain"`
+		Soak      *struct {
+			Seconds     float64                 `json:"duration_sec"`
+			Interval    float64                 `json:"interval_sec"`
+			Retention   string                  `json:"retention"`
+			Share       float64                 `json:"share"`
+			DrainRate   float64                 `json:"drain_events_per_sec"`
+			DrainSource string                  `json:"drain_source"`
+			Drain       *struct{ Received int } `json:"drain"`
+			Rate        float64                 `json:"rate_per_sec"`
+			Events      int                     `json:"events"`
+			Received    int                     `json:"received"`
+			Lost        int                     `json:"lost"`
+			Rejected    int                     `json:"rejected"`
+			Window      int                     `json:"window_samples"`
+			P99Ratio    *float64                `json:"p99_ratio"`
+			LogRatio    *float64                `json:"log_size_ratio"`
+			LogMissing  string                  `json:"log_size_ratio_missing"`
+			Unprocessed *int64                  `json:"unprocessed_at_end"`
+			Cost        *struct {
+				Events int `json:"events"`
+			} `json:"cost"`
+			Samples []map[string]json.RawMessage `json:"samples"`
+		} `json:"soak"`
+		Budget []budgetCheck `json:"budget"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, stdout.String())
+	}
+	s := rep.Soak
+	if s == nil {
+		t.Fatalf("no soak in the JSON:\n%s", stdout.String())
+	}
+	if rep.Drain != nil || s.Drain == nil || s.Drain.Received != 500 || !strings.Contains(s.DrainSource, "500 events") {
+		t.Errorf("soak's drain rate: drain workload %v, soak.drain %+v, source %q; want a drain of 500 events of its own", rep.Drain, s.Drain, s.DrainSource)
+	}
+	if s.Seconds != 6 || s.Interval != 2 || s.Retention != "1m0s" || s.Share != 0.2 || s.DrainRate <= 0 || math.Abs(s.Rate-0.2*s.DrainRate) > 1e-6 {
+		t.Errorf("soak run: %v s, every %v s, retention %q, share %v of %v = %v events/s; want 6, 2, 1m0s, 0.2 of the drain rate",
+			s.Seconds, s.Interval, s.Retention, s.Share, s.DrainRate, s.Rate)
+	}
+	if s.Events == 0 || s.Received != s.Events || s.Lost != 0 || s.Rejected != 0 || s.Cost == nil || s.Cost.Events != s.Received {
+		t.Errorf("soak: %d events, %d received, %d lost, %d rejected, cost %+v; want every event received once", s.Events, s.Received, s.Lost, s.Rejected, s.Cost)
+	}
+	if len(s.Samples) != 3 || s.Window != 1 {
+		t.Fatalf("soak: %d samples, windows of %d; want 3 and 1", len(s.Samples), s.Window)
+	}
+	delivered := 0
+	for i, sm := range s.Samples {
+		for _, k := range []string{"at_sec", "delivered", "delivered_per_sec", "produced_per_sec", "latency_from_scheduled_start", "latency_from_commit",
+			"claim_mean_ms", "claims", "table_bytes", "indexes_bytes", "index_bytes", "n_live_tup", "n_dead_tup",
+			"autovacuum_count", "autoanalyze_count", "rows_deleted", "unprocessed"} {
+			if _, ok := sm[k]; !ok {
+				t.Errorf("soak sample %d has no %s", i, k)
+			}
+		}
+		var n int
+		var table int64
+		_ = json.Unmarshal(sm["delivered"], &n)
+		_ = json.Unmarshal(sm["table_bytes"], &table)
+		delivered += n
+		if table <= 0 {
+			t.Errorf("soak sample %d: table_bytes %d", i, table)
+		}
+	}
+	if delivered == 0 || delivered > s.Received {
+		t.Errorf("soak samples delivered %d in all, of %d received", delivered, s.Received)
+	}
+	if s.P99Ratio == nil || s.Unprocessed == nil || s.LogRatio != nil || !strings.Contains(s.LogMissing, "two retention periods") {
+		t.Errorf("soak: p99 ratio %v, unprocessed %v, log ratio %v (%q); want the drift measured and the log not computed", s.P99Ratio, s.Unprocessed, s.LogRatio, s.LogMissing)
+	}
+	checks := map[string]string{}
+	for _, c := range rep.Budget {
+		if c.Workload == "soak" {
+			checks[c.What] = c.Status
+		}
+	}
+	if checks[soakLogCheck] != checkNotComputed || checks[soakLostCheck] != checkMet || len(checks) != 5 {
+		t.Errorf("soak checks %v: want 5, the log's not computed and lost met", checks)
+	}
+	if _, ok := checks[soakUnprocessedCheck]; !ok {
+		t.Errorf("soak checks %v: no %q", checks, soakUnprocessedCheck)
+	}
+}
+
 // TestBenchNoBudgetSmoke: --no-budget only measures. However the run compares with the budget,
 // it exits 0 with a verdict of "not_checked" and no checks listed; here with one workload
 // whose budget no CI machine is asked to meet.
@@ -428,8 +535,17 @@ func TestBenchOptions(t *testing.T) {
 	if o.producerMode != "prepared" {
 		t.Errorf("default producer mode = %q, want prepared (pgx's default)", o.producerMode)
 	}
+	if o.soakDuration != 30*time.Minute || o.soakShare != 0.5 || o.soakInterval != time.Minute || soakRetention(o) != 5*time.Minute {
+		t.Errorf("soak defaults: %s at %v, sampled every %s, retention %s; want 30m at 0.5, 1m, 5m",
+			o.soakDuration, o.soakShare, o.soakInterval, soakRetention(o))
+	}
+	if o, err := parseBenchOptions(env, []string{"--workload", "soak", "--soak-duration", "6s", "--soak-interval", "2s"}); err != nil ||
+		soakRetention(o) != soakMinRetention {
+		t.Errorf("a 6 s soak: %v, retention %s; want the dispatcher's minimum, %s", err, soakRetention(o), soakMinRetention)
+	}
 	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"},
-		{"--fanout-endpoints", "0"}, {"--fanout-endpoints", "1001"}, {"--ordered-streams", "0"}, {"--ordered-events-per-stream", "0"}} {
+		{"--fanout-endpoints", "0"}, {"--fanout-endpoints", "1001"}, {"--ordered-streams", "0"}, {"--ordered-events-per-stream", "0"},
+		{"--soak-share", "0"}, {"--soak-share", "1.5"}, {"--soak-duration", "1m"}, {"--soak-retention", "30s"}} {
 		_, err := parseBenchOptions(env, args)
 		if err == nil {
 			t.Errorf("parseBenchOptions(%q) accepted it", args)
