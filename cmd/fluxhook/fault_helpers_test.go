@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 )
@@ -556,4 +558,27 @@ func idSet(ids []string) map[string]bool {
 		set[id] = true
 	}
 	return set
+}
+
+// migratedCluster starts a throwaway PostgreSQL cluster with settings (for the cases that
+// restart the server or need settings the shared test server lacks), installs the schema with
+// `fluxhook migrate`, and returns it with a pool on it; both end with the test. It skips the
+// test when no server binaries can be found or installed.
+func migratedCluster(t *testing.T, ctx context.Context, settings map[string]string) (*pgtemp.Cluster, *sqltest.DB) {
+	t.Helper()
+	if _, err := pgtemp.FindBinaries(); err != nil && os.Geteuid() != 0 {
+		t.Skipf("no PostgreSQL server binaries and not root to install them: %v", err)
+	}
+	cluster, err := pgtemp.Start(ctx, pgtemp.Options{Settings: settings})
+	if err != nil {
+		t.Fatalf("starting a PostgreSQL cluster: %v", err)
+	}
+	t.Cleanup(func() { _ = cluster.Stop() })
+	runFluxhook(t, map[string]string{"DATABASE_URL": cluster.URL()}, "migrate")
+	pool, err := pgxpool.New(ctx, cluster.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return cluster, &sqltest.DB{Name: "postgres", URL: cluster.URL(), Pool: pool}
 }

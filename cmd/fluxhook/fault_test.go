@@ -30,9 +30,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 )
@@ -113,24 +111,11 @@ func TestFaultSIGKILLUnderLoad(t *testing.T) {
 // NOTIFY wakes it again.
 func TestFaultPostgresRestart(t *testing.T) {
 	t.Parallel()
-	if _, err := pgtemp.FindBinaries(); err != nil && os.Geteuid() != 0 {
-		t.Skipf("no PostgreSQL server binaries and not root to install them: %v", err)
-	}
 	const events = 5 * faultRate // 5 s of load
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cluster, err := pgtemp.Start(ctx, pgtemp.Options{})
-	if err != nil {
-		t.Fatalf("starting a PostgreSQL cluster: %v", err)
-	}
-	t.Cleanup(func() { _ = cluster.Stop() })
-	runFluxhook(t, map[string]string{"DATABASE_URL": cluster.URL()}, "migrate")
-	pool, err := pgxpool.New(ctx, cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	db := &sqltest.DB{Name: "postgres", URL: cluster.URL(), Pool: pool}
+	cluster, db := migratedCluster(t, ctx, nil)
+	pool := db.Pool
 
 	c := newHookConsumer(t, respondAfter(20*time.Millisecond))
 	env := faultEnv(cluster.URL(), c.URL())

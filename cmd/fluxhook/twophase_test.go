@@ -2,15 +2,9 @@ package main
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
-	"github.com/fluxora/fluxhook/sql/sqltest"
 )
 
 // TestTwoPhaseProducer: PostgreSQL refuses to PREPARE a transaction that sent a NOTIFY, which
@@ -20,23 +14,10 @@ import (
 // allows prepared transactions (the shared test server does not).
 func TestTwoPhaseProducer(t *testing.T) {
 	t.Parallel()
-	if _, err := pgtemp.FindBinaries(); err != nil && os.Geteuid() != 0 {
-		t.Skipf("no PostgreSQL server binaries and not root to install them: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cluster, err := pgtemp.Start(ctx, pgtemp.Options{Settings: map[string]string{"max_prepared_transactions": "4"}})
-	if err != nil {
-		t.Fatalf("starting a PostgreSQL cluster: %v", err)
-	}
-	t.Cleanup(func() { _ = cluster.Stop() })
-	runFluxhook(t, map[string]string{"DATABASE_URL": cluster.URL()}, "migrate")
-	pool, err := pgxpool.New(ctx, cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	db := &sqltest.DB{Name: "postgres", URL: cluster.URL(), Pool: pool}
+	cluster, db := migratedCluster(t, ctx, map[string]string{"max_prepared_transactions": "4"})
+	pool := db.Pool
 
 	c := newHookConsumer(t, nil)
 	env := serveEnv(cluster.URL(), c.URL())
