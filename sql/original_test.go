@@ -166,7 +166,7 @@ func (o *original) check(t *testing.T) {
 	}
 	rows, err := db.Pool.Query(ctx, `SELECT id, stream_id, event_type, payload::text, created_at, processed,
 			delivery_id::text, attempt, enqueued_at, processed_at, lease_until, routed_at
-		FROM webhook_outbox ORDER BY id`)
+		FROM webhook_deliveries ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func (o *original) check(t *testing.T) {
 	}
 	// The pending rows are what the dispatcher's claim finds: due, unprocessed, through the
 	// due index's predicate.
-	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed AND created_at <= now()`); n != pending || pending == 0 {
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE NOT processed AND created_at <= now()`); n != pending || pending == 0 {
 		t.Errorf("%d rows due for delivery, want the %d pending ones", n, pending)
 	}
 
@@ -240,7 +240,7 @@ func (o *original) check(t *testing.T) {
 	var attempt int
 	var deliveryID string
 	var processed bool
-	if err := db.Pool.QueryRow(ctx, `SELECT id, attempt, delivery_id::text, processed FROM webhook_outbox
+	if err := db.Pool.QueryRow(ctx, `SELECT id, attempt, delivery_id::text, processed FROM webhook_deliveries
 		WHERE stream_id = 's9'`).Scan(&id, &attempt, &deliveryID, &processed); err != nil {
 		t.Fatal(err)
 	}

@@ -216,7 +216,7 @@ func replayedCopies(t *testing.T, db *sqltest.DB, deadLetterID int64) []outboxCo
 		       AND o.event_type = d.event_type AND o.payload = d.payload
 		       AND o.endpoint_url IS NOT DISTINCT FROM d.endpoint_url AND o.enqueued_at = d.enqueued_at,
 		       o.attempt, o.created_at BETWEEN now() - interval '1 minute' AND now(), o.processed, d.replayed_at
-		FROM webhook_dead_letter d JOIN webhook_outbox o ON o.delivery_id = d.delivery_id
+		FROM webhook_dead_letter d JOIN webhook_deliveries o ON o.delivery_id = d.delivery_id
 		WHERE d.id = $1 ORDER BY o.id`, deadLetterID)
 	if err != nil {
 		t.Fatal(err)
@@ -265,7 +265,7 @@ func TestDLQReplayByID(t *testing.T) {
 	if c := copies[0]; !c.sameEvent || c.attempt != 1 || !c.dueNow || c.processed || c.replayedAt == nil {
 		t.Errorf("replayed row = %+v, want the same event as a first attempt due now, and replayed_at set", c)
 	}
-	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 1 {
+	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 1 {
 		t.Errorf("the outbox holds %d rows; the already replayed dead letter must have been skipped", n)
 	}
 
@@ -275,7 +275,7 @@ func TestDLQReplayByID(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "already replayed") || !strings.Contains(r.stdout, "replayed 0, skipped 1") {
 		t.Errorf("second replay: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 1 {
+	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 1 {
 		t.Errorf("a skipped replay wrote a row: outbox holds %d", n)
 	}
 	if after := replayedAt(t, db, f.notFound); !after.Equal(*before) {
@@ -302,7 +302,7 @@ func TestDLQReplayOfAMissingIDChangesNothing(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "dead letter 9999 not found; nothing replayed") {
 		t.Errorf("replay with a missing id: exit %d, stderr %q", r.code, r.stderr)
 	}
-	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 0 {
+	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 0 {
 		t.Errorf("outbox holds %d rows", n)
 	}
 	if at := replayedAt(t, db, f.notFound); at != nil {
@@ -333,7 +333,7 @@ func TestDLQBulkReplayRequiresAFilter(t *testing.T) {
 			t.Errorf("dlq replay %q: exit %d, stderr %q; want 2 mentioning %q", tc.args, r.code, r.stderr, tc.want)
 		}
 	}
-	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 0 {
+	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 0 {
 		t.Errorf("refused replays wrote %d outbox rows", n)
 	}
 	if n := count(t, db, "SELECT count(*) FROM webhook_dead_letter WHERE replayed_at IS NOT NULL"); n != 1 {
@@ -350,7 +350,7 @@ func TestDLQBulkReplay(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "would replay 1, skipped 1 already replayed (dry run: nothing changed)") {
 		t.Errorf("dry run: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 0 {
+	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 0 {
 		t.Fatalf("a dry run wrote %d outbox rows", n)
 	}
 
@@ -366,7 +366,7 @@ func TestDLQBulkReplay(t *testing.T) {
 	if at := replayedAt(t, db, f.exhausted); at != nil {
 		t.Errorf("a dead letter outside the filter was replayed at %v", at)
 	}
-	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 2 {
+	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 2 {
 		t.Errorf("outbox holds %d rows, want 2", n)
 	}
 
@@ -466,7 +466,7 @@ func deliveryIDOf(t *testing.T, db *sqltest.DB, id int64) string {
 func outboxByEndpoint(t *testing.T, db *sqltest.DB, delivery string) map[string]int64 {
 	t.Helper()
 	rows, err := db.Pool.Query(context.Background(), `
-		SELECT coalesce(endpoint_id::text, '-'), count(*) FROM webhook_outbox
+		SELECT coalesce(endpoint_id::text, '-'), count(*) FROM webhook_deliveries
 		WHERE delivery_id = $1::uuid AND attempt = 1 AND NOT processed GROUP BY 1`, delivery)
 	if err != nil {
 		t.Fatal(err)
@@ -647,7 +647,7 @@ func TestDLQReplayByDeliveryID(t *testing.T) {
 		!strings.Contains(r.stdout, "would replay 2, skipped 1 already replayed (dry run: nothing changed)") {
 		t.Fatalf("dry run: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 0 {
+	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 0 {
 		t.Fatalf("a dry run wrote %d outbox rows", n)
 	}
 	aFirstReplayed := replayedAt(t, db, fo.aFirst)
@@ -699,12 +699,12 @@ func TestDLQReplayByDeliveryID(t *testing.T) {
 
 	// An unknown delivery id fails the whole command, as an unknown row id does.
 	missing := "00000000-0000-4000-8000-000000000000"
-	before := count(t, db, "SELECT count(*) FROM webhook_outbox")
+	before := count(t, db, "SELECT count(*) FROM webhook_deliveries")
 	r = runCLI(t, db.URL, "dlq", "replay", "--force", itoa(fo.other), missing)
 	if r.code != 1 || !strings.Contains(r.stderr, "no dead letter has delivery id "+missing+"; nothing replayed") {
 		t.Errorf("replay with an unknown delivery id: exit %d, stderr %q", r.code, r.stderr)
 	}
-	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != before {
+	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != before {
 		t.Errorf("a failed replay wrote %d outbox rows", n-before)
 	}
 }
@@ -766,7 +766,7 @@ func TestDLQMalformedIDs(t *testing.T) {
 			}
 		}
 	}
-	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 0 {
+	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 0 {
 		t.Errorf("refused replays wrote %d outbox rows", n)
 	}
 	if n := count(t, db, "SELECT count(*) FROM webhook_dead_letter"); n != 4 {
@@ -806,7 +806,7 @@ func insertStoppedStream(t *testing.T, db *sqltest.DB, stream string, key int64)
 		                                 last_error, reason, enqueued_at, tenant, endpoint_id, order_key)
 		SELECT id, delivery_id, stream_id, event_type, payload, attempt, status_code, error, 'permanent: HTTP 410',
 		       enqueued_at, tenant, endpoint_id, order_key
-		FROM webhook_outbox WHERE id = $1
+		FROM webhook_deliveries WHERE id = $1
 		RETURNING id`, s.parked).Scan(&s.deadLetter)
 	if err != nil {
 		t.Fatalf("inserting the dead letter: %v", err)
@@ -836,7 +836,7 @@ func outboxRowOf(t *testing.T, db *sqltest.DB, id int64) outboxRow {
 	err := db.Pool.QueryRow(context.Background(), `
 		SELECT processed, processed_at IS NOT NULL, lease_until IS NOT NULL, created_at = 'infinity',
 		       coalesce(deferred_reason, ''), coalesce(error, ''), coalesce(order_key, 0)
-		FROM webhook_outbox WHERE id = $1`, id).
+		FROM webhook_deliveries WHERE id = $1`, id).
 		Scan(&r.processed, &r.hasProcessedAt, &r.leased, &r.infinite, &r.deferredReason, &r.error, &r.orderKey)
 	if err != nil {
 		t.Fatal(err)
@@ -850,7 +850,7 @@ func outboxRowOf(t *testing.T, db *sqltest.DB, id int64) outboxRow {
 func streamHead(t *testing.T, db *sqltest.DB, stream string) (id int64, due bool) {
 	t.Helper()
 	err := db.Pool.QueryRow(context.Background(), `
-		SELECT id, created_at <= now() FROM webhook_outbox
+		SELECT id, created_at <= now() FROM webhook_deliveries
 		WHERE NOT processed AND stream_id = $1 AND endpoint_id = $2::uuid
 		ORDER BY coalesce(order_key, id), id LIMIT 1`, stream, stoppedEndpoint).Scan(&id, &due)
 	if err != nil {
@@ -892,7 +892,7 @@ func TestDLQReplayResumesStoppedStream(t *testing.T) {
 	var attempt int
 	var routed, due bool
 	err := db.Pool.QueryRow(context.Background(), `
-		SELECT id, order_key, attempt, routed_at IS NOT NULL, created_at <= now() FROM webhook_outbox
+		SELECT id, order_key, attempt, routed_at IS NOT NULL, created_at <= now() FROM webhook_deliveries
 		WHERE delivery_id = $1::uuid AND NOT processed`, s1.delivery).Scan(&replayed, &orderKey, &attempt, &routed, &due)
 	if err != nil {
 		t.Fatalf("the replayed row: %v", err)
@@ -922,7 +922,7 @@ func TestDLQReplayResumesStoppedStream(t *testing.T) {
 	if got := outboxRowOf(t, db, s1.parked); got != parked {
 		t.Errorf("a second replay changed the settled parked row: %+v, was %+v", got, parked)
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1::uuid AND NOT processed AND order_key = $2`,
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1::uuid AND NOT processed AND order_key = $2`,
 		s1.delivery, s1.key); n != 2 {
 		t.Errorf("%d undelivered copies with the order key after replay --force, want 2", n)
 	}
@@ -937,7 +937,7 @@ func TestDLQPurgeResumesStoppedStream(t *testing.T) {
 	ctx := context.Background()
 	s1 := insertStoppedStream(t, db, "order-1", 1000)
 	s2 := insertStoppedStream(t, db, "order-2", 2000)
-	outboxRows := count(t, db, `SELECT count(*) FROM webhook_outbox`)
+	outboxRows := count(t, db, `SELECT count(*) FROM webhook_deliveries`)
 
 	if r := runCLI(t, db.URL, "dlq", "purge", "--dry-run", itoa(s1.deadLetter)); r.code != 0 || !strings.Contains(r.stdout, "would purge 1") {
 		t.Fatalf("purge --dry-run: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
@@ -963,7 +963,7 @@ func TestDLQPurgeResumesStoppedStream(t *testing.T) {
 		!strings.Contains(parked.error, "dead letter "+itoa(s1.deadLetter)+" was purged") {
 		t.Errorf("the parked row after the purge: %+v, want it settled as processed, saying it was purged", parked)
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox`); n != outboxRows {
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries`); n != outboxRows {
 		t.Errorf("the purge wrote outbox rows: %d, was %d", n, outboxRows)
 	}
 	if head, due := streamHead(t, db, s1.stream); head != s1.behind || !due {
@@ -1027,7 +1027,7 @@ func TestDLQReplayOrdinaryDeadLetters(t *testing.T) {
 			                                 enqueued_at, endpoint_id, order_key)
 			SELECT id, delivery_id, stream_id, event_type, payload, attempt, 'permanent: HTTP 404', enqueued_at,
 			       endpoint_id, order_key
-			FROM webhook_outbox WHERE id = $1
+			FROM webhook_deliveries WHERE id = $1
 			RETURNING id`, outboxID).Scan(&id); err != nil {
 			t.Fatal(err)
 		}
@@ -1061,7 +1061,7 @@ func TestDLQReplayOrdinaryDeadLetters(t *testing.T) {
 			t.Errorf("dead letter %d: replayed row %+v, want the same event as a first attempt due now", tc.deadLetter, last)
 		}
 		var key *int64
-		if err := db.Pool.QueryRow(ctx, `SELECT o.order_key FROM webhook_outbox o JOIN webhook_dead_letter d USING (delivery_id)
+		if err := db.Pool.QueryRow(ctx, `SELECT o.order_key FROM webhook_deliveries o JOIN webhook_dead_letter d USING (delivery_id)
 			WHERE d.id = $1 AND NOT o.processed`, tc.deadLetter).Scan(&key); err != nil {
 			t.Fatal(err)
 		}

@@ -65,7 +65,7 @@ func TestEndpointsReplayAfterReenable(t *testing.T) {
 		t.Fatalf("dlq replay exited %d: %s", r.code, r.stderr)
 	}
 	pollUntil(t, faultWait, "the replayed event delivered to the re-enabled endpoint", func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND endpoint_id = $2 AND status_code = 200`, id, ep.ID) == 1
+		return queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND endpoint_id = $2 AND status_code = 200`, id, ep.ID) == 1
 	})
 	var ids []string
 	for _, r := range c.requests() {

@@ -491,7 +491,7 @@ func TestEndpointsRemove(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "3 pending deliveries dropped") {
 		t.Errorf("remove --pending drop: exit %d, %s%s", r.code, r.stdout, r.stderr)
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1::uuid`, dropped.ID); n != 0 {
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1::uuid`, dropped.ID); n != 0 {
 		t.Errorf("drop left %d rows", n)
 	}
 	if r := runEndpointsCLI(t, db, nil, "remove", dropped.ID, "--pending", "later"); r.code != 2 || !strings.Contains(r.stderr, "--pending:") {

@@ -32,7 +32,7 @@ func TestEnqueueCommandWritesOneEvent(t *testing.T) {
 	err := db.Pool.QueryRow(context.Background(), `
 		SELECT delivery_id::text, event_type, payload::text, stream_id, endpoint_url, attempt,
 		       extract(epoch FROM created_at - now())::float8
-		FROM webhook_outbox WHERE id = $1`, id).
+		FROM webhook_deliveries WHERE id = $1`, id).
 		Scan(&gotDelivery, &eventType, &payload, &streamID, &endpoint, &attempt, &dueIn)
 	if err != nil {
 		t.Fatalf("reading row %d: %v", id, err)
@@ -53,7 +53,7 @@ func TestEnqueueCommandDefaults(t *testing.T) {
 	if r := runCLI(t, db.URL, "enqueue", "--event-type", "ping"); r.code != 0 {
 		t.Fatalf("enqueue exited %d: %s", r.code, r.stderr)
 	}
-	n := count(t, db, `SELECT count(*) FROM webhook_outbox
+	n := count(t, db, `SELECT count(*) FROM webhook_deliveries
 		WHERE event_type = 'ping' AND payload = '{}' AND stream_id IS NULL AND endpoint_url IS NULL
 		  AND created_at <= now() AND attempt = 1 AND NOT processed`)
 	if n != 1 {
@@ -82,7 +82,7 @@ func TestEnqueueCommandRejectsBadFlagsWithoutWriting(t *testing.T) {
 			t.Errorf("%q: exit %d, stderr %q; want 2 mentioning %q", tc.args, r.code, r.stderr, tc.want)
 		}
 	}
-	if n := count(t, db, "SELECT count(*) FROM webhook_outbox"); n != 0 {
+	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 0 {
 		t.Fatalf("rejected commands wrote %d rows", n)
 	}
 }

@@ -414,7 +414,7 @@ func checkNoneLost(t *testing.T, db *sqltest.DB, enqueued []string, consumers []
 	}
 
 	events := map[string]bool{}
-	for _, id := range queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_outbox`) {
+	for _, id := range queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_deliveries`) {
 		events[id] = true
 	}
 	var missing []string
@@ -449,7 +449,7 @@ func checkNoneLost(t *testing.T, db *sqltest.DB, enqueued []string, consumers []
 		t.Fatalf("reading dead letters: %v", err)
 	}
 	settledOK := map[string]bool{}
-	for _, id := range queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_outbox
+	for _, id := range queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_deliveries
 		WHERE processed AND status_code BETWEEN 200 AND 299`) {
 		settledOK[id] = true
 	}

@@ -58,7 +58,7 @@ func TestFaultOrderedStreams(t *testing.T) {
 		return outbox.Event{StreamID: s, EventType: "stream.updated", Payload: map[string]any{"stream": s, "seq": i / streams}}
 	})
 	leasedBy := func(instance string) []string {
-		return queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_outbox
+		return queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_deliveries
 			WHERE NOT processed AND leased_by = $1`, instance)
 	}
 	inFlight := map[string]bool{}
@@ -72,7 +72,7 @@ func TestFaultOrderedStreams(t *testing.T) {
 		inFlight[id] = true
 	}
 	pollUntil(t, faultWait, "the frozen instance's leases to run out and its rows to move on", func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed AND leased_by = $1
+		return queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE NOT processed AND leased_by = $1
 			AND lease_until > now()`, frozenID) == 0
 	})
 	frozen.signal(syscall.SIGCONT)

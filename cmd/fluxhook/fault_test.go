@@ -71,11 +71,11 @@ func TestFaultSIGKILLUnderLoad(t *testing.T) {
 
 	prod := startProducer(t, db.Pool, events, faultRate, loadEvent)
 	settledBy := func(instance string) int {
-		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE processed AND leased_by = $1`, instance)
+		return queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE processed AND leased_by = $1`, instance)
 	}
 	waitAll(t, faultWait, "both instances to deliver under load, the victim with rows in flight", both, func() bool {
 		return settledBy(victimID) >= 20 && settledBy(survivorID) >= 20 &&
-			queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed AND leased_by = $1
+			queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE NOT processed AND leased_by = $1
 				AND lease_until > now() + interval '1 second'`, victimID) >= 5
 	})
 	if n := prod.produced(); n >= events {
@@ -92,7 +92,7 @@ func TestFaultSIGKILLUnderLoad(t *testing.T) {
 		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND application_name = 'fluxhook-victim'`) == 0
 	})
-	inFlight := idSet(queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_outbox
+	inFlight := idSet(queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_deliveries
 		WHERE NOT processed AND leased_by = $1`, victimID))
 	producedAtKill := prod.produced()
 	if len(inFlight) == 0 {
@@ -150,7 +150,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 	// the leased, unprocessed rows now (with rows claimed since, which only loosens the bound).
 	var inFlight map[string]bool
 	pollUntil(t, faultWait, "the restarted server to answer the test", func() bool {
-		rows, err := pool.Query(ctx, `SELECT DISTINCT delivery_id::text FROM webhook_outbox
+		rows, err := pool.Query(ctx, `SELECT DISTINCT delivery_id::text FROM webhook_deliveries
 			WHERE NOT processed AND lease_until IS NOT NULL`)
 		if err != nil {
 			return false
@@ -249,7 +249,7 @@ func TestFaultConsumerNeverAnswers(t *testing.T) {
 	if n, err := outbox.EnqueueMany(context.Background(), db.Pool, evs); err != nil || n != int64(len(evs)) {
 		t.Fatalf("EnqueueMany = %d, %v", n, err)
 	}
-	stuckIDs := idSet(queryStrings(t, db, `SELECT delivery_id::text FROM webhook_outbox WHERE endpoint_url = $1`, stuck.URL()))
+	stuckIDs := idSet(queryStrings(t, db, `SELECT delivery_id::text FROM webhook_deliveries WHERE endpoint_url = $1`, stuck.URL()))
 
 	waitAll(t, faultWait, "every healthy event to be delivered", procs, func() bool {
 		_, _, ok := healthy.counts()
@@ -264,7 +264,7 @@ func TestFaultConsumerNeverAnswers(t *testing.T) {
 	// A healthy event may be delivered twice only when its first answer came after the 500 ms
 	// timeout (a machine loaded by the race detector and the rest of the suite): the attempt
 	// counted as failed and was retried, as at-least-once delivery must. Its retry row says so.
-	late := idSet(queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_outbox WHERE event_type = 'test.healthy' AND attempt > 1`))
+	late := idSet(queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_deliveries WHERE event_type = 'test.healthy' AND attempt > 1`))
 	if len(late) > 0 {
 		t.Logf("%d healthy events were retried after their first answer came too late", len(late))
 	}
@@ -306,7 +306,7 @@ func TestFaultIdleInTransaction(t *testing.T) {
 	}
 	var seen int
 	var xid string
-	if err := idle.QueryRow(ctx, `SELECT count(*), pg_current_xact_id()::text FROM webhook_outbox`).Scan(&seen, &xid); err != nil {
+	if err := idle.QueryRow(ctx, `SELECT count(*), pg_current_xact_id()::text FROM webhook_deliveries`).Scan(&seen, &xid); err != nil {
 		t.Fatal(err)
 	}
 	idlePID := idle.PgConn().PID()
@@ -388,7 +388,7 @@ func TestFaultSettleFails(t *testing.T) {
 	})
 	// Nothing can be claimed while UPDATE is revoked, so the rows leased now are exactly
 	// those claimed before the revoke and not settled: the ones that may come twice.
-	inFlight := idSet(queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_outbox
+	inFlight := idSet(queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_deliveries
 		WHERE NOT processed AND lease_until IS NOT NULL`))
 	if _, err := db.Pool.Exec(ctx, `GRANT UPDATE ON webhook_outbox TO `+role); err != nil {
 		t.Fatal(err)
@@ -412,6 +412,9 @@ func createFluxhookRole(t *testing.T, db *sqltest.DB) string {
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON webhook_outbox, webhook_dead_letter, webhook_dispatcher TO ` + role,
 		`GRANT SELECT, UPDATE ON webhook_endpoints TO ` + role, // as docs/operations.md lists them
 		`GRANT SELECT ON webhook_schema_version TO ` + role,
+		`GRANT SELECT, INSERT ON webhook_delivery_log TO ` + role,
+		`GRANT SELECT ON webhook_deliveries TO ` + role,
+		`GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval) TO ` + role,
 		`GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ` + role,
 		`GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until TO ` + role, // the NOTIFY switch
 	} {
@@ -571,7 +574,7 @@ func TestFaultBacklogThreeInstances(t *testing.T) {
 	shares := map[string]int{}
 	for _, p := range procs {
 		id := p.instanceID()
-		shares[p.name] = queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE processed AND leased_by = $1`, id)
+		shares[p.name] = queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE processed AND leased_by = $1`, id)
 		if shares[p.name] == 0 {
 			t.Errorf("%s delivered nothing: the backlog was not drained by three instances", p.name)
 		}
@@ -647,7 +650,7 @@ func TestFaultStaleSettleAfterLeaseLoss(t *testing.T) {
 	}
 	close(answerSecond)
 	pollUntil(t, faultWait, "instance B to settle the event as delivered", func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
+		return queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
 	})
 	if n := scrapeMetric(t, addrA, "fluxora_webhook_stale_settles_total"); n != 1 {
 		t.Errorf("A's fluxora_webhook_stale_settles_total = %v, want 1", n)
@@ -660,7 +663,7 @@ func TestFaultStaleSettleAfterLeaseLoss(t *testing.T) {
 	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 0 {
 		t.Errorf("%d dead letters: a stale 410 dead-lettered an event B delivered", n)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, id); n != 1 {
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1`, id); n != 1 {
 		t.Errorf("%d outbox rows for the event, want its one row (no retry row from A's stale outcome)", n)
 	}
 	a.stopCleanly()

@@ -89,7 +89,7 @@ func TestScriptInstallsThroughPsql(t *testing.T) {
 	p := startServe(t, "serve", serveEnv(db.URL, c.URL()))
 	second := enqueueOne(t, db, outbox.Event{EventType: "test.psql"})
 	p.waitFor(15*time.Second, "both rows delivered", func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox
+		return queryInt(t, db, `SELECT count(*) FROM webhook_deliveries
 			WHERE delivery_id::text = ANY($1) AND processed AND status_code = 200`, []string{deliveryID, second}) == 2
 	})
 	p.stopCleanly()
@@ -185,7 +185,7 @@ func TestScriptUpgradesOriginalTableThenServeDelivers(t *testing.T) {
 		t.Fatalf("CheckCurrent after the upgrade: %v", err)
 	}
 	ids := map[string]string{} // event type -> delivery id
-	rows, err := db.Pool.Query(ctx, `SELECT event_type, delivery_id::text FROM webhook_outbox WHERE NOT processed`)
+	rows, err := db.Pool.Query(ctx, `SELECT event_type, delivery_id::text FROM webhook_deliveries WHERE NOT processed`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestScriptUpgradesOriginalTableThenServeDelivers(t *testing.T) {
 	}
 	p.waitFor(30*time.Second, "the four pending rows delivered", func() bool {
 		_, _, ok := c.counts()
-		return ok >= 4 && queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed`) == 0
+		return ok >= 4 && queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE NOT processed`) == 0
 	})
 	p.stopCleanly()
 	seen := map[string]int{}
@@ -235,7 +235,7 @@ func TestScriptUpgradesOriginalTableThenServeDelivers(t *testing.T) {
 			t.Errorf("%s, delivered by the original, was sent again", e)
 		}
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE processed AND status_code = 200`); n != 4 {
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE processed AND status_code = 200`); n != 4 {
 		t.Errorf("%d rows settled as delivered, want 4", n)
 	}
 }

@@ -75,7 +75,7 @@ func enqueueOne(t *testing.T, db *sqltest.DB, ev outbox.Event) string {
 
 func unprocessed(t *testing.T, db *sqltest.DB) int {
 	t.Helper()
-	return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed`)
+	return queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE NOT processed`)
 }
 
 // TestServeSIGKILLLosesNothing kills a dispatcher with requests in flight and checks that a
@@ -110,7 +110,7 @@ func TestServeSIGKILLLosesNothing(t *testing.T) {
 	if n, err := outbox.EnqueueMany(context.Background(), db.Pool, evs); err != nil || n != events {
 		t.Fatalf("EnqueueMany = %d, %v", n, err)
 	}
-	ids := queryStrings(t, db, `SELECT delivery_id::text FROM webhook_outbox`)
+	ids := queryStrings(t, db, `SELECT delivery_id::text FROM webhook_deliveries`)
 	if len(ids) != events {
 		t.Fatalf("%d rows in the outbox, want %d", len(ids), events)
 	}
@@ -134,7 +134,7 @@ func TestServeSIGKILLLosesNothing(t *testing.T) {
 			WHERE datname = current_database() AND application_name LIKE 'fluxhook%'`) == 0
 	})
 	inFlight := map[string]bool{}
-	for _, id := range queryStrings(t, db, `SELECT delivery_id::text FROM webhook_outbox
+	for _, id := range queryStrings(t, db, `SELECT delivery_id::text FROM webhook_deliveries
 		WHERE NOT processed AND leased_by IS NOT NULL`) {
 		inFlight[id] = true
 	}
@@ -180,7 +180,7 @@ func TestServeSIGKILLLosesNothing(t *testing.T) {
 	if len(duplicated) > len(inFlight) {
 		t.Errorf("%d events delivered more than once, more than the %d in flight at the kill", len(duplicated), len(inFlight))
 	}
-	if n := queryInt(t, db, `SELECT count(DISTINCT delivery_id) FROM webhook_outbox
+	if n := queryInt(t, db, `SELECT count(DISTINCT delivery_id) FROM webhook_deliveries
 		WHERE processed AND status_code BETWEEN 200 AND 299`); n != events {
 		t.Errorf("%d delivery ids settled as delivered, want %d", n, events)
 	}
@@ -235,7 +235,7 @@ func TestServeSIGTERMDrainsSlowRequest(t *testing.T) {
 	var status int
 	var processed bool
 	if err := db.Pool.QueryRow(context.Background(),
-		`SELECT processed, coalesce(status_code, 0) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 1`, id,
+		`SELECT processed, coalesce(status_code, 0) FROM webhook_deliveries WHERE delivery_id = $1 AND attempt = 1`, id,
 	).Scan(&processed, &status); err != nil {
 		t.Fatal(err)
 	}
@@ -280,14 +280,14 @@ func requireReleasedAndRedelivered(t *testing.T, db *sqltest.DB, env map[string]
 	var processed, released bool
 	if err := db.Pool.QueryRow(context.Background(),
 		`SELECT processed, lease_until IS NULL OR lease_until <= now() + interval '1 second'
-		 FROM webhook_outbox WHERE delivery_id = $1`, id,
+		 FROM webhook_deliveries WHERE delivery_id = $1`, id,
 	).Scan(&processed, &released); err != nil {
 		t.Fatal(err)
 	}
 	if processed || !released {
 		t.Fatalf("row after a forced stop: processed=%v lease released=%v; want unprocessed and released", processed, released)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, id); n != 1 {
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1`, id); n != 1 {
 		t.Fatalf("%d rows for the cancelled delivery, want 1: it must not be settled as a failed attempt", n)
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1`, id); n != 0 {
@@ -297,7 +297,7 @@ func requireReleasedAndRedelivered(t *testing.T, db *sqltest.DB, env map[string]
 	// Released, not left leased for the full lease: another instance delivers it right away.
 	next := startServe(t, "next serve", env)
 	next.waitFor(15*time.Second, "the released row to be delivered", func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox
+		return queryInt(t, db, `SELECT count(*) FROM webhook_deliveries
 			WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
 	})
 	if n := len(c.requests()); n != 2 {
@@ -435,7 +435,7 @@ func TestServeInvalidConfig(t *testing.T) {
 
 	var leased bool
 	if err := db.Pool.QueryRow(context.Background(),
-		`SELECT lease_until IS NOT NULL OR leased_by IS NOT NULL OR processed FROM webhook_outbox WHERE delivery_id = $1`, id,
+		`SELECT lease_until IS NOT NULL OR leased_by IS NOT NULL OR processed FROM webhook_deliveries WHERE delivery_id = $1`, id,
 	).Scan(&leased); err != nil {
 		t.Fatal(err)
 	}
@@ -491,7 +491,7 @@ func TestServeFlagsBeatEnvironment(t *testing.T) {
 		"--webhook-poll-interval-ms=1000")
 	id := enqueueOne(t, db, outbox.Event{EventType: "test.flags"})
 	p.waitFor(15*time.Second, "the event delivered", func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
+		return queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
 	})
 	reqs := fromFlag.requests()
 	if len(reqs) != 1 || reqs[0].DeliveryID != id {
@@ -525,7 +525,7 @@ func TestServeUnbindableMetricsAddrClaimsNothing(t *testing.T) {
 	if code == 0 || !strings.Contains(stderr, "METRICS_ADDR") {
 		t.Fatalf("serve exited %d; want a failure naming METRICS_ADDR:\n%s", code, stderr)
 	}
-	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND leased_by IS NULL AND NOT processed`, id); n != 1 {
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND leased_by IS NULL AND NOT processed`, id); n != 1 {
 		t.Errorf("the pending row was claimed by a serve that could not bind METRICS_ADDR")
 	}
 	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dispatcher`); n != 0 {

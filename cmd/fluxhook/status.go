@@ -206,7 +206,7 @@ func readStatus(ctx context.Context, tx pgx.Tx) (statusReport, error) {
 		return rep, fmt.Errorf("reading endpoints: %w", err)
 	}
 	rep.Endpoints = append(rep.Endpoints, managed...)
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM webhook_outbox WHERE processed AND error = 'no endpoint matched'
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries WHERE processed AND error = 'no endpoint matched'
 		AND processed_at > now() - interval '1 hour'`).Scan(&rep.UnroutedLastHour); err != nil {
 		return rep, fmt.Errorf("reading unrouted events: %w", err)
 	}

@@ -60,7 +60,7 @@ func TestTwoPhaseProducer(t *testing.T) {
 		_, _, ok := c.counts()
 		return ok == 1
 	})
-	if n := queryInt(t, db, `SELECT count(*) FROM webhook_outbox`); n != 1 {
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_deliveries`); n != 1 {
 		t.Errorf("%d outbox rows, want the one committed event (the refused one rolled back)", n)
 	}
 	p.stopCleanly()

@@ -686,7 +686,7 @@ func TestRemove(t *testing.T) {
 		AND tenant = 'acme' AND attempts = 2 AND event_type = 'order.created'`, busy.ID); n != 2 {
 		t.Errorf("%d dead letters for the removed endpoint, want 2", n)
 	}
-	if n := count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1::uuid AND NOT processed`, busy.ID); n != 0 {
+	if n := count(`SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1::uuid AND NOT processed`, busy.ID); n != 0 {
 		t.Errorf("%d deliveries still pending for the removed endpoint", n)
 	}
 
@@ -695,14 +695,14 @@ func TestRemove(t *testing.T) {
 	if r, err := endpoints.Remove(ctx, db.Pool, dropped.ID, endpoints.PendingDrop); err != nil || r.Dropped != 3 || r.DeadLettered != 0 {
 		t.Fatalf("Remove drop = %+v, %v", r, err)
 	}
-	if n := count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1::uuid`, dropped.ID); n != 1 {
+	if n := count(`SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1::uuid`, dropped.ID); n != 1 {
 		t.Errorf("drop left %d rows, want only the processed one (the delivery log)", n)
 	}
 	if n := count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1::uuid`, dropped.ID); n != 0 {
 		t.Errorf("drop dead-lettered %d rows", n)
 	}
 	// The other endpoint and its deliveries are untouched.
-	if n := count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1::uuid AND NOT processed`, keep.ID); n != 1 {
+	if n := count(`SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1::uuid AND NOT processed`, keep.ID); n != 1 {
 		t.Errorf("another endpoint's deliveries changed: %d pending", n)
 	}
 	if _, err := endpoints.Remove(ctx, db.Pool, keep.ID, "later"); !errors.Is(err, endpoints.ErrInvalid) {
@@ -732,7 +732,7 @@ func TestRemoveStoppedStream(t *testing.T) {
 		INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, attempts, reason, enqueued_at,
 		                                 endpoint_id, order_key)
 		SELECT id, delivery_id, stream_id, event_type, payload, attempt, 'permanent: HTTP 410', enqueued_at, endpoint_id, order_key
-		FROM webhook_outbox WHERE id = $1`, parked); err != nil {
+		FROM webhook_deliveries WHERE id = $1`, parked); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Pool.Exec(ctx, `
@@ -766,7 +766,7 @@ func TestRemoveStoppedStream(t *testing.T) {
 		t.Errorf("dead letters after Remove = %+v, want %+v", got, want)
 	}
 	var pending int64
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_outbox WHERE NOT processed`).Scan(&pending); err != nil || pending != 0 {
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries WHERE NOT processed`).Scan(&pending); err != nil || pending != 0 {
 		t.Errorf("%d rows left undelivered after Remove (%v); the parked row must be settled too", pending, err)
 	}
 }

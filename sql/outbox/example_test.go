@@ -56,7 +56,7 @@ func ExampleEnqueue() {
 	// The event committed with the order: it is in the outbox, waiting for fluxhook.
 	var eventType, payload string
 	if err := pool.QueryRow(ctx,
-		"SELECT event_type, payload->>'state' FROM webhook_outbox WHERE delivery_id = $1 AND NOT processed",
+		"SELECT event_type, payload->>'state' FROM webhook_deliveries WHERE delivery_id = $1 AND NOT processed",
 		sent.DeliveryID,
 	).Scan(&eventType, &payload); err != nil {
 		log.Fatal(err)

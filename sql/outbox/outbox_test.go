@@ -34,7 +34,7 @@ func readRows(t *testing.T, db *sqltest.DB) []outboxRow {
 	rows, err := db.Pool.Query(context.Background(), `
 		SELECT id, delivery_id::text, event_type, payload::text, stream_id, endpoint_url, attempt,
 		       processed, extract(epoch FROM created_at - now()) * 1000, enqueued_at, lease_until
-		FROM webhook_outbox ORDER BY id`)
+		FROM webhook_deliveries ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestEnqueueOptionalFields(t *testing.T) {
 		t.Errorf("a string payload is stored as %s, want a JSON string", rows[1].Payload)
 	}
 	var createdAt time.Time
-	if err := db.Pool.QueryRow(ctx, "SELECT created_at FROM webhook_outbox WHERE id = $1", rows[1].ID).Scan(&createdAt); err != nil {
+	if err := db.Pool.QueryRow(ctx, "SELECT created_at FROM webhook_deliveries WHERE id = $1", rows[1].ID).Scan(&createdAt); err != nil {
 		t.Fatal(err)
 	}
 	if !createdAt.Equal(due) {

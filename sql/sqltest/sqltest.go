@@ -131,11 +131,13 @@ func NewRole(t testing.TB, db *DB) string {
 	return role
 }
 
-// RefuseUpdates installs a trigger in db that refuses every update of webhook_outbox whose new
-// row satisfies condition (an SQL boolean over NEW), as an operator's own trigger might. The
-// error is a row error (P0001, "row N refused by the operator"): what the settle fallback
-// must keep to its own row.
-func RefuseUpdates(t testing.TB, db *DB, condition string) {
+// RefuseSettles installs a trigger in db that refuses every row settled into the delivery log
+// (schema 7: a settle deletes the outbox row and inserts its outcome into
+// webhook_delivery_log) whose log row satisfies condition (an SQL boolean over NEW, a
+// webhook_delivery_log row), as an operator's own trigger might. Refusing the log row refuses
+// the whole settle of that row. The error is a row error (P0001, "row N refused by the
+// operator"): what the settle fallback must keep to its own row.
+func RefuseSettles(t testing.TB, db *DB, condition string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -147,7 +149,7 @@ func RefuseUpdates(t testing.TB, db *DB, condition string) {
 			END IF;
 			RETURN NEW;
 		END $$;
-		CREATE TRIGGER fluxhook_test_refuse BEFORE UPDATE ON webhook_outbox
+		CREATE TRIGGER fluxhook_test_refuse BEFORE INSERT ON webhook_delivery_log
 			FOR EACH ROW EXECUTE FUNCTION fluxhook_test_refuse();`); err != nil {
 		t.Fatalf("sqltest: installing the refusing trigger: %v", err)
 	}

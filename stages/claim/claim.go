@@ -499,9 +499,12 @@ func (c *Claimer) Announce(ctx context.Context, ttl time.Duration) (lapsed bool,
 	return lapsed, nil
 }
 
-// Prune deletes processed rows (the delivery log) older than retention, in batches of at most
-// batch rows, until a batch comes back short or ctx ends. It returns how many rows it
-// deleted. Dead letters are never touched: they stay until an operator purges them.
+// Prune deletes the rows settled in place before schema 7 (processed rows left in
+// webhook_outbox by the upgrade, or by an instance of an older fluxhook during a rolling
+// upgrade) once they are older than retention, in batches of at most batch rows, until a
+// batch comes back short or ctx ends. It returns how many rows it deleted. Once no such row is
+// left, a call costs one probe of an empty partial index. The delivery log of schema 7 is
+// pruned by MaintainLog. Dead letters are never touched: they stay until an operator purges them.
 func (c *Claimer) Prune(ctx context.Context, retention time.Duration, batch int) (int64, error) {
 	var total int64
 	for {
@@ -514,4 +517,49 @@ func (c *Claimer) Prune(ctx context.Context, retention time.Duration, batch int)
 			return total, nil
 		}
 	}
+}
+
+// logSteps are the partition widths the delivery log uses, from the finest: round figures,
+// so that partition names read as times.
+var logSteps = []time.Duration{time.Minute, 5 * time.Minute, 15 * time.Minute, time.Hour, 6 * time.Hour, 24 * time.Hour}
+
+// LogPartitionStep is the width of the delivery log's partitions for a retention: the widest
+// round step of at most a quarter of it, from 1 minute to 1 day. The log then holds between
+// retention and retention plus one step (a partition is dropped once its newest possible row
+// is past retention), about five to eight partitions for most retentions, and the default 7
+// days gives daily partitions: few enough that planning a read of the log stays cheap, small
+// enough that the overshoot is a quarter of the retention at most.
+func LogPartitionStep(retention time.Duration) time.Duration {
+	step := logSteps[0]
+	for _, s := range logSteps {
+		if s <= retention/4 {
+			step = s
+		}
+	}
+	return step
+}
+
+// LogPartitionsAhead is how far ahead of now MaintainLog creates partitions: two steps and
+// five minutes, so that a janitor running every minute always stays ahead of the clock and
+// settles land in a partition of their own, not in the default one.
+func LogPartitionsAhead(retention time.Duration) time.Duration {
+	return 2*LogPartitionStep(retention) + 5*time.Minute
+}
+
+// MaintainLog drops the delivery log's partitions that are past retention and creates those
+// the next LogPartitionsAhead needs (webhook_delivery_log_maintain, schema 7). It returns one
+// line per partition created or dropped. Several instances may call it at once: all but one
+// return at once with nothing done.
+func (c *Claimer) MaintainLog(ctx context.Context, retention time.Duration) ([]string, error) {
+	rows, err := c.pool.Query(ctx, `SELECT * FROM webhook_delivery_log_maintain($1::bigint * interval '1 millisecond',
+		$2::bigint * interval '1 millisecond', $3::bigint * interval '1 millisecond')`,
+		retention.Milliseconds(), LogPartitionStep(retention).Milliseconds(), LogPartitionsAhead(retention).Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("delivery log partitions: %w", err)
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("delivery log partitions: %w", err)
+	}
+	return done, nil
 }

@@ -192,7 +192,7 @@ func TestPruneDeletesOnlyOldProcessedRows(t *testing.T) {
 		t.Fatalf("Prune = %d, %v; want 25 old rows deleted", n, err)
 	}
 	var left []string
-	rows, _ := db.Pool.Query(ctx, `SELECT event_type FROM webhook_outbox ORDER BY event_type`)
+	rows, _ := db.Pool.Query(ctx, `SELECT event_type FROM webhook_deliveries ORDER BY event_type`)
 	for rows.Next() {
 		var e string
 		_ = rows.Scan(&e)
@@ -391,7 +391,7 @@ func TestClaimStampsALeaseToken(t *testing.T) {
 	for _, r := range append(first.Rows, second.Rows...) {
 		var token int64
 		var by string
-		if err := db.Pool.QueryRow(ctx, `SELECT lease_token, leased_by FROM webhook_outbox WHERE id = $1`, r.ID).Scan(&token, &by); err != nil {
+		if err := db.Pool.QueryRow(ctx, `SELECT lease_token, leased_by FROM webhook_deliveries WHERE id = $1`, r.ID).Scan(&token, &by); err != nil {
 			t.Fatal(err)
 		}
 		if token != r.LeaseToken || by != "a" {

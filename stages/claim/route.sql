@@ -12,8 +12,8 @@
 -- "prefix.*" pattern the type starts with (prefix and dot). The event row itself is fenced
 -- like a settle: routed only while this claim still holds it, and only once (routed_at).
 -- When WEBHOOK_URL takes the event, the event row stays pending as its delivery; otherwise it
--- is settled here, its error column saying how many endpoints got it, or 'no endpoint
--- matched': such an event is recorded and counted, never silently dropped.
+-- is settled here (moved to the delivery log), its error saying how many endpoints got it, or
+-- 'no endpoint matched': such an event is recorded and counted, never silently dropped.
 --
 -- Ordered delivery (schema 6): a delivery to an endpoint with ordering 'stream' of an event
 -- with a stream_id carries the event's id as its order_key and is inserted unleased, as is
@@ -45,20 +45,35 @@ WITH input AS (
                      WHERE f LIKE '%.*' AND starts_with(src.event_type, left(f, -1))))
 ), counted AS (
     SELECT src.id, src.keep, src.ordered, (SELECT count(*) FROM matched m WHERE m.id = src.id) AS n FROM src
-), events AS (
+), kept AS (
+    -- An event WEBHOOK_URL takes stays in the queue as its delivery.
     UPDATE webhook_outbox o
     SET routed_at = now(),
-        processed = NOT c.keep,
-        processed_at = CASE WHEN c.keep THEN NULL ELSE now() END,
-        lease_until = CASE WHEN c.keep AND NOT c.ordered THEN o.lease_until END,
-        leased_by = CASE WHEN c.keep AND c.ordered THEN NULL ELSE o.leased_by END,
-        lease_token = CASE WHEN c.keep AND c.ordered THEN NULL ELSE o.lease_token END,
-        error = CASE WHEN c.keep THEN NULL
-                     WHEN c.n = 0 THEN 'no endpoint matched'
-                     ELSE 'routed to ' || c.n || ' endpoint(s)' END
+        lease_until = CASE WHEN c.ordered THEN NULL ELSE o.lease_until END,
+        leased_by = CASE WHEN c.ordered THEN NULL ELSE o.leased_by END,
+        lease_token = CASE WHEN c.ordered THEN NULL ELSE o.lease_token END
     FROM counted c
-    WHERE o.id = c.id
+    WHERE o.id = c.id AND c.keep
     RETURNING o.id, c.keep, c.ordered, c.n
+), gone AS (
+    -- Any other event leaves the queue for the delivery log (schema 7), its error saying what
+    -- became of it.
+    DELETE FROM webhook_outbox o
+    USING counted c
+    WHERE o.id = c.id AND NOT c.keep
+    RETURNING o.id, o.stream_id, o.event_type, o.payload, o.created_at, o.delivery_id, o.attempt, o.enqueued_at,
+              o.endpoint_url, o.tenant, c.keep, c.ordered, c.n
+), logged AS (
+    INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
+                                      enqueued_at, leased_by, endpoint_url, processed_at, error, tenant, routed_at)
+    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, $3, endpoint_url,
+           now(), CASE WHEN n = 0 THEN 'no endpoint matched' ELSE 'routed to ' || n || ' endpoint(s)' END,
+           tenant, now()
+    FROM gone
+), events AS (
+    SELECT id, keep, ordered, n FROM kept
+    UNION ALL
+    SELECT id, keep, ordered, n FROM gone
 ), fan AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at,
                                 tenant, endpoint_id, routed_at, lease_until, leased_by, lease_token, order_key)

@@ -114,7 +114,7 @@ func TestRouteProperty(t *testing.T) {
 				t.Errorf("kept %d (want %d), unrouted %d (want %d), settled %d", len(routed.Kept), kept, routed.Unrouted, unrouted, len(routed.Settled))
 			}
 			var leased int
-			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_outbox WHERE endpoint_id IS NOT NULL
+			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries WHERE endpoint_id IS NOT NULL
 				AND leased_by = 'a' AND lease_until > now() AND NOT processed`).Scan(&leased); err != nil {
 				t.Fatal(err)
 			}

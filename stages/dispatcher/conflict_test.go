@@ -59,7 +59,7 @@ type outboxRow struct {
 func (b *bundle) attempts(deliveryID string) []outboxRow {
 	b.t.Helper()
 	rows, err := b.pool.Query(context.Background(),
-		`SELECT attempt, processed, coalesce(status_code, 0), coalesce(error, '') FROM webhook_outbox
+		`SELECT attempt, processed, coalesce(status_code, 0), coalesce(error, '') FROM webhook_deliveries
 		 WHERE delivery_id = $1 ORDER BY attempt`, deliveryID)
 	if err != nil {
 		b.t.Fatal(err)

@@ -159,7 +159,7 @@ func TestHungEndpointIsNotChurned(t *testing.T) {
 	eventually(t, 10*time.Second, "two requests hanging at the hung endpoint", func() bool { return len(hung.arrivals()) == 2 })
 	// Once the saturation has been seen (the claims skip the endpoint from then on), count.
 	eventually(t, 10*time.Second, "the hung endpoint's rows left unleased", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_outbox WHERE NOT processed AND lease_until > now()`) == 2
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE NOT processed AND lease_until > now()`) == 2
 	})
 	released, claimed := d.Stats().Released.Load(), d.Stats().Claimed.Load()
 	for i := range 40 {
@@ -193,7 +193,7 @@ func TestOpenCircuitRowsAreNotClaimed(t *testing.T) {
 	// then on the instance skips the endpoint.
 	b.enqueue(outbox.Event{})
 	eventually(t, 10*time.Second, "the retry deferred for the open circuit", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_outbox WHERE deferred_reason = 'circuit breaker open'`) == 1
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE deferred_reason = 'circuit breaker open'`) == 1
 	})
 	deferred := d.Stats().Deferred.Load()
 	claims := d.Stats().Claims.Load()
@@ -209,7 +209,7 @@ func TestOpenCircuitRowsAreNotClaimed(t *testing.T) {
 	if n := d.Stats().Deferred.Load() - deferred; n != 0 {
 		t.Errorf("%d rows claimed and deferred while the circuit was known open, want 0", n)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = ANY($1::uuid[]) AND lease_until IS NULL
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = ANY($1::uuid[]) AND lease_until IS NULL
 		AND deferred_reason IS NULL AND NOT processed`, held); n != len(held) {
 		t.Errorf("%d of %d rows left untouched in the table", n, len(held))
 	}

@@ -279,6 +279,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	}
 	d.endpoints.version.Store(version)
 	d.refreshEndpoints(ctx)
+	// The log's partitions for the next minutes exist before the first settle, so that it
+	// does not land in the default partition.
+	d.maintainLog(ctx)
 	var connects atomic.Int64
 	d.waker = wake.New(wake.Config{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, listenCfg) },
@@ -925,8 +928,9 @@ func (d *Dispatcher) sleep(ctx context.Context, wait time.Duration) {
 	}
 }
 
-// maintain keeps this instance registered, clears crashed peers' rows, and runs the janitor
-// that deletes old processed rows in small batches.
+// maintain keeps this instance registered, clears crashed peers' rows, and runs the janitor:
+// the delivery log's partitions (old ones dropped, the next ones created) and the rows settled
+// in place before schema 7, deleted in small batches.
 func (d *Dispatcher) maintain(ctx context.Context) {
 	interval := min(d.cfg.PollInterval, 30*time.Second)
 	stale := max(5*time.Minute, 5*interval)
@@ -944,6 +948,7 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 			d.disableStale(ctx)
 			if time.Since(lastPrune) >= time.Minute {
 				lastPrune = time.Now()
+				d.maintainLog(ctx)
 				n, err := d.claimer.Prune(ctx, d.cfg.Retention, 1000)
 				if err != nil && ctx.Err() == nil {
 					d.log.Warn("janitor failed", zap.Error(err))
@@ -952,6 +957,22 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 				}
 			}
 		}
+	}
+}
+
+// maintainLog runs the delivery log's partition maintenance and logs what it did. A failure
+// loses nothing (settles land in the default partition, which the next run empties into the
+// partitions it creates) and is retried on the janitor's next run.
+func (d *Dispatcher) maintainLog(ctx context.Context) {
+	done, err := d.claimer.MaintainLog(ctx, d.cfg.Retention)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn("delivery log maintenance failed", zap.Error(err))
+		}
+		return
+	}
+	for _, line := range done {
+		d.log.Info("delivery log partition", zap.String("change", line))
 	}
 }
 

@@ -64,7 +64,7 @@ func TestDeliversSignedExactBody(t *testing.T) {
 	}
 	var status, attempt int
 	if err := b.pool.QueryRow(context.Background(),
-		`SELECT status_code, attempt FROM webhook_outbox WHERE delivery_id = $1`, id).Scan(&status, &attempt); err != nil {
+		`SELECT status_code, attempt FROM webhook_deliveries WHERE delivery_id = $1`, id).Scan(&status, &attempt); err != nil {
 		t.Fatal(err)
 	}
 	if status != 204 || attempt != 1 {
@@ -100,7 +100,7 @@ func TestRetryKeepsDeliveryIDAndBody(t *testing.T) {
 	// The second attempt is a new row due per the schedule, by the database's clock.
 	var gap time.Duration
 	err := b.pool.QueryRow(context.Background(), `
-		SELECT r.created_at - f.processed_at FROM webhook_outbox f JOIN webhook_outbox r USING (delivery_id)
+		SELECT r.created_at - f.processed_at FROM webhook_deliveries f JOIN webhook_deliveries r USING (delivery_id)
 		WHERE f.attempt = 1 AND r.attempt = 2 AND delivery_id = $1`, id).Scan(&gap)
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +109,7 @@ func TestRetryKeepsDeliveryIDAndBody(t *testing.T) {
 		t.Fatalf("retry due %s after the failure, want the schedule's 300ms", gap)
 	}
 	// It arrived although the poll interval is an hour: the due timer woke the dispatcher.
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND status_code = 500`, id); n != 1 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND status_code = 500`, id); n != 1 {
 		t.Fatalf("first attempt row with status 500: %d", n)
 	}
 }
@@ -182,14 +182,14 @@ func TestTimeoutAndConnectionRefusedAreRetried(t *testing.T) {
 	if n := len(slow.byDelivery()[timedOut]); n < 2 {
 		t.Fatalf("timed-out event attempted %d times, want at least 2 (retried, then delivered)", n)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 1 AND error ILIKE '%timeout%'`, timedOut); n != 1 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND attempt = 1 AND error ILIKE '%timeout%'`, timedOut); n != 1 {
 		t.Fatalf("the first attempt is not recorded as a timeout")
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND status_code = 200`, timedOut); n != 1 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND status_code = 200`, timedOut); n != 1 {
 		t.Fatalf("the timed-out event was not delivered by a retry")
 	}
 	want := 1 + len(cfg.RetrySchedule)
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, refusedID); n != want {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1`, refusedID); n != want {
 		t.Fatalf("refused event has %d rows, want %d (first attempt and its retries)", n, want)
 	}
 	if n := b.count(`SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1 AND last_error ILIKE '%refused%'`, refusedID); n != 1 {
@@ -256,7 +256,7 @@ func TestSlowEndpointDoesNotDelayOthers(t *testing.T) {
 	// The 20 events reach the fast consumer while the slow request is still hanging.
 	eventually(t, 10*time.Second, "20 deliveries to the fast endpoint", func() bool { return len(fast.arrivals()) == 20 })
 	eventually(t, 10*time.Second, "every row but the hanging one settled", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_outbox WHERE NOT processed`) == 1
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE NOT processed`) == 1
 	})
 }
 
@@ -432,7 +432,7 @@ func TestStopDrainsInFlightRequest(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed AND status_code = 200`, id); n != 1 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND processed AND status_code = 200`, id); n != 1 {
 		t.Fatalf("in-flight delivery was not settled before Stop returned")
 	}
 }
@@ -460,7 +460,7 @@ func TestStopTimeoutReleasesInFlightRows(t *testing.T) {
 	// The row is neither processed nor lost: it is released for prompt redelivery.
 	var processed bool
 	var leaseLeft time.Duration
-	if err := b.pool.QueryRow(context.Background(), `SELECT processed, coalesce(lease_until - now(), '0') FROM webhook_outbox WHERE delivery_id = $1`, id).
+	if err := b.pool.QueryRow(context.Background(), `SELECT processed, coalesce(lease_until - now(), '0') FROM webhook_deliveries WHERE delivery_id = $1`, id).
 		Scan(&processed, &leaseLeft); err != nil {
 		t.Fatal(err)
 	}
@@ -531,7 +531,7 @@ func TestStopLetsAClaimInFlightFinish(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, 10*time.Second, "the row of the try to be delivered", func() bool {
-			return b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed`, id) == 1
+			return b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND processed`, id) == 1
 		})
 	}
 
@@ -548,9 +548,9 @@ func TestStopLetsAClaimInFlightFinish(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatalf("Stop: %v", err)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed AND status_code = 200`, id); n != 1 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND processed AND status_code = 200`, id); n != 1 {
 		t.Fatalf("the row claimed while Stop began was not delivered before Stop returned (%d arrivals); leased: %d",
-			c.received(), b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND lease_until > now()`, id))
+			c.received(), b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND lease_until > now()`, id))
 	}
 }
 
@@ -680,7 +680,7 @@ func TestRowTheDatabaseRefusesToSettleIsLoggedByDeliveryID(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := newConsumer(t, nil)
-	sqltest.RefuseUpdates(t, b.db, `NEW.event_type = 'stuck' AND NEW.processed`)
+	sqltest.RefuseSettles(t, b.db, `NEW.event_type = 'stuck'`)
 	core, logs := observer.New(zap.DebugLevel) // "delivered" is a debug line
 	cfg := b.config(c.URL())
 	cfg.Logger = zap.New(core)
@@ -688,7 +688,7 @@ func TestRowTheDatabaseRefusesToSettleIsLoggedByDeliveryID(t *testing.T) {
 	stuck := b.enqueue(outbox.Event{EventType: "stuck"})
 	fine := b.enqueue(outbox.Event{EventType: "fine"})
 	eventually(t, 10*time.Second, "the fine row settled and the stuck row reported", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed`, fine) == 1 &&
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND processed`, fine) == 1 &&
 			logs.FilterMessageSnippet("could not be settled").Len() > 0
 	})
 	entries := logs.FilterMessageSnippet("could not be settled").All()
@@ -696,7 +696,7 @@ func TestRowTheDatabaseRefusesToSettleIsLoggedByDeliveryID(t *testing.T) {
 	if entries[0].Level != zap.ErrorLevel || fields["delivery_id"] != stuck || !strings.Contains(fmt.Sprint(fields["reason"]), "refused by the operator") {
 		t.Errorf("log = %v %q %v, want an Error with the stuck row's delivery id and the database's reason", entries[0].Level, entries[0].Message, fields)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND NOT processed AND lease_until > now()`, stuck); n != 1 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND NOT processed AND lease_until > now()`, stuck); n != 1 {
 		t.Errorf("the stuck row is not left leased (%d rows)", n)
 	}
 	if v := counterValue(t, d, "fluxora_webhook_settle_errors_total", "", ""); v < 1 {

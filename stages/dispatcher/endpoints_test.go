@@ -111,7 +111,7 @@ func TestEndpointsFanOut(t *testing.T) {
 		t.Errorf("the default consumer's request does not verify with WEBHOOK_SECRET")
 	}
 	// The unserved tenant's event is recorded as matching nothing, and counted.
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND processed AND error = 'no endpoint matched'`, lonely); n != 1 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND processed AND error = 'no endpoint matched'`, lonely); n != 1 {
 		t.Errorf("the unserved tenant's event is not recorded as unrouted")
 	}
 	if got := counterValue(t, d, "fluxora_webhook_unrouted_total", "", ""); got != 1 {
@@ -258,7 +258,7 @@ func TestNoEndpointsNoRouting(t *testing.T) {
 	b.start(b.config(c.URL()))
 	b.enqueue(outbox.Event{})
 	b.waitSettled(10 * time.Second)
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE routed_at IS NULL AND endpoint_id IS NULL AND status_code = 200`); n != 1 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE routed_at IS NULL AND endpoint_id IS NULL AND status_code = 200`); n != 1 {
 		t.Errorf("the event was not delivered straight to WEBHOOK_URL")
 	}
 	if a := c.arrivals()[0]; a.VerifyErr != nil {

@@ -156,7 +156,7 @@ func testBreakerEndToEnd(t *testing.T, newStore func() gate.Store) {
 	}
 	ids = append(ids, backlog...)
 	eventually(t, 30*time.Second, "every event delivered after recovery", func() bool {
-		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`) == len(ids)
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_deliveries WHERE status_code = 200`) == len(ids)
 	})
 	b.waitSettled(10 * time.Second)
 
@@ -187,7 +187,7 @@ func testBreakerEndToEnd(t *testing.T, newStore func() gate.Store) {
 	checkOnlyTheProbe(t, c, opened, opened, reset, closed)
 	// Nothing was dropped: the tripping events were retried and delivered.
 	for _, id := range ids[:3] {
-		if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND status_code = 200`, id); n != 1 {
+		if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND status_code = 200`, id); n != 1 {
 			t.Errorf("tripping event %s delivered %d times", id, n)
 		}
 	}
@@ -250,7 +250,7 @@ func TestGateSurvivesRedisOutage(t *testing.T) {
 		return ids
 	}
 	delivered := func() int {
-		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`)
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_deliveries WHERE status_code = 200`)
 	}
 
 	enqueue(5)
@@ -349,7 +349,7 @@ func testRateLimitEndToEnd(t *testing.T, store gate.Store) {
 		ids = append(ids, b.enqueue(outbox.Event{Payload: map[string]int{"n": i}}))
 	}
 	eventually(t, 30*time.Second, "every event delivered", func() bool {
-		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`) == events
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_deliveries WHERE status_code = 200`) == events
 	})
 	b.waitSettled(10 * time.Second)
 
@@ -387,13 +387,13 @@ func testRateLimitEndToEnd(t *testing.T, store gate.Store) {
 	if limited == 0 {
 		t.Fatal("no retry was deferred by the rate limiter: the test proves nothing")
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE processed AND status_code IS NULL`); n != 0 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE processed AND status_code IS NULL`); n != 0 {
 		t.Errorf("%d settled rows without a response: a deferral was written as a row of its own", n)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE attempt = 2 AND deferred_reason IS NULL`); n != len(ids) {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE attempt = 2 AND deferred_reason IS NULL`); n != len(ids) {
 		t.Errorf("%d attempt-2 rows with their deferral reason cleared, want one per event (%d)", n, len(ids))
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE attempt > 2`); n != 0 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE attempt > 2`); n != 0 {
 		t.Errorf("%d rows beyond attempt 2: a deferral consumed an attempt", n)
 	}
 	if got := counterValue(t, d, "fluxora_webhook_deferrals_total", "reason", "rate_limited"); got != float64(limited) {
@@ -510,7 +510,7 @@ func TestRestartedDispatcherSeesTheBreaker(t *testing.T) {
 		t.Fatalf("dispatcher B deferred the backlog %s after the opening, too close to the reset (%s) to prove anything; raise reset", time.Since(opened), reset)
 	}
 	eventually(t, 30*time.Second, "every event delivered after the probe", func() bool {
-		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_outbox WHERE status_code = 200`) == len(ids)
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_deliveries WHERE status_code = 200`) == len(ids)
 	})
 	b.waitSettled(10 * time.Second)
 

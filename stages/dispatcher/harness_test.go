@@ -199,7 +199,7 @@ func (b *bundle) count(query string, args ...any) int {
 func (b *bundle) waitSettled(timeout time.Duration) {
 	b.t.Helper()
 	eventually(b.t, timeout, "every outbox row settled", func() bool {
-		return b.count("SELECT count(*) FROM webhook_outbox WHERE NOT processed") == 0
+		return b.count("SELECT count(*) FROM webhook_deliveries WHERE NOT processed") == 0
 	})
 }
 

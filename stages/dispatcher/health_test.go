@@ -126,7 +126,7 @@ func TestMetricsScrapedFromARunningDispatcher(t *testing.T) {
 	eventually(t, 20*time.Second, "the flaky event delivered on its probe", func() bool {
 		v, _ := metricValue(t, reg, "fluxora_webhook_circuit_breaker_transitions_total",
 			map[string]string{"from_state": "half_open", "to_state": "closed"})
-		return v == 1 && b.count(`SELECT count(*) FROM webhook_outbox WHERE NOT processed`) == 0
+		return v == 1 && b.count(`SELECT count(*) FROM webhook_deliveries WHERE NOT processed`) == 0
 	})
 	eventually(t, 10*time.Second, "a wake-up by the backstop poll", func() bool {
 		v, _ := metricValue(t, reg, "fluxora_webhook_wakeups_total", map[string]string{"source": "poll"})

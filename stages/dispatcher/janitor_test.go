@@ -39,12 +39,12 @@ func TestJanitorPrunesOldProcessedRows(t *testing.T) {
 	b.start(cfg)
 
 	eventually(t, 15*time.Second, "the old processed rows deleted", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_outbox WHERE event_type = 'old'`) == 0
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE event_type = 'old'`) == 0
 	})
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE event_type = 'recent'`); n != 2 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE event_type = 'recent'`); n != 2 {
 		t.Errorf("%d of 2 processed rows within the retention left", n)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE event_type = 'pending' AND NOT processed`); n != 1 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE event_type = 'pending' AND NOT processed`); n != 1 {
 		t.Errorf("the pending row is gone")
 	}
 	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 1 {

@@ -129,7 +129,7 @@ func TestOrderedStreams(t *testing.T) {
 	if len(watch.overlaps) > 0 {
 		t.Errorf("requests of one stream overlapped at %v", watch.overlaps)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE attempt > 1`); n == 0 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE attempt > 1`); n == 0 {
 		t.Error("no event was retried: the test did not exercise retries")
 	}
 	if !b.streamIndexValid() {
@@ -178,7 +178,7 @@ func TestOrderedEndpoint(t *testing.T) {
 	if n := len(plain.byDelivery()); n != streams*perStream {
 		t.Errorf("the unordered endpoint received %d events, want %d", n, streams*perStream)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND order_key IS NULL`, oep.ID); n != 0 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1 AND order_key IS NULL`, oep.ID); n != 0 {
 		t.Errorf("%d of the ordered endpoint's deliveries carry no order key", n)
 	}
 	eventually(t, 30*time.Second, "the stream index built once an endpoint orders", b.streamIndexValid)
@@ -216,7 +216,7 @@ func TestFailingStreamSkips(t *testing.T) {
 	}
 	b.insertStreams("ok", 10, 5)
 	eventually(t, 30*time.Second, "every other stream delivered", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_outbox WHERE processed AND stream_id LIKE 'ok%'`) == 50
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE processed AND stream_id LIKE 'ok%'`) == 50
 	})
 	for _, a := range c.arrivals() {
 		var ev streamEvent
@@ -227,7 +227,7 @@ func TestFailingStreamSkips(t *testing.T) {
 	}
 	close(release)
 	eventually(t, 30*time.Second, "stream bad delivered after its head's dead letter", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_outbox WHERE NOT processed`) == 0
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE NOT processed`) == 0
 	})
 	got := checkStreamOrder(t, c, false, nil)
 	if got["bad"] != 4 {
@@ -273,12 +273,12 @@ func TestFailingStreamStops(t *testing.T) {
 	// another stream, inserted now, arrives.
 	b.insertStreams("other", 1, 1)
 	eventually(t, 30*time.Second, "another stream's event delivered", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_outbox WHERE processed AND stream_id = 'other0'`) == 1
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE processed AND stream_id = 'other0'`) == 1
 	})
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE stream_id = 'stop' AND processed`); n != 0 {
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE stream_id = 'stop' AND processed`); n != 0 {
 		t.Fatalf("%d of the stopped stream's rows settled; want none (its later events wait)", n)
 	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE stream_id = 'stop' AND created_at = 'infinity'
+	if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE stream_id = 'stop' AND created_at = 'infinity'
 		AND deferred_reason LIKE 'stream stopped: %'`); n != 1 {
 		t.Fatalf("%d parked rows, want the stopped head", n)
 	}

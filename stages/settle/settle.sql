@@ -17,6 +17,9 @@
 -- delivered, and a late retry cannot add a second retry row. The statement returns the ids it
 -- wrote; the caller marks the others stale.
 --
+-- A settled row (delivered, retry, dead letter) leaves the queue: it is deleted from
+-- webhook_outbox and its outcome goes to the delivery log, webhook_delivery_log (schema 7).
+--
 -- A retry is a new row with the same delivery_id, payload and enqueued_at, due by the
 -- database's clock. A deferral (the gate held the row back) is not: the row's due time moves
 -- in place, its lease ends and the reason is kept on it, so a deferral costs one row write and
@@ -34,20 +37,20 @@ WITH input AS (
                 $9::bigint[], $10::bigint[])
         AS t(id, kind, status, error, duration_ms, delay_ms, reason, token, order_key)
 ), settled AS (
-    UPDATE webhook_outbox o
-    SET processed = true,
-        processed_at = now(),
-        lease_until = NULL,
-        status_code = nullif(i.status, 0),
-        error = nullif(i.error, ''),
-        duration_ms = i.duration_ms,
-        deferred_reason = NULL
-    FROM input i
+    DELETE FROM webhook_outbox o
+    USING input i
     WHERE o.id = i.id AND i.kind IN (1, 2, 3) AND o.processed IS NOT TRUE
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
               o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, i.kind, i.status, i.error, i.delay_ms, i.reason,
-              nullif(i.order_key, 0) AS order_key
+              nullif(i.order_key, 0) AS order_key, o.created_at, i.duration_ms
+), logged AS (
+    INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
+                                      enqueued_at, leased_by, endpoint_url, processed_at, status_code, error,
+                                      duration_ms, tenant, endpoint_id, routed_at, order_key)
+    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, $8, endpoint_url,
+           now(), nullif(status, 0), nullif(error, ''), duration_ms, tenant, endpoint_id, routed_at, order_key
+    FROM settled
 ), stopped AS (
     UPDATE webhook_outbox o
     SET created_at = 'infinity',
@@ -64,7 +67,7 @@ WITH input AS (
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
               o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, i.kind, i.status, i.error, i.delay_ms, i.reason,
-              o.order_key
+              o.order_key, o.created_at, i.duration_ms
 ), requeued AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt,
                                 enqueued_at, endpoint_url, tenant, endpoint_id, routed_at, order_key)

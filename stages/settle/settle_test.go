@@ -76,19 +76,19 @@ func TestSettleWritesEveryKindInOneBatch(t *testing.T) {
 		t.Fatalf("result %+v, want %+v", res, want)
 	}
 	// The retry is attempt 2 due in a minute.
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 2 AND NOT processed
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND attempt = 2 AND NOT processed
 		AND created_at BETWEEN now() + interval '59 seconds' AND now() + interval '61 seconds'`, rows[1].DeliveryID); n != 1 {
 		t.Fatal("retry row not due per the schedule")
 	}
 	// The deferral creates no row: the same row, attempt 1, unleased, moved to the deferral
 	// time by the database's clock, with the reason on it.
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, rows[3].DeliveryID); n != 1 {
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1`, rows[3].DeliveryID); n != 1 {
 		t.Fatalf("a deferral left %d rows for its event, want its one row", n)
 	}
 	var due time.Time
 	var reason string
 	if err := db.Pool.QueryRow(context.Background(), `
-		SELECT created_at, deferred_reason FROM webhook_outbox
+		SELECT created_at, deferred_reason FROM webhook_deliveries
 		WHERE id = $1 AND NOT processed AND attempt = 1 AND lease_until IS NULL AND leased_by IS NULL`,
 		rows[3].ID).Scan(&due, &reason); err != nil {
 		t.Fatalf("deferred row not pending, unleased, with its attempt: %v", err)
@@ -105,7 +105,7 @@ func TestSettleWritesEveryKindInOneBatch(t *testing.T) {
 	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1 AND last_status = 410`, rows[2].DeliveryID); n != 1 {
 		t.Fatal("permanent failure not dead-lettered")
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND NOT processed AND lease_until <= now()`, rows[4].ID); n != 1 {
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE id = $1 AND NOT processed AND lease_until <= now()`, rows[4].ID); n != 1 {
 		t.Fatal("released row still leased")
 	}
 	// Settling the same outcomes again (a late duplicate after a lease expiry) changes nothing.
@@ -151,10 +151,10 @@ func TestBadRowDoesNotBlockTheBatch(t *testing.T) {
 	if bad.Outcome.Kind != delivery.Permanent {
 		t.Fatalf("bad row's outcome not updated to Permanent: %v", bad.Outcome.Kind)
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE event_type = 'good' AND attempt = 2`); n != 3 {
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE event_type = 'good' AND attempt = 2`); n != 3 {
 		t.Fatalf("good rows' retries: %d, want 3", n)
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE lease_until IS NOT NULL AND processed`); n != 0 {
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE lease_until IS NOT NULL AND processed`); n != 0 {
 		t.Fatalf("%d settled rows still leased", n)
 	}
 }
@@ -208,7 +208,7 @@ func TestTransientErrorsNeverDeadLetter(t *testing.T) {
 			END IF;
 			RETURN NEW;
 		END $$;
-		CREATE TRIGGER flaky BEFORE UPDATE ON webhook_outbox FOR EACH ROW EXECUTE FUNCTION flaky_update();`)
+		CREATE TRIGGER flaky BEFORE INSERT ON webhook_delivery_log FOR EACH ROW EXECUTE FUNCTION flaky_update();`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func TestTransientErrorsNeverDeadLetter(t *testing.T) {
 	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 0 {
 		t.Fatalf("%d rows dead-lettered for a transient error", n)
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed AND lease_until > now()`); n != 2 {
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE NOT processed AND lease_until > now()`); n != 2 {
 		t.Fatalf("%d rows still leased, want 2 (redelivered after the lease)", n)
 	}
 }
@@ -253,7 +253,7 @@ func TestBadDeliveredRowDoesNotBlockTheBatch(t *testing.T) {
 			s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
 			rows := leased(t, db, "e", 5)
 			bad := rows[0]
-			sqltest.RefuseUpdates(t, db, `NEW.id = `+strconv.FormatInt(bad.ID, 10)+` AND (`+tc.condition+`)`)
+			sqltest.RefuseSettles(t, db, `NEW.id = `+strconv.FormatInt(bad.ID, 10)+` AND (`+tc.condition+`)`)
 			bad.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200, Duration: 5 * time.Millisecond}
 			rows[1].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 204, Duration: 7 * time.Millisecond}
 			rows[2].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503"}
@@ -273,24 +273,24 @@ func TestBadDeliveredRowDoesNotBlockTheBatch(t *testing.T) {
 				t.Fatalf("result %+v, want %+v", res, want)
 			}
 			// Every other row is settled as its outcome says.
-			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = ANY($1) AND processed AND lease_until IS NULL`,
+			if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE id = ANY($1) AND processed AND lease_until IS NULL`,
 				[]int64{rows[1].ID, rows[2].ID, rows[3].ID}); n != 3 {
 				t.Fatalf("%d of the 3 other settled rows are processed", n)
 			}
-			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND status_code = 204`, rows[1].ID); n != 1 {
+			if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE id = $1 AND status_code = 204`, rows[1].ID); n != 1 {
 				t.Fatal("the good delivered row was not marked with its status")
 			}
-			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND attempt = 2 AND NOT processed`, rows[2].DeliveryID); n != 1 {
+			if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND attempt = 2 AND NOT processed`, rows[2].DeliveryID); n != 1 {
 				t.Fatal("the retry after the bad row was not enqueued")
 			}
 			if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1`, rows[3].DeliveryID); n != 1 {
 				t.Fatal("the permanent failure after the bad row was not dead-lettered")
 			}
-			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND NOT processed AND lease_until <= now()`, rows[4].ID); n != 1 {
+			if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE id = $1 AND NOT processed AND lease_until <= now()`, rows[4].ID); n != 1 {
 				t.Fatal("the released row after the bad row is still leased")
 			}
 			if !tc.deadLettered {
-				if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND NOT processed AND lease_until > now()`, bad.ID); n != 1 {
+				if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE id = $1 AND NOT processed AND lease_until > now()`, bad.ID); n != 1 {
 					t.Fatal("the refused row is no longer leased; it must come back after its lease")
 				}
 				if !bad.Outcome.Unsettled || bad.Outcome.Kind != delivery.Delivered || !strings.Contains(bad.Outcome.Reason, "refused by the operator") {
@@ -308,7 +308,7 @@ func TestBadDeliveredRowDoesNotBlockTheBatch(t *testing.T) {
 			if bad.Outcome.Kind != delivery.Permanent || bad.Outcome.Reason != reason {
 				t.Fatalf("bad row's outcome %+v not updated to the dead letter", bad.Outcome)
 			}
-			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND processed AND lease_until IS NULL`, bad.ID); n != 1 {
+			if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE id = $1 AND processed AND lease_until IS NULL`, bad.ID); n != 1 {
 				t.Fatal("dead-lettered row still pending")
 			}
 		})
@@ -358,12 +358,12 @@ func TestStaleSettleIsRefused(t *testing.T) {
 					t.Fatalf("row %d (%v): Stale = %v", i, d.Outcome.Kind, d.Outcome.Stale)
 				}
 			}
-			if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = ANY ($1) AND NOT processed
+			if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE id = ANY ($1) AND NOT processed
 				AND leased_by = $2 AND lease_token = $3 AND lease_until > now() + interval '50 seconds'
 				AND deferred_reason IS NULL`, ids, holder.by, holder.token); n != 5 {
 				t.Fatalf("%d of 5 rows still held by the current holder, untouched", n)
 			}
-			if n := count(t, db, `SELECT count(*) FROM webhook_outbox`); n != 6 {
+			if n := count(t, db, `SELECT count(*) FROM webhook_deliveries`); n != 6 {
 				t.Fatalf("%d outbox rows, want the 6 inserted (no retry row from a stale retry)", n)
 			}
 			if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 0 {
@@ -381,7 +381,7 @@ func TestStaleFallbackIsRefused(t *testing.T) {
 	ctx := context.Background()
 	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
 	rows := leased(t, db, "e", 2)
-	sqltest.RefuseUpdates(t, db, `NEW.id = `+strconv.FormatInt(rows[0].ID, 10)+` AND NEW.duration_ms IS NOT NULL`)
+	sqltest.RefuseSettles(t, db, `NEW.id = `+strconv.FormatInt(rows[0].ID, 10)+` AND NEW.duration_ms IS NOT NULL`)
 	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET leased_by = 'peer' WHERE id = $1`, rows[0].ID); err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +416,7 @@ func TestUndecidedIsNeverDelivered(t *testing.T) {
 	if res.Settled != 0 || res.Released != 1 || rows[0].Outcome.Kind != delivery.Release {
 		t.Fatalf("result %+v, outcome %v; want the row released", res, rows[0].Outcome.Kind)
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed AND lease_until <= now() + interval '2 seconds'`); n != 1 {
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE NOT processed AND lease_until <= now() + interval '2 seconds'`); n != 1 {
 		t.Fatal("undecided row not pending and due again soon")
 	}
 }
@@ -455,7 +455,7 @@ func TestConnectionFailureIsAnError(t *testing.T) {
 	if res.Settled != 0 {
 		t.Fatalf("result %+v reports rows settled", res)
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed`); n != 2 {
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE NOT processed`); n != 2 {
 		t.Fatalf("%d rows pending, want both (left to their leases)", n)
 	}
 }
@@ -485,11 +485,66 @@ func TestResumeBringsForwardOneEndpointsDeferredRows(t *testing.T) {
 		if err != nil || n != 1 {
 			t.Fatalf("Resume(%q) = %d, %v; want the one %s row", tc.key, n, err, tc.want)
 		}
-		if c := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE event_type = $1 AND created_at <= now() AND deferred_reason IS NULL`, tc.want); c != 1 {
+		if c := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE event_type = $1 AND created_at <= now() AND deferred_reason IS NULL`, tc.want); c != 1 {
 			t.Errorf("the %s row is not due now", tc.want)
 		}
 	}
-	if c := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE created_at > now()`); c != 2 {
+	if c := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE created_at > now()`); c != 2 {
 		t.Errorf("%d rows still deferred, want 2 (the rate-limited one and the other endpoint's)", c)
+	}
+}
+
+// TestSettledRowsLeaveTheQueue: from schema 7 the outbox holds only undelivered rows. A
+// delivered, a retried and a dead-lettered row are deleted from webhook_outbox and their
+// outcomes are in webhook_delivery_log; what stays in the queue is the retry's new row, the
+// deferred row and the released one.
+func TestSettledRowsLeaveTheQueue(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	rows := leased(t, db, "e", 5)
+	rows[0].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200, Duration: 4 * time.Millisecond}
+	rows[1].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503", Duration: time.Millisecond}
+	rows[2].Outcome = delivery.Outcome{Kind: delivery.Permanent, Status: 410, Error: "HTTP 410"}
+	rows[3].Outcome = delivery.Outcome{Kind: delivery.Defer, Delay: time.Minute, Reason: "circuit open"}
+	rows[4].Outcome = delivery.Outcome{Kind: delivery.Release}
+	if _, err := s.Settle(context.Background(), rows); err != nil {
+		t.Fatal(err)
+	}
+	settled := []int64{rows[0].ID, rows[1].ID, rows[2].ID}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = ANY($1)`, settled); n != 0 {
+		t.Fatalf("%d settled rows still in webhook_outbox, want none", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE processed`); n != 0 {
+		t.Fatalf("%d processed rows in webhook_outbox, want none", n)
+	}
+	// The queue: the retry's next attempt, the deferred row and the released row.
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE NOT processed`); n != 3 {
+		t.Fatalf("%d rows in the queue, want 3", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1::uuid AND attempt = 2`, rows[1].DeliveryID); n != 1 {
+		t.Fatalf("the retry's next attempt: %d rows, want 1", n)
+	}
+	for _, want := range []struct {
+		id       int64
+		status   int
+		error    string
+		duration int
+	}{{rows[0].ID, 200, "", 4}, {rows[1].ID, 503, "HTTP 503", 1}, {rows[2].ID, 410, "HTTP 410", 0}} {
+		var status, duration int
+		var errText, by string
+		if err := db.Pool.QueryRow(context.Background(), `
+			SELECT status_code, coalesce(error, ''), coalesce(duration_ms, 0), leased_by
+			FROM webhook_delivery_log WHERE id = $1 AND processed_at <= now()`, want.id).
+			Scan(&status, &errText, &duration, &by); err != nil {
+			t.Fatalf("log row of %d: %v", want.id, err)
+		}
+		if status != want.status || errText != want.error || duration != want.duration || by != "me" {
+			t.Errorf("log row of %d: status %d, error %q, %d ms, by %q; want %d, %q, %d ms, by me",
+				want.id, status, errText, duration, by, want.status, want.error, want.duration)
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE processed`); n != 3 {
+		t.Fatalf("webhook_deliveries shows %d processed rows, want the 3 settled", n)
 	}
 }

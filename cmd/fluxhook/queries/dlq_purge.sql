@@ -9,7 +9,7 @@
 -- outbox row (outbox_id, same delivery_id) undelivered, parked at 'infinity' with a
 -- deferred_reason 'stream stopped: ...', holding back the rest of its stream until the dead
 -- letter is replayed or purged. Purging it is the operator giving up on the event: the parked
--- row is settled as processed in the same statement, and the stream goes on with its next
+-- row is moved to the delivery log in the same statement, and the stream goes on with its next
 -- event (the row is matched by delivery_id too, as in dlq_replay.sql). The dispatchers are
 -- then woken as a producer's insert wakes them, since the rows behind are due already and
 -- nothing else would tell an idle dispatcher before its backstop poll. The NOTIFY is delivered
@@ -27,13 +27,21 @@ WITH purged AS (
       AND (NOT $9::boolean OR replayed_at IS NOT NULL)
     RETURNING id, delivery_id, outbox_id
 ), resumed AS (
-    UPDATE webhook_outbox o
-    SET processed = true, processed_at = now(), lease_until = NULL, deferred_reason = NULL,
-        error = 'stream stopped here; dead letter ' || p.id || ' was purged: the stream went on without the event'
-    FROM purged p
+    DELETE FROM webhook_outbox o
+    USING purged p
     WHERE o.id = p.outbox_id AND o.delivery_id = p.delivery_id AND NOT o.processed
       AND o.deferred_reason LIKE 'stream stopped%'
-    RETURNING o.id
+    RETURNING o.id, o.stream_id, o.event_type, o.payload, o.created_at, o.delivery_id, o.attempt, o.enqueued_at,
+              o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, o.order_key, p.id AS dead_letter_id
+), logged AS (
+    INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
+                                      enqueued_at, endpoint_url, processed_at, error, tenant, endpoint_id,
+                                      routed_at, order_key)
+    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, endpoint_url,
+           now(), 'stream stopped here; dead letter ' || dead_letter_id
+                  || ' was purged: the stream went on without the event',
+           tenant, endpoint_id, routed_at, order_key
+    FROM resumed
 ), woken AS (
     SELECT pg_notify('webhook_outbox', pg_current_xact_id()::text)
     WHERE EXISTS (SELECT 1 FROM resumed)

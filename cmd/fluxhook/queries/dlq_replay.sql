@@ -10,7 +10,7 @@
 -- after the events that followed it. A dead letter whose stream stopped (ordering_failure
 -- 'stop') left its own outbox row (outbox_id) undelivered, parked at 'infinity' with a
 -- deferred_reason 'stream stopped: ...', holding back the rest of its stream: that row is
--- settled here as processed, in the same statement, so that the stream is released exactly
+-- moved to the delivery log in the same statement, so that the stream is released exactly
 -- when its event is back in it, and the new row, with the same key, is the stream's head. The
 -- parked row keeps created_at 'infinity', which tells it apart in the delivery log. outbox_id
 -- is no foreign key (dead letters outlive their rows, and SQL may write anything there), so
@@ -22,12 +22,20 @@ WITH replayed AS (
     RETURNING id, outbox_id, delivery_id, stream_id, event_type, payload, endpoint_url, enqueued_at, tenant,
               endpoint_id, order_key
 ), resumed AS (
-    UPDATE webhook_outbox o
-    SET processed = true, processed_at = now(), lease_until = NULL, deferred_reason = NULL,
-        error = 'stream stopped here; dead letter ' || r.id || ' was replayed as a new row'
-    FROM replayed r
+    DELETE FROM webhook_outbox o
+    USING replayed r
     WHERE o.id = r.outbox_id AND o.delivery_id = r.delivery_id AND NOT o.processed
       AND o.deferred_reason LIKE 'stream stopped%'
+    RETURNING o.id, o.stream_id, o.event_type, o.payload, o.created_at, o.delivery_id, o.attempt, o.enqueued_at,
+              o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, o.order_key, r.id AS dead_letter_id
+), logged AS (
+    INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
+                                      enqueued_at, endpoint_url, processed_at, error, tenant, endpoint_id,
+                                      routed_at, order_key)
+    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, endpoint_url,
+           now(), 'stream stopped here; dead letter ' || dead_letter_id || ' was replayed as a new row',
+           tenant, endpoint_id, routed_at, order_key
+    FROM resumed
 ), inserted AS (
     INSERT INTO webhook_outbox
         (delivery_id, stream_id, event_type, payload, endpoint_url, enqueued_at, attempt, created_at,

@@ -1,5 +1,6 @@
 -- fluxhook status: the outbox at a glance, in one scan of the unprocessed rows (the partial
--- index's rows) plus an index range on processed_at. A row is in the backlog when it is due
+-- index's rows) plus the last hour of the delivery log (webhook_deliveries: the log's newest
+-- partitions, and rows settled in place before schema 7). A row is in the backlog when it is due
 -- and no live lease holds it: an expired lease is waiting to be claimed again. The oldest
 -- undelivered age counts from the first enqueue of anything not yet delivered, scheduled
 -- retries and deferred rows included: a consumer outage shows there even while the backlog
@@ -13,7 +14,7 @@ SELECT
     count(*) FILTER (WHERE lease_until > now()),
     count(*) FILTER (WHERE attempt > 1),
     count(*) FILTER (WHERE created_at > now()),
-    (SELECT count(*) FROM webhook_outbox WHERE processed AND processed_at > now() - interval '1 hour'),
+    (SELECT count(*) FROM webhook_deliveries WHERE processed AND processed_at > now() - interval '1 hour'),
     coalesce(extract(epoch FROM now() - min(enqueued_at)), 0)::float8
 FROM webhook_outbox
 WHERE NOT processed

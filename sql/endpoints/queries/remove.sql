@@ -1,8 +1,8 @@
 -- Remove an endpoint ($1) and decide the fate of its pending deliveries (unprocessed outbox
 -- rows with its endpoint_id) by $2:
 --   'refuse'       remove nothing if any is pending;
---   'dead-letter'  settle them as the dispatcher settles a dead letter (processed, with the
---                  reason in error) and copy them to webhook_dead_letter, reason 'endpoint removed',
+--   'dead-letter'  settle them as the dispatcher settles a dead letter (moved to the delivery
+--                  log, with the reason in error) and copy them to webhook_dead_letter, reason 'endpoint removed',
 --                  with their order keys as the dispatcher's dead letters keep them. A row parked
 --                  by an ordered stream that stopped (schema 6: created_at 'infinity') is settled
 --                  but not copied: it has its dead letter already, and a second one would have
@@ -10,7 +10,7 @@
 --   'drop'         delete them.
 -- One statement, so that the check, the deliveries and the endpoint change together. Locking
 -- the endpoint row makes a concurrent update or rotation wait. A row that a dispatcher settles
--- meanwhile is re-checked by PostgreSQL (processed) and left to the dispatcher; one that is
+-- meanwhile is re-checked by PostgreSQL (gone from the queue) and left to the dispatcher; one that is
 -- mid-attempt is settled here, and the dispatcher's later, fenced settle of it finds nothing
 -- to write. Returns: whether the endpoint existed, the pending count seen, the rows
 -- dead-lettered, the rows dropped, and whether the endpoint was deleted.
@@ -21,12 +21,17 @@ WITH target AS (
 ), decision AS (
     SELECT EXISTS (SELECT 1 FROM target) AND ($2::text <> 'refuse' OR (SELECT n FROM pending) = 0) AS ok
 ), settled AS (
-    UPDATE webhook_outbox
-    SET processed = true, processed_at = now(), lease_until = NULL, error = 'endpoint removed',
-        deferred_reason = NULL
+    DELETE FROM webhook_outbox
     WHERE endpoint_id = $1::uuid AND NOT processed AND $2::text = 'dead-letter' AND (SELECT ok FROM decision)
     RETURNING id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, enqueued_at,
-              tenant, endpoint_id, order_key, created_at = 'infinity' AS parked
+              tenant, endpoint_id, order_key, created_at, routed_at, created_at = 'infinity' AS parked
+), logged AS (
+    INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
+                                      enqueued_at, endpoint_url, processed_at, error, tenant, endpoint_id,
+                                      routed_at, order_key)
+    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, endpoint_url,
+           now(), 'endpoint removed', tenant, endpoint_id, routed_at, order_key
+    FROM settled
 ), dead AS (
     INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, endpoint_url,
                                      attempts, reason, enqueued_at, tenant, endpoint_id, order_key)
