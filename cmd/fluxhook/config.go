@@ -61,7 +61,7 @@ var settings = []setting{
 	{env: "WEBHOOK_RETRY_SHARE", def: "0.5", help: "share of WEBHOOK_RETRY_RPS kept for retries while first attempts fill the window"},
 	{env: "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", def: "0", help: "consecutive retryable failures that open an endpoint's circuit; 0 = off"},
 	{env: "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", def: "300000", help: "how long an open circuit stays open before one probe"},
-	{env: "WEBHOOK_RETENTION", def: "168h", help: "how long processed rows (the delivery log) are kept; dead letters are kept until purged"},
+	{env: "WEBHOOK_RETENTION", def: "168h", help: "how long the delivery log (webhook_delivery_log) is kept, dropped by partition; dead letters are kept until purged"},
 	{env: "WEBHOOK_ENCRYPTION_KEY", help: "base64 of 32 random bytes: managed endpoints' secrets are sealed at rest with it (AES-256-GCM); without it they are stored in clear", secret: true},
 	{env: "WEBHOOK_ENCRYPTION_KEY_PREVIOUS", help: "the key being rotated out: still opens secrets sealed with it", secret: true},
 	{env: "WEBHOOK_ENDPOINT_DISABLE_AFTER", def: "120h", help: "disable a managed endpoint failing without a success for this long"},

@@ -1,4 +1,6 @@
--- Delete up to $2 processed rows settled more than $1 milliseconds ago. Small batches keep each
+-- Delete up to $2 rows settled in place before schema 7 (processed rows of webhook_outbox) more
+-- than $1 milliseconds ago; the delivery log itself is pruned by dropping partitions
+-- (webhook_delivery_log_maintain). Small batches keep each
 -- transaction short (no long-held locks, no bloat spike); SKIP LOCKED lets several instances'
 -- janitors run at once without waiting on each other.
 -- ARRAY(...) runs once and the delete goes through the primary key: the same plan for any

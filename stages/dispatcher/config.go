@@ -82,8 +82,9 @@ type Config struct {
 	// (WEBHOOK_ALLOWED_NETWORKS); by default the send stage refuses private, link-local and
 	// metadata addresses at dial time (SSRF guard).
 	AllowedNetworks []netip.Prefix
-	// Retention is how long processed rows (the delivery log) are kept before the janitor
-	// deletes them (WEBHOOK_RETENTION, default 7 days). Dead letters are kept until purged.
+	// Retention is how long the delivery log (webhook_delivery_log) is kept before the janitor
+	// drops its partitions (WEBHOOK_RETENTION, default 7 days). Dead letters are kept until
+	// purged.
 	Retention time.Duration
 	// InstanceID names this dispatcher in leases and in webhook_dispatcher (default:
 	// hostname-pid-random).

@@ -953,7 +953,7 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 				if err != nil && ctx.Err() == nil {
 					d.log.Warn("janitor failed", zap.Error(err))
 				} else if n > 0 {
-					d.log.Info("janitor deleted old processed rows", zap.Int64("rows", n))
+					d.log.Info("janitor deleted rows settled before schema 7", zap.Int64("rows", n))
 				}
 			}
 		}

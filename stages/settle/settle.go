@@ -1,5 +1,5 @@
 // Package settle writes the outcomes of attempts back to the outbox: one statement per batch
-// marks rows processed with their outcome, inserts the next attempt of retryable failures
+// moves settled rows out of the queue into the delivery log with their outcome, inserts the next attempt of retryable failures
 // (with backoff and jitter), inserts dead letters, moves deferred rows' due time in place and
 // shortens the lease of rows that were not attempted.
 //
@@ -97,7 +97,7 @@ func New(pool *pgxpool.Pool, cfg Config) *Settler {
 
 // Result counts what one Settle call wrote.
 type Result struct {
-	// Settled counts rows marked processed (delivered, retried, dead-lettered); Requeued the
+	// Settled counts rows moved to the delivery log (delivered, retried, dead-lettered); Requeued the
 	// retry rows inserted; Deferred the rows whose due time moved; Released the leases
 	// shortened.
 	Settled, Requeued, DeadLettered, Deferred, Released int
@@ -383,7 +383,7 @@ func (s *Settler) deadLetter(ctx context.Context, d *delivery.Delivery, rowErr e
 	// Every reason starts "settle failed" so that the metrics file it under that class.
 	reason := "settle failed: " + rowErr.Error()
 	if o.Kind == delivery.Delivered {
-		reason = fmt.Sprintf("settle failed: delivered (HTTP %d) but could not be marked processed: %v", o.Status, rowErr)
+		reason = fmt.Sprintf("settle failed: delivered (HTTP %d) but could not be settled: %v", o.Status, rowErr)
 	}
 	tag, err := s.pool.Exec(ctx, deadLetterSQL, d.ID, reason, o.Status, o.Error, s.instance, d.LeaseToken)
 	if err != nil {
