@@ -197,7 +197,7 @@ func (b *bench) eventIDs(ctx context.Context) ([][16]byte, error) {
 	}
 	defer conn.Close(context.Background())
 	b.db.stmts.Add(1)
-	rows, err := conn.Query(ctx, benchMark+`SELECT delivery_id::text FROM webhook_outbox WHERE endpoint_id IS NULL`)
+	rows, err := conn.Query(ctx, benchMark+`SELECT delivery_id::text FROM webhook_deliveries WHERE endpoint_id IS NULL`)
 	if err != nil {
 		return nil, fmt.Errorf("reading the events' ids: %w", err)
 	}
@@ -255,7 +255,7 @@ func (b *bench) fanoutRouting(ctx context.Context, s *session) (fanoutRouting, e
 	// The route statement leaves the event row's lease token (its claim's) as it was and
 	// stamps routed_at with its transaction's now().
 	if err := conn.QueryRow(ctx, benchMark+`SELECT count(DISTINCT lease_token), count(DISTINCT routed_at), count(routed_at)
-		FROM webhook_outbox WHERE endpoint_id IS NULL AND routed_at IS NOT NULL`).
+		FROM webhook_deliveries WHERE endpoint_id IS NULL AND routed_at IS NOT NULL`).
 		Scan(&r.BatchesWithEvents, &r.RoutingTransactions, &r.EventsRouted); err != nil {
 		return r, fmt.Errorf("reading the routing of the events: %w", err)
 	}

@@ -234,7 +234,7 @@ func (b *bench) streamEvents(ctx context.Context) ([]streamEvent, error) {
 	}
 	defer conn.Close(context.Background())
 	b.db.stmts.Add(1)
-	rows, err := conn.Query(ctx, benchMark+`SELECT delivery_id::text, stream_id, min(id) FROM webhook_outbox
+	rows, err := conn.Query(ctx, benchMark+`SELECT delivery_id::text, stream_id, min(id) FROM webhook_deliveries
 		WHERE stream_id IS NOT NULL AND endpoint_id IS NULL GROUP BY delivery_id, stream_id`)
 	if err != nil {
 		return nil, fmt.Errorf("reading the events' streams: %w", err)

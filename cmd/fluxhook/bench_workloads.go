@@ -169,7 +169,7 @@ func (s *session) cost(ctx context.Context, events int) (*costReport, error) {
 // resetTables empties the outbox between workloads (the dispatcher is stopped), so that each
 // starts from the same state.
 func (b *bench) resetTables(ctx context.Context) error {
-	if err := b.db.exec(ctx, `TRUNCATE webhook_outbox, webhook_dead_letter`); err != nil {
+	if err := b.db.exec(ctx, `TRUNCATE webhook_outbox, webhook_delivery_log, webhook_dead_letter`); err != nil {
 		return err
 	}
 	if err := b.db.exec(ctx, `DELETE FROM webhook_dispatcher`); err != nil {

@@ -22,8 +22,8 @@
 
 -- The log: one row per settled attempt, with the outcome, and one per event routed to managed
 -- endpoints (error says how many matched, or 'no endpoint matched'). The outbox row's columns,
--- less the lease and deferral, which end with the attempt. leased_by is the instance that
--- settled it. No primary key: a partitioned table's key must include processed_at, and
+-- less the lease's expiry and the deferral, which end with the attempt. leased_by and
+-- lease_token are the instance and the claim that settled it. No primary key: a partitioned table's key must include processed_at, and
 -- nothing looks a row up by key (add an index on delivery_id, on the parent table, to find a
 -- delivery by the id consumers see; it costs every settle one more index insert).
 CREATE TABLE IF NOT EXISTS webhook_delivery_log (
@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS webhook_delivery_log (
     attempt      integer     NOT NULL,
     enqueued_at  timestamptz NOT NULL,
     leased_by    text,
+    lease_token  bigint,
     endpoint_url text,
     processed_at timestamptz NOT NULL,
     status_code  integer,
@@ -69,7 +70,7 @@ FROM webhook_outbox
 UNION ALL
 SELECT id, stream_id, event_type, payload, created_at, true, delivery_id, attempt, enqueued_at,
        NULL::timestamptz, leased_by, endpoint_url, processed_at, status_code, error, duration_ms,
-       NULL::bigint, NULL::text, tenant, endpoint_id, routed_at, order_key
+       lease_token, NULL::text, tenant, endpoint_id, routed_at, order_key
 FROM webhook_delivery_log;
 
 -- The queue stays small: vacuum it by a fixed number of dead tuples, not by a share of its

@@ -62,12 +62,13 @@ WITH input AS (
     USING counted c
     WHERE o.id = c.id AND NOT c.keep
     RETURNING o.id, o.stream_id, o.event_type, o.payload, o.created_at, o.delivery_id, o.attempt, o.enqueued_at,
-              o.endpoint_url, o.tenant, c.keep, c.ordered, c.n
+              o.endpoint_url, o.tenant, o.lease_token, c.keep, c.ordered, c.n
 ), logged AS (
     INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
-                                      enqueued_at, leased_by, endpoint_url, processed_at, error, tenant, routed_at)
-    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, $3, endpoint_url,
-           now(), CASE WHEN n = 0 THEN 'no endpoint matched' ELSE 'routed to ' || n || ' endpoint(s)' END,
+                                      enqueued_at, leased_by, lease_token, endpoint_url, processed_at, error,
+                                      tenant, routed_at)
+    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, $3, lease_token,
+           endpoint_url, now(), CASE WHEN n = 0 THEN 'no endpoint matched' ELSE 'routed to ' || n || ' endpoint(s)' END,
            tenant, now()
     FROM gone
 ), events AS (

@@ -11,9 +11,9 @@ WITH settled AS (
               order_key, created_at, routed_at
 ), logged AS (
     INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
-                                      enqueued_at, leased_by, endpoint_url, processed_at, status_code, error,
-                                      tenant, endpoint_id, routed_at, order_key)
-    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, $5, endpoint_url,
+                                      enqueued_at, leased_by, lease_token, endpoint_url, processed_at, status_code,
+                                      error, tenant, endpoint_id, routed_at, order_key)
+    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, $5, $6, endpoint_url,
            now(), nullif($3::int, 0), nullif($4::text, ''), tenant, endpoint_id, routed_at, order_key
     FROM settled
 )

@@ -43,13 +43,14 @@ WITH input AS (
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
               o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, i.kind, i.status, i.error, i.delay_ms, i.reason,
-              nullif(i.order_key, 0) AS order_key, o.created_at, i.duration_ms
+              nullif(i.order_key, 0) AS order_key, o.created_at, i.duration_ms, i.token
 ), logged AS (
     INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
-                                      enqueued_at, leased_by, endpoint_url, processed_at, status_code, error,
-                                      duration_ms, tenant, endpoint_id, routed_at, order_key)
-    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, $8, endpoint_url,
-           now(), nullif(status, 0), nullif(error, ''), duration_ms, tenant, endpoint_id, routed_at, order_key
+                                      enqueued_at, leased_by, lease_token, endpoint_url, processed_at,
+                                      status_code, error, duration_ms, tenant, endpoint_id, routed_at, order_key)
+    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, $8, token,
+           endpoint_url, now(), nullif(status, 0), nullif(error, ''), duration_ms, tenant, endpoint_id,
+           routed_at, order_key
     FROM settled
 ), stopped AS (
     UPDATE webhook_outbox o
@@ -67,7 +68,7 @@ WITH input AS (
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
               o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, i.kind, i.status, i.error, i.delay_ms, i.reason,
-              o.order_key, o.created_at, i.duration_ms
+              o.order_key, o.created_at, i.duration_ms, i.token
 ), requeued AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt,
                                 enqueued_at, endpoint_url, tenant, endpoint_id, routed_at, order_key)
