@@ -5,13 +5,11 @@ package main
 // session whose retention (WEBHOOK_RETENTION=--soak-retention) is short enough that the
 // delivery log turns over several times during the run, and every --soak-interval the bench
 // samples what sustained load does to the hot path: events delivered, insert → arrival
-// latency, the claim statement's time, and webhook_outbox's size, dead tuples, autovacuum runs
-// and unprocessed rows. The budget: the last samples' p99 and claim time within 1.2× of the
-// first ones', the queue bounded, the log's size bounded by retention.
-//
-// In the current storage design the queue and the delivery log are one table, webhook_outbox:
-// its sizes are both; webhook_outbox_due_idx (WHERE NOT processed) is the queue's index, the
-// primary key and webhook_outbox_processed_at_idx the log's.
+// latency, the claim statement's time, the queue's (webhook_outbox) size, dead tuples,
+// autovacuum runs and unprocessed rows, and the delivery log's (webhook_delivery_log, all its
+// partitions) size. The budget: the last samples' p99 and claim time within 1.2× of the first
+// ones', the queue bounded (its size at the end of the run no larger than early on), the log's
+// size bounded by retention.
 
 import (
 	"context"
@@ -25,14 +23,20 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/fluxora/fluxhook/stages/claim"
 )
 
-// soakJanitorInterval is how often, at most, the dispatcher's janitor deletes processed rows
-// older than WEBHOOK_RETENTION: on the first maintenance tick (every
+// soakJanitorInterval is how often, at most, the dispatcher's janitor drops the delivery log's
+// partitions past WEBHOOK_RETENTION: on the first maintenance tick (every
 // min(WEBHOOK_POLL_INTERVAL_MS, 30 s)) at least a minute after its last run, which with the
-// default 10 s ticks is the seventh: about every 70 s. It is not configurable: with a retention
-// R the log holds between R and about R + 70 s of events, before vacuum.
-const soakJanitorInterval = time.Minute
+// default 10 s ticks is the seventh: about every 70 s (soakJanitorLag). It is not
+// configurable: with a retention R the log holds between R and R + one partition
+// (claim.LogPartitionStep) + 70 s of events.
+const (
+	soakJanitorInterval = time.Minute
+	soakJanitorLag      = 70 * time.Second
+)
 
 // soakJanitorNote describes the janitor's schedule for the report.
 const soakJanitorNote = "at most once a minute, on the dispatcher's maintenance tick (min(WEBHOOK_POLL_INTERVAL_MS, 30 s); with the default 10 s, about every 70 s); not configurable"
@@ -47,19 +51,27 @@ const soakMinRetention = time.Minute
 // first and the last 5 minutes at the default interval); fewer on runs of under 10 samples.
 const soakWindowSamples = 5
 
-// soakDriftBudget and soakLogBudget are the soak's budgets: last window / first window, and
-// the log's size at the end / after one retention period.
+// soakDriftBudget is the budget of the drift checks (last window / first window) and of the
+// queue's size (its largest in the last window / its largest in the first). soakLogSlack is
+// the log's allowance over what retention keeps (see soakLogBudget), for the rate's variation.
 const (
 	soakDriftBudget = 1.2
-	soakLogBudget   = 1.5
+	soakLogSlack    = 1.1
 )
+
+// soakLogBudget is the bound on the log's size at the end over its size one retention period
+// into the run, when it held one retention of events: the log holds up to a retention, one
+// partition and the janitor's lag, plus soakLogSlack.
+func soakLogBudget(retention time.Duration) float64 {
+	return soakLogSlack * float64(retention+claim.LogPartitionStep(retention)+soakJanitorLag) / float64(retention)
+}
 
 // benchClaimStatement and benchJanitorStatement pick the dispatcher's claim and janitor out of
 // pg_stat_statements (literals in the bench's own query are normalised to $n, so it never
 // matches itself).
 const (
 	benchClaimStatement   = `query LIKE '%SKIP LOCKED%' AND query LIKE '%lease_until = now()%'`
-	benchJanitorStatement = `query LIKE '%DELETE FROM webhook_outbox%' AND query LIKE '%processed_at < now()%'`
+	benchJanitorStatement = `(query LIKE '%webhook_delivery_log_maintain%' OR (query LIKE '%DELETE FROM webhook_outbox%' AND query LIKE '%processed_at < now()%'))`
 )
 
 type soakResult struct {
@@ -121,11 +133,17 @@ type soakResult struct {
 	// end), UnprocessedBound one second of production.
 	UnprocessedAtEnd int64 `json:"unprocessed_at_end"`
 	UnprocessedBound int64 `json:"unprocessed_bound"`
-	// The log's size bound: webhook_outbox's table + index bytes at the end over those at
-	// the first sample a retention period into the run (LogReference, its index in Samples);
-	// null, with LogRatioMissing saying why, on a run shorter than two retention periods.
+	// QueueRatio is the queue's (webhook_outbox's) largest table + index bytes in the last
+	// window over its largest in the window that starts a retention period into the run (at
+	// LogReference), once the queue has seen the log turn over (null when LogRatio is).
+	QueueRatio *float64 `json:"queue_size_ratio"`
+	// The log's size bound: webhook_delivery_log's bytes (every partition, with indexes) at
+	// the end over those at the first sample a retention period into the run (LogReference,
+	// its index in Samples), against LogBudget; null, with LogRatioMissing saying why, on a
+	// run shorter than two retention periods.
 	LogReference    *int        `json:"log_reference_sample"`
 	LogRatio        *float64    `json:"log_size_ratio"`
+	LogBudget       float64     `json:"log_size_budget"`
 	LogRatioMissing string      `json:"log_size_ratio_missing,omitempty"`
 	Cost            *costReport `json:"cost"`
 }
@@ -152,10 +170,16 @@ type soakSample struct {
 	ClaimMeanMS *float64 `json:"claim_mean_ms"`
 	JanitorRuns *int64   `json:"janitor_statements"`
 	JanitorMS   *float64 `json:"janitor_ms"`
-	// webhook_outbox at the sample: pg_table_size, pg_indexes_size and each index's size.
+	// The queue, webhook_outbox, at the sample: pg_table_size, pg_indexes_size and each
+	// index's size.
 	TableBytes   int64            `json:"table_bytes"`
 	IndexesBytes int64            `json:"indexes_bytes"`
 	IndexBytes   map[string]int64 `json:"index_bytes"`
+	// The delivery log, webhook_delivery_log: every partition's pg_total_relation_size, the
+	// partitions (the default one included) and their live tuples.
+	LogBytes      int64 `json:"log_bytes"`
+	LogPartitions int   `json:"log_partitions"`
+	LogRows       int64 `json:"log_rows"`
 	// From pg_stat_user_tables: tuples now, autovacuum and autoanalyze runs since production
 	// started, rows deleted and the share of HOT updates in the interval.
 	LiveTuples       int64    `json:"n_live_tup"`
@@ -281,6 +305,8 @@ type soakCounters struct {
 	autovacuum, autoanalyze int64
 	deleted, updates, hot   int64
 	unprocessed             int64
+	logBytes, logRows       int64
+	logPartitions           int
 }
 
 // readSoakCounters reads webhook_outbox's sizes and statistics and, with pg_stat_statements,
@@ -295,6 +321,13 @@ func (b *bench) readSoakCounters(ctx context.Context, conn *pgx.Conn) (soakCount
 		FROM pg_stat_user_tables s WHERE s.relid = 'webhook_outbox'::regclass`).
 		Scan(&c.tableBytes, &c.indexBytes, &c.live, &c.dead, &c.autovacuum, &c.autoanalyze, &c.deleted, &c.updates, &c.hot, &c.unprocessed); err != nil {
 		return c, fmt.Errorf("reading webhook_outbox's size and statistics: %w", err)
+	}
+	b.db.stmts.Add(1)
+	if err := conn.QueryRow(ctx, benchMark+`SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0)::bigint, count(*),
+		coalesce(sum(s.n_live_tup), 0)::bigint
+		FROM pg_inherits i LEFT JOIN pg_stat_user_tables s ON s.relid = i.inhrelid
+		WHERE i.inhparent = 'webhook_delivery_log'::regclass`).Scan(&c.logBytes, &c.logPartitions, &c.logRows); err != nil {
+		return c, fmt.Errorf("reading webhook_delivery_log's size: %w", err)
 	}
 	b.db.stmts.Add(1)
 	rows, err := conn.Query(ctx, benchMark+`SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid)
@@ -341,6 +374,7 @@ func soakSampleOf(prev, cur soakCounters, start time.Time) soakSample {
 		LiveTuples: cur.live, DeadTuples: cur.dead, AutovacuumCount: cur.autovacuum, AutoanalyzeCount: cur.autoanalyze,
 		Deleted:     max(cur.deleted-prev.deleted, 0),
 		Unprocessed: cur.unprocessed,
+		LogBytes:    cur.logBytes, LogPartitions: cur.logPartitions, LogRows: cur.logRows,
 	}
 	if upd := cur.updates - prev.updates; upd > 0 {
 		v := 100 * float64(cur.hot-prev.hot) / float64(upd)
@@ -681,6 +715,7 @@ func (r *soakResult) setBudgetFigures() {
 		r.ClaimRatio = &v
 	}
 	r.UnprocessedAtEnd = r.Samples[n-1].Unprocessed
+	r.LogBudget = soakLogBudget(time.Duration(r.RetentionSeconds * float64(time.Second)))
 	if r.Seconds < 2*r.RetentionSeconds {
 		r.LogRatioMissing = fmt.Sprintf("the run (%s) is shorter than two retention periods (2 × %s): the log has not turned over",
 			time.Duration(r.Seconds*float64(time.Second)), r.Retention)
@@ -688,11 +723,22 @@ func (r *soakResult) setBudgetFigures() {
 	}
 	for i, s := range r.Samples {
 		if s.AtSeconds >= r.RetentionSeconds {
-			ref := r.Samples[i].TableBytes + r.Samples[i].IndexesBytes
+			ref := r.Samples[i].LogBytes
 			if ref > 0 && i < n-1 {
-				end := r.Samples[n-1].TableBytes + r.Samples[n-1].IndexesBytes
+				end := r.Samples[n-1].LogBytes
 				v := float64(end) / float64(ref)
 				r.LogReference, r.LogRatio = &i, &v
+				queueMax := func(from, to int) int64 {
+					var m int64
+					for _, s := range r.Samples[from:min(to, n)] {
+						m = max(m, s.TableBytes+s.IndexesBytes)
+					}
+					return m
+				}
+				if early := queueMax(i, i+r.Window); early > 0 {
+					q := float64(queueMax(n-r.Window, n)) / float64(early)
+					r.QueueRatio = &q
+				}
 			}
 			break
 		}
@@ -703,9 +749,9 @@ func (r *soakResult) setBudgetFigures() {
 }
 
 func (b *bench) logSoakSample(s soakSample) {
-	b.logf("  %s: %.0f produced/s, %.0f delivered/s, p99 %s ms (start behind schedule p99 %s ms), %s, table+indexes %.1f MB, %d dead tuples, %d unprocessed",
+	b.logf("  %s: %.0f produced/s, %.0f delivered/s, p99 %s ms (start behind schedule p99 %s ms), %s, queue %.1f MB, %d dead tuples, %d unprocessed, log %.1f MB in %d partitions",
 		soakClock(s.AtSeconds), s.ProducedPerSecond, s.EventsPerSecond, ms(s.FromScheduled.P99), ms(s.StartLateness.P99),
-		claimText(s), mb(s.TableBytes+s.IndexesBytes), s.DeadTuples, s.Unprocessed)
+		claimText(s), mb(s.TableBytes+s.IndexesBytes), s.DeadTuples, s.Unprocessed, mb(s.LogBytes), s.LogPartitions)
 }
 
 func claimText(s soakSample) string {
@@ -727,7 +773,8 @@ func mb(bytes int64) float64 { return float64(bytes) / (1 << 20) }
 // The names of the soak's checks.
 const (
 	soakUnprocessedCheck = "unprocessed rows at the end (queue bounded)"
-	soakLogCheck         = "log table+index size, end / a retention period in"
+	soakQueueCheck       = "queue table+index size, largest in the last window / a retention period in"
+	soakLogCheck         = "log size, end / a retention period in"
 	soakLostCheck        = "lost"
 )
 
@@ -761,11 +808,16 @@ func (r *soakResult) check(add addCheckFunc, notComputed notComputedCheckFunc) {
 	}
 	add("soak", soakUnprocessedCheck, float64(r.UnprocessedAtEnd), "rows", fmt.Sprintf("≤ %d (1 s of production)", r.UnprocessedBound),
 		r.UnprocessedAtEnd <= r.UnprocessedBound)
-	logBudget := fmt.Sprintf("≤ %.1f", soakLogBudget)
+	if r.QueueRatio == nil {
+		notComputed("soak", soakQueueCheck, nil, "", budget, r.LogRatioMissing)
+	} else {
+		add("soak", soakQueueCheck, *r.QueueRatio, "", budget, *r.QueueRatio <= soakDriftBudget)
+	}
+	logBudget := fmt.Sprintf("≤ %.2f ((retention + partition + janitor lag) / retention × %.1f)", r.LogBudget, soakLogSlack)
 	if r.LogRatio == nil {
 		notComputed("soak", soakLogCheck, nil, "", logBudget, r.LogRatioMissing)
 	} else {
-		add("soak", soakLogCheck, *r.LogRatio, "", logBudget, *r.LogRatio <= soakLogBudget)
+		add("soak", soakLogCheck, *r.LogRatio, "", logBudget, *r.LogRatio <= r.LogBudget)
 	}
 	if r.StillQueued > 0 && r.Lost == 0 {
 		v := float64(r.StillQueued)
@@ -806,10 +858,12 @@ func (r *soakResult) writeRows(tw io.Writer, verdict func(workload, what string)
 			claim(r.First), claim(r.Last), ratioText(r.ClaimRatio), verdict("soak", r.claimCheck()))
 	}
 	fmt.Fprintf(tw, "\t  unprocessed rows when production ended\t%s\t%s\n", num(float64(r.UnprocessedAtEnd), 0), verdict("soak", soakUnprocessedCheck))
+	fmt.Fprintf(tw, "\t  queue (webhook_outbox) table+indexes, largest in the last window / a retention period in\t%s\t%s\n",
+		ratioText(r.QueueRatio), verdict("soak", soakQueueCheck))
 	if n := len(r.Samples); r.LogReference != nil && n > 0 {
 		ref, end := r.Samples[*r.LogReference], r.Samples[n-1]
-		fmt.Fprintf(tw, "\t  webhook_outbox table+indexes at the end; at %s (a retention period in)\t%.1f; %.1f MB = %s\t%s\n",
-			soakClock(ref.AtSeconds), mb(end.TableBytes+end.IndexesBytes), mb(ref.TableBytes+ref.IndexesBytes),
+		fmt.Fprintf(tw, "\t  log (webhook_delivery_log) at the end; at %s (a retention period in)\t%.1f; %.1f MB = %s\t%s\n",
+			soakClock(ref.AtSeconds), mb(end.LogBytes), mb(ref.LogBytes),
 			ratioText(r.LogRatio), verdict("soak", soakLogCheck))
 	}
 	fmt.Fprintf(tw, "\t  after the last sample: events arrived, in s; scheduled start → arrival p99\t%s in %.1f s; %s ms\t\n",
@@ -822,10 +876,11 @@ func (r *soakResult) writeRows(tw io.Writer, verdict func(workload, what string)
 
 // writeSamples prints the per-interval table.
 func (r *soakResult) writeSamples(w io.Writer) {
-	fmt.Fprintf(w, "\nsoak: per interval (t from the start of production; latencies of the events that arrived in it; sizes of webhook_outbox,\n")
-	fmt.Fprintf(w, "which holds the queue and the delivery log; due idx = webhook_outbox_due_idx, the queue's index; autovac/analyze: runs since the start)\n")
+	fmt.Fprintf(w, "\nsoak: per interval (t from the start of production; latencies of the events that arrived in it; table, indexes, tuples,\n")
+	fmt.Fprintf(w, "autovacuum of the queue, webhook_outbox; due idx = webhook_outbox_due_idx, the claim's index; autovac/analyze: runs since the start;\n")
+	fmt.Fprintf(w, "log = webhook_delivery_log, every partition with its indexes)\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "t\tproduced/s\tdelivered/s\tp50 ms\tp99 ms\tcommit→arr p99\tlate p99\tclaim ms\tclaims\tjanitor ms (stmts)\ttable MB\tindexes MB\tdue idx MB\tlive\tdead\tautovac\tanalyze\tdeleted\tHOT %\tunprocessed\t")
+	fmt.Fprintln(tw, "t\tproduced/s\tdelivered/s\tp50 ms\tp99 ms\tcommit→arr p99\tlate p99\tclaim ms\tclaims\tjanitor ms (stmts)\ttable MB\tindexes MB\tdue idx MB\tlive\tdead\tautovac\tanalyze\tdeleted\tHOT %\tunprocessed\tlog MB\tparts\tlog rows\t")
 	for _, s := range r.Samples {
 		claim, claims, janitor, hot := "n/a", "n/a", "n/a", "-"
 		if s.ClaimMeanMS != nil {
@@ -846,11 +901,11 @@ func (r *soakResult) writeSamples(w io.Writer) {
 				due = fmt.Sprintf("%.2f", mb(size))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%.1f\t%d\t%s\t\n",
 			soakClock(s.AtSeconds), num(s.ProducedPerSecond, 0), num(s.EventsPerSecond, 0), ms(s.FromScheduled.P50), ms(s.FromScheduled.P99), ms(s.FromCommit.P99),
 			ms(s.StartLateness.P99), claim, claims, janitor, mb(s.TableBytes), mb(s.IndexesBytes), due,
 			num(float64(s.LiveTuples), 0), num(float64(s.DeadTuples), 0), s.AutovacuumCount, s.AutoanalyzeCount,
-			num(float64(s.Deleted), 0), hot, num(float64(s.Unprocessed), 0))
+			num(float64(s.Deleted), 0), hot, num(float64(s.Unprocessed), 0), mb(s.LogBytes), s.LogPartitions, num(float64(s.LogRows), 0))
 	}
 	tw.Flush()
 	if r.ClaimTimeMissing != "" {

@@ -369,7 +369,7 @@ func TestBenchSoakSmoke(t *testing.T) {
 	for i, sm := range s.Samples {
 		for _, k := range []string{"at_sec", "delivered", "delivered_per_sec", "produced_per_sec", "latency_from_scheduled_start", "latency_from_commit",
 			"claim_mean_ms", "claims", "table_bytes", "indexes_bytes", "index_bytes", "n_live_tup", "n_dead_tup",
-			"autovacuum_count", "autoanalyze_count", "rows_deleted", "unprocessed"} {
+			"autovacuum_count", "autoanalyze_count", "rows_deleted", "unprocessed", "log_bytes", "log_partitions", "log_rows"} {
 			if _, ok := sm[k]; !ok {
 				t.Errorf("soak sample %d has no %s", i, k)
 			}
@@ -381,6 +381,12 @@ func TestBenchSoakSmoke(t *testing.T) {
 		delivered += n
 		if table <= 0 {
 			t.Errorf("soak sample %d: table_bytes %d", i, table)
+		}
+		// The dispatcher creates the log's partitions before its first settle.
+		var parts int
+		_ = json.Unmarshal(sm["log_partitions"], &parts)
+		if parts < 2 {
+			t.Errorf("soak sample %d: %d log partitions, want the default one and those serve created", i, parts)
 		}
 	}
 	if delivered == 0 || delivered > s.Received {
@@ -395,8 +401,9 @@ func TestBenchSoakSmoke(t *testing.T) {
 			checks[c.What] = c.Status
 		}
 	}
-	if checks[soakLogCheck] != checkNotComputed || checks[soakLostCheck] != checkMet || len(checks) != 5 {
-		t.Errorf("soak checks %v: want 5, the log's not computed and lost met", checks)
+	if checks[soakLogCheck] != checkNotComputed || checks[soakQueueCheck] != checkNotComputed ||
+		checks[soakLostCheck] != checkMet || len(checks) != 6 {
+		t.Errorf("soak checks %v: want 6, the log's and the queue's not computed (the log has not turned over) and lost met", checks)
 	}
 	if _, ok := checks[soakUnprocessedCheck]; !ok {
 		t.Errorf("soak checks %v: no %q", checks, soakUnprocessedCheck)
