@@ -58,6 +58,7 @@ type pgServerInfo struct {
 	Fsync             string `json:"fsync"`
 	SynchronousCommit string `json:"synchronous_commit"`
 	SharedBuffers     string `json:"shared_buffers"`
+	AutovacuumNaptime string `json:"autovacuum_naptime"`
 	StatementStats    string `json:"statement_stats"` // pg_stat_statements, or why not
 }
 
@@ -101,8 +102,8 @@ func openBenchDB(ctx context.Context, serverURL string, progress io.Writer) (_ *
 		return nil, fmt.Errorf("reading the bench database's oid: %w", err)
 	}
 	if err := db.admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'),
-		current_setting('synchronous_commit'), current_setting('shared_buffers')`).
-		Scan(&db.info.Version, &db.info.Fsync, &db.info.SynchronousCommit, &db.info.SharedBuffers); err != nil {
+		current_setting('synchronous_commit'), current_setting('shared_buffers'), current_setting('autovacuum_naptime')`).
+		Scan(&db.info.Version, &db.info.Fsync, &db.info.SynchronousCommit, &db.info.SharedBuffers, &db.info.AutovacuumNaptime); err != nil {
 		return nil, fmt.Errorf("reading server settings: %w", err)
 	}
 

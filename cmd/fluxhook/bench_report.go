@@ -643,8 +643,9 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 	if r.Postgres.Throwaway {
 		where = "throwaway cluster"
 	}
-	fmt.Fprintf(w, "PostgreSQL %s, %s: fsync=%s synchronous_commit=%s shared_buffers=%s; statements: %s\n",
-		r.Postgres.Version, where, r.Postgres.Fsync, r.Postgres.SynchronousCommit, r.Postgres.SharedBuffers, r.Postgres.StatementStats)
+	fmt.Fprintf(w, "PostgreSQL %s, %s: fsync=%s synchronous_commit=%s shared_buffers=%s autovacuum_naptime=%s; statements: %s\n",
+		r.Postgres.Version, where, r.Postgres.Fsync, r.Postgres.SynchronousCommit, r.Postgres.SharedBuffers,
+		r.Postgres.AutovacuumNaptime, r.Postgres.StatementStats)
 	fmt.Fprintf(w, "Redis: %s\ndispatcher: %s; consumer: verifying receiver in its own process\n\n", r.Redis, r.Dispatcher)
 
 	budget := map[string]budgetCheck{}

@@ -172,6 +172,19 @@ func (b *bench) resetTables(ctx context.Context) error {
 	if err := b.db.exec(ctx, `TRUNCATE webhook_outbox, webhook_delivery_log, webhook_dead_letter`); err != nil {
 		return err
 	}
+	// The log's partitions go too: each workload's dispatcher makes them for its own retention
+	// (a soak's minutes, not the default's days).
+	if err := b.db.exec(ctx, `DO $$
+		DECLARE p regclass;
+		BEGIN
+			FOR p IN SELECT inhrelid::regclass FROM pg_inherits
+			         WHERE inhparent = 'webhook_delivery_log'::regclass AND inhrelid <> 'webhook_delivery_log_default'::regclass
+			LOOP
+				EXECUTE format('DROP TABLE %s', p);
+			END LOOP;
+		END $$`); err != nil {
+		return err
+	}
 	if err := b.db.exec(ctx, `DELETE FROM webhook_dispatcher`); err != nil {
 		return err
 	}

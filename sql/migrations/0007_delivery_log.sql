@@ -88,10 +88,11 @@ ALTER TABLE webhook_outbox SET (
 -- Partition maintenance, called by every dispatcher's janitor (and once at start):
 --   * drops the partitions whose whole range is older than retention (a partition is kept
 --     until its newest possible row is older than retention: the log holds between retention
---     and retention + step);
---   * creates partitions of width step from the end of the newest one (or from now, aligned
---     to step) until now + ahead, moving into each whatever the default partition holds for
---     its range;
+--     and retention + step), and the empty future ones wider than step (made while the
+--     retention was longer: after the retention is shortened, the log holds the old, wider
+--     partition until it has passed, then partitions of the new step);
+--   * creates partitions of width step, aligned to step, until now + ahead, around those that
+--     exist, moving into each whatever the default partition holds for its range;
 --   * deletes default-partition rows older than retention.
 -- Returns one line per partition created or dropped, for the log. Partitions are named by
 -- their start, in UTC: webhook_delivery_log_YYYYMMDD_HHMMSS.
@@ -120,8 +121,12 @@ BEGIN
             p       record;
             lo      timestamptz;
             hi      timestamptz;
-            newest  timestamptz;
             part    text;
+            empty   boolean;
+            dropped boolean;
+            los     timestamptz[] := '{}';
+            his     timestamptz[] := '{}';
+            i       integer;
             step_s  float8 := extract(epoch FROM step);
         BEGIN
             IF step < interval '1 minute' OR retention < interval '1 minute' OR ahead < step THEN
@@ -134,34 +139,56 @@ BEGIN
             END IF;
             PERFORM set_config('lock_timeout', '500ms', true);
 
+            -- Drop what is past retention, and the empty future partitions wider than step
+            -- (made for a longer retention), so that a shorter retention takes effect once the
+            -- current partition has passed.
             FOR p IN
                 SELECT c.oid::regclass AS rel, m[1]::timestamptz AS lo, m[2]::timestamptz AS hi
-                FROM pg_inherits i
-                JOIN pg_class c ON c.oid = i.inhrelid,
+                FROM pg_inherits h
+                JOIN pg_class c ON c.oid = h.inhrelid,
                 LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
                                      $re$FROM \('([^']*)'\) TO \('([^']*)'\)$re$) m
-                WHERE i.inhparent = 'webhook_delivery_log'::regclass AND m IS NOT NULL
-                ORDER BY 3
+                WHERE h.inhparent = 'webhook_delivery_log'::regclass AND m IS NOT NULL
+                ORDER BY 2
             LOOP
-                IF p.hi <= now() - retention THEN
-                    part := p.rel::text;
-                    BEGIN
-                        EXECUTE format('DROP TABLE %%s', p.rel);
-                        RETURN NEXT 'dropped ' || part;
-                    EXCEPTION WHEN lock_not_available THEN
-                        RETURN NEXT 'drop of ' || part || ' postponed: the log is busy';
-                    END;
-                ELSE
-                    newest := greatest(newest, p.hi);
+                dropped := false;
+                IF p.hi <= now() - retention OR (p.lo > now() AND p.hi - p.lo > step) THEN
+                    empty := true;
+                    IF p.hi > now() - retention THEN
+                        EXECUTE format('SELECT NOT EXISTS (SELECT FROM %%s)', p.rel) INTO empty;
+                    END IF;
+                    IF empty THEN
+                        part := p.rel::text;
+                        BEGIN
+                            EXECUTE format('DROP TABLE %%s', p.rel);
+                            RETURN NEXT 'dropped ' || part;
+                            dropped := true;
+                        EXCEPTION WHEN lock_not_available THEN
+                            RETURN NEXT 'drop of ' || part || ' postponed: the log is busy';
+                        END;
+                    END IF;
+                END IF;
+                IF NOT dropped THEN
+                    los := los || p.lo;
+                    his := his || p.hi;
                 END IF;
             END LOOP;
 
+            -- Cover [now, now + ahead) with partitions of width step (aligned to step), around
+            -- the partitions that exist: a new one ends where the next existing one starts.
             lo := to_timestamp(floor(extract(epoch FROM now()) / step_s) * step_s);
-            IF newest IS NOT NULL AND newest > lo THEN
-                lo := newest;
-            END IF;
             WHILE lo < now() + ahead LOOP
                 hi := lo + step;
+                FOR i IN 1 .. coalesce(array_length(los, 1), 0) LOOP
+                    IF los[i] <= lo AND his[i] > lo THEN
+                        hi := NULL;
+                        lo := his[i];
+                        EXIT;
+                    ELSIF los[i] > lo AND los[i] < hi THEN
+                        hi := los[i];
+                    END IF;
+                END LOOP;
+                CONTINUE WHEN hi IS NULL;
                 part := 'webhook_delivery_log_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD_HH24MISS');
                 BEGIN
                     EXECUTE format('CREATE TABLE %%I (LIKE webhook_delivery_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', part);

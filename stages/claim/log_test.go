@@ -168,3 +168,48 @@ func TestMaintainLogPostponesADropBehindALock(t *testing.T) {
 		t.Fatalf("MaintainLog after the reader ended = %q, %v; want the partition dropped", done, err)
 	}
 }
+
+// TestMaintainLogAfterShorterRetention: partitions made for a long retention (daily) are wide;
+// once the retention is shortened, the empty future ones are dropped and the new step's
+// partitions follow the current wide one, which stays until it has passed.
+func TestMaintainLogAfterShorterRetention(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := deadline(t)
+	c := claim.New(db.Pool, "x", time.Minute)
+	if _, err := c.MaintainLog(ctx, 7*24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	daily := logPartitions(t, db)
+	if len(daily) != 4 { // today, the next two days, the default partition
+		t.Fatalf("partitions for 7 days of retention: %v, want 3 daily ones and the default", daily)
+	}
+	done, err := c.MaintainLog(ctx, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dropped := 0
+	for _, line := range done {
+		if strings.HasPrefix(line, "dropped ") {
+			dropped++
+		}
+	}
+	if dropped != 2 {
+		t.Errorf("MaintainLog with a shorter retention did %q; want the two future daily partitions dropped", done)
+	}
+	var today, uncovered int
+	if err := db.Pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE pg_get_expr(c.relpartbound, c.oid) LIKE '%00:00:00%00:00:00%'),
+		       (SELECT count(*) FROM generate_series(now(), now() + interval '7 minutes', interval '1 minute') g
+		        WHERE NOT EXISTS (
+		            SELECT 1 FROM pg_inherits h2 JOIN pg_class c2 ON c2.oid = h2.inhrelid,
+		                LATERAL regexp_match(pg_get_expr(c2.relpartbound, c2.oid), $re$FROM \('([^']*)'\) TO \('([^']*)'\)$re$) m
+		            WHERE h2.inhparent = 'webhook_delivery_log'::regclass AND m[1]::timestamptz <= g AND g < m[2]::timestamptz))
+		FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
+		WHERE h.inhparent = 'webhook_delivery_log'::regclass`).Scan(&today, &uncovered); err != nil {
+		t.Fatal(err)
+	}
+	if today != 1 || uncovered != 0 {
+		t.Errorf("%d daily partitions left (want today's), %d of the next 7 minutes uncovered (want none)", today, uncovered)
+	}
+}
