@@ -97,9 +97,11 @@ ALTER TABLE webhook_outbox SET (
 -- Returns one line per partition created or dropped, for the log. Partitions are named by
 -- their start, in UTC: webhook_delivery_log_YYYYMMDD_HHMMSS.
 --
--- Locks. Creating attaches a new table (SHARE UPDATE EXCLUSIVE on the log: settles go on);
--- dropping takes the log's ACCESS EXCLUSIVE lock for an instant, behind settles in progress,
--- which queue behind it. lock_timeout bounds that wait (500 ms): a drop or a creation that
+-- Locks. Creating attaches a new table (SHARE UPDATE EXCLUSIVE on the log: settles go on;
+-- ACCESS EXCLUSIVE on the default partition, which no settle uses while partitions are in
+-- place). Dropping locks the old partition first (up to 5 s: an autovacuum of it yields, a
+-- reader of old rows finishes), then takes the log's ACCESS EXCLUSIVE lock for an instant,
+-- behind settles in progress, which queue behind it: at most 100 ms. A drop or a creation that
 -- cannot get its lock (a long query reading the whole log holds them off) is left to the next
 -- run, which is why partitions are created ahead of time. Several instances run this at once safely: an advisory lock
 -- makes the others return at once.
@@ -160,12 +162,21 @@ BEGIN
                     IF empty THEN
                         part := p.rel::text;
                         BEGIN
+                            -- The partition first, which no settle uses: waiting for it (an
+                            -- autovacuum of it is cancelled after deadlock_timeout, a reader
+                            -- of old rows finishes) holds nothing else up. Then the log's
+                            -- own lock for the drop, which settles queue behind: at most
+                            -- 100 ms, or the drop waits for the next run.
+                            PERFORM set_config('lock_timeout', '5s', true);
+                            EXECUTE format('LOCK TABLE %%s IN ACCESS EXCLUSIVE MODE', p.rel);
+                            PERFORM set_config('lock_timeout', '100ms', true);
                             EXECUTE format('DROP TABLE %%s', p.rel);
                             RETURN NEXT 'dropped ' || part;
                             dropped := true;
-                        EXCEPTION WHEN lock_not_available THEN
+                        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
                             RETURN NEXT 'drop of ' || part || ' postponed: the log is busy';
                         END;
+                        PERFORM set_config('lock_timeout', '500ms', true);
                     END IF;
                 END IF;
                 IF NOT dropped THEN
@@ -191,7 +202,12 @@ BEGIN
                 CONTINUE WHEN hi IS NULL;
                 part := 'webhook_delivery_log_' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD_HH24MISS');
                 BEGIN
-                    EXECUTE format('CREATE TABLE %%I (LIKE webhook_delivery_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', part);
+                    -- Only ever inserted into: autovacuum visits its pages once (insert
+                    -- thresholds) and, with freeze_min_age 0, freezes them in that pass, so
+                    -- that no anti-wraparound vacuum has to read the partition again before it
+                    -- is dropped (producers' transactions use up transaction ids fast).
+                    EXECUTE format('CREATE TABLE %%I (LIKE webhook_delivery_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS) '
+                                   'WITH (autovacuum_freeze_min_age = 0)', part);
                     EXECUTE format('WITH moved AS (DELETE FROM webhook_delivery_log_default WHERE processed_at >= $1 AND processed_at < $2 RETURNING *) '
                                    'INSERT INTO %%I SELECT * FROM moved', part) USING lo, hi;
                     -- Attaching scans the default partition under an ACCESS EXCLUSIVE lock on
