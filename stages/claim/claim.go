@@ -484,6 +484,30 @@ func (c *Claimer) CheckAnnounce(ctx context.Context) error {
 	return nil
 }
 
+// CheckLogGrants returns an error naming the missing grants when this dispatcher's role may not
+// write the delivery log or maintain its partitions (schema 7). Without the first no row could
+// be settled; without the second the log would never be pruned and every settle would land in
+// its default partition. Either is a deployment mistake to fix before claiming anything.
+func (c *Claimer) CheckLogGrants(ctx context.Context) error {
+	var insert, maintain bool
+	if err := c.pool.QueryRow(ctx, `SELECT has_table_privilege('webhook_delivery_log', 'INSERT'),
+		has_function_privilege('webhook_delivery_log_maintain(interval, interval, interval)', 'EXECUTE')`).
+		Scan(&insert, &maintain); err != nil {
+		return fmt.Errorf("checking the delivery log's privileges: %w", err)
+	}
+	var missing []string
+	if !insert {
+		missing = append(missing, "GRANT SELECT, INSERT ON webhook_delivery_log TO <fluxhook's role>")
+	}
+	if !maintain {
+		missing = append(missing, "GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval) TO <fluxhook's role>")
+	}
+	if len(missing) > 0 {
+		return errors.New("the database role may not write the delivery log or maintain its partitions: run " + strings.Join(missing, "; "))
+	}
+	return nil
+}
+
 // Announce makes producers' inserts NOTIFY for the next ttl: the dispatcher calls it when it
 // starts waiting for work, and again before ttl runs out while it keeps waiting. A busy
 // dispatcher stops calling it and the switch lapses by itself, as does a crashed one's.

@@ -213,3 +213,36 @@ func TestMaintainLogAfterShorterRetention(t *testing.T) {
 		t.Errorf("%d daily partitions left (want today's), %d of the next 7 minutes uncovered (want none)", today, uncovered)
 	}
 }
+
+// TestCheckLogGrantsNamesTheMissingGrants: a dispatcher whose role may not write the delivery
+// log or maintain its partitions is told which GRANTs to run (it refuses to start without them).
+func TestCheckLogGrantsNamesTheMissingGrants(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := deadline(t)
+	role := sqltest.NewRole(t, db)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := claim.New(pool, "x", time.Minute)
+	err = c.CheckLogGrants(ctx)
+	for _, want := range []string{"GRANT SELECT, INSERT ON webhook_delivery_log", "GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("CheckLogGrants without grants = %v, want it to name %q", err, want)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, `GRANT SELECT, INSERT ON webhook_delivery_log TO `+role+`;
+		GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval) TO `+role); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckLogGrants(ctx); err != nil {
+		t.Fatalf("CheckLogGrants with the grants: %v", err)
+	}
+}

@@ -256,6 +256,10 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		pool.Close()
 		return err
 	}
+	if err := d.claimer.CheckLogGrants(ctx); err != nil {
+		pool.Close()
+		return err
+	}
 	if err := d.claimer.Register(ctx); err != nil {
 		pool.Close()
 		return err
