@@ -16,14 +16,14 @@ func init() {
 // runBench hands `fluxhook bench` to package bench (internal/bench), with what it may touch of
 // the process and the names of serve's settings that it may pass on to its dispatchers.
 func runBench(ctx context.Context, env *environment, args []string) error {
-	var shown []string
+	var notSecret []string
 	for _, s := range settings {
 		if !s.secret {
-			shown = append(shown, s.env)
+			notSecret = append(notSecret, s.env)
 		}
 	}
 	return bench.Run(ctx, bench.Env{
 		Stdout: env.stdout, Stderr: env.stderr, Getenv: env.getenv, Signals: env.signals,
-		ServeVariables: shown,
+		ServeVariables: notSecret,
 	}, args)
 }

@@ -15,10 +15,11 @@ import (
 )
 
 // This file holds what the operator commands (enqueue, status, dlq) share: the database flag,
-// connecting without leaking the password, and command-line parsing.
+// connecting without leaking the password, and command-line parsing. The flag parsing and the
+// redaction live in internal/cli, which the bench (internal/bench) uses too; the names below
+// are this package's for them.
 
-// The command-line plumbing that the bench shares lives in internal/cli; these names keep the
-// commands of this package reading as they always have.
+// redactedPassword replaces passwords wherever a URL is shown.
 const redactedPassword = cli.RedactedPassword
 
 // databaseURLFlag registers --database-url on fs, defaulting to DATABASE_URL, printed redacted.
@@ -26,6 +27,7 @@ func databaseURLFlag(fs *flag.FlagSet, env *environment) *string {
 	return cli.DatabaseURLFlag(fs, env.getenv)
 }
 
+// internal/cli's redaction, flag parsing and JSON output, as the commands here call them.
 var (
 	redactURL     = cli.RedactURL
 	scrubPassword = cli.ScrubPassword

@@ -191,11 +191,13 @@ type bench struct {
 	sessions int
 }
 
-// Env is what the bench takes from the process that runs it: the standard streams, the
-// environment and the signals, passed in rather than read from os, so that the command can be
-// tested without a process and cmd/fluxhook keeps the one place that touches them.
+// Env is what the bench takes from the command line's process, as every fluxhook subcommand
+// does: the standard streams, the environment and the signals are handed in rather than read
+// from os, so that the flags and the report can be tested in-process with buffers.
 type Env struct {
+	// Stdout takes the report alone, so that --json output can be piped to a script.
 	Stdout io.Writer
+	// Stderr takes the progress lines (unless --quiet) and the flags' usage.
 	Stderr io.Writer
 	// Getenv reads DATABASE_URL, REDIS_URL and the WEBHOOK_* variables to pass on.
 	Getenv func(string) string

@@ -23,7 +23,10 @@ func DatabaseURLFlag(fs *flag.FlagSet, getenv func(string) string) *string {
 // URLValue is a string flag for a connection URL whose printed form (the default in -h) has
 // its password redacted, since the default comes from an environment variable that may hold
 // one.
-type URLValue struct{ URL string }
+type URLValue struct {
+	// URL is the value as given, password and all: what the command connects with.
+	URL string
+}
 
 // String is the flag's value as -h shows it: redacted.
 func (v *URLValue) String() string {
