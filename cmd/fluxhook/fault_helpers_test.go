@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/fluxhooktest"
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/sql/sqltest"
@@ -125,34 +125,10 @@ func scrapeMetric(t *testing.T, addr, series string) float64 {
 	return 0
 }
 
-var (
-	plainBuildOnce sync.Once
-	plainBin       string
-	plainBuildErr  error
-)
-
 // fluxhookBinaryNoRace is fluxhookBinary built without the race detector, for a case whose
 // size the race detector would make too slow for CI (it slows a dispatcher several times
 // over). Without -race it is the same binary as fluxhookBinary.
-func fluxhookBinaryNoRace(t *testing.T) string {
-	t.Helper()
-	if !raceEnabled() {
-		return fluxhookBinary(t)
-	}
-	plainBuildOnce.Do(func() {
-		bin := filepath.Join(binDir, "fluxhook-norace")
-		out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-		if err != nil {
-			plainBuildErr = fmt.Errorf("go build -o %s .: %v\n%s", bin, err, out)
-			return
-		}
-		plainBin = bin
-	})
-	if plainBuildErr != nil {
-		t.Fatal(plainBuildErr)
-	}
-	return plainBin
-}
+func fluxhookBinaryNoRace(t *testing.T) string { return fluxhooktest.BinaryNoRace(t) }
 
 // runFluxhook runs a fluxhook subcommand (the test binary's build) to completion with exactly
 // env as its environment, failing the test if it does not exit 0.

@@ -14,7 +14,8 @@ import (
 	"io"
 	"os"
 	"sort"
-	"strings"
+
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
 )
 
 // command is one `fluxhook NAME` subcommand.
@@ -40,8 +41,9 @@ type environment struct {
 // commands is filled by each subcommand's file in an init function.
 var commands = map[string]command{}
 
-// errUsage marks errors caused by the command line itself; they exit with status 2.
-var errUsage = errors.New("usage")
+// errUsage marks errors caused by the command line itself; they exit with status 2. It is
+// cli's, so that the bench's usage errors exit with 2 too.
+var errUsage = cli.ErrUsage
 
 // errInvalidConfig marks a configuration serve refused before claiming anything; it exits
 // with status 2 like a usage error, its message naming every bad variable.
@@ -96,6 +98,4 @@ func usage(w io.Writer) {
 }
 
 // usageError wraps a command-line problem so that it exits with status 2.
-func usageError(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", errUsage, strings.TrimSpace(fmt.Sprintf(format, args...)))
-}
+var usageError = cli.UsageError

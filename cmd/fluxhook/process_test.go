@@ -14,8 +14,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -23,71 +21,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/fluxhooktest"
 	"github.com/fluxora/fluxhook/stages/sign"
 )
 
 // serveSecret is the WEBHOOK_SECRET of every process test; tests assert it never reaches a log.
 const serveSecret = "whsec-proc-test-4f9c2a7e-never-logged"
 
-// binDir holds the fluxhook binary built for this test run; TestMain creates and removes it.
-var binDir string
+func TestMain(m *testing.M) { os.Exit(fluxhooktest.Main(m)) }
 
-var (
-	buildOnce sync.Once
-	builtBin  string
-	buildErr  error
-)
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fluxhook-test-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "creating a directory for the fluxhook binary:", err)
-		os.Exit(1)
-	}
-	binDir = dir
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// fluxhookBinary builds this package's binary once per test run (with -race when the tests
-// run with it, so that races in the child are reported too) and returns its path.
-func fluxhookBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		bin := filepath.Join(binDir, "fluxhook")
-		args := []string{"build"}
-		if raceEnabled() {
-			args = append(args, "-race")
-		}
-		args = append(args, "-o", bin, ".")
-		cmd := exec.Command("go", args...)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-			return
-		}
-		builtBin = bin
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return builtBin
-}
+// fluxhookBinary is this package's binary, built once per test run (with -race when the tests
+// run with it, so that races in the child are reported too).
+func fluxhookBinary(t *testing.T) string { return fluxhooktest.Binary(t) }
 
 // raceEnabled reports whether this test binary was built with -race.
-func raceEnabled() bool {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return false
-	}
-	for _, s := range bi.Settings {
-		if s.Key == "-race" {
-			return s.Value == "true"
-		}
-	}
-	return false
-}
+func raceEnabled() bool { return fluxhooktest.RaceEnabled() }
 
 // syncBuffer is a bytes.Buffer safe for the exec copying goroutine and the test to share.
 type syncBuffer struct {

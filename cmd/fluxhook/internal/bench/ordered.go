@@ -1,4 +1,4 @@
-package main
+package bench
 
 // The ordered workload: ordered delivery per stream (schema 6, WEBHOOK_ORDERING=stream) against
 // the same work unordered, on the same run. --ordered-streams × --ordered-events-per-stream
@@ -17,8 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // orderedEventType is the type of the ordered workload's prefilled events.
@@ -176,16 +174,9 @@ func (b *bench) orderedDrain(ctx context.Context, on bool) (*orderedDrain, error
 	return r, nil
 }
 
-// prefillStreams inserts streams × perStream events with COPY while no dispatcher runs,
-// interleaved: event 0 of every stream, then event 1 of every stream, ...; then ANALYZEs the
-// table, as prefill does.
+// prefillStreams prefills streams × perStream events (see copyPrefill), interleaved: event 0
+// of every stream, then event 1 of every stream, ...
 func (b *bench) prefillStreams(ctx context.Context, streams, perStream int) error {
-	started := time.Now()
-	conn, err := b.db.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
 	ids := make([]string, streams)
 	for i := range ids {
 		ids[i] = benchStreamID(i)
@@ -194,28 +185,11 @@ func (b *bench) prefillStreams(ctx context.Context, streams, perStream int) erro
 	for seq := range payloads {
 		payloads[seq] = b.payload(seq)
 	}
-	n, i := streams*perStream, 0
-	b.db.stmts.Add(2) // the COPY and pgx's describe of its columns
-	copied, err := conn.CopyFrom(ctx, pgx.Identifier{"webhook_outbox"}, []string{"stream_id", "event_type", "payload"},
-		pgx.CopyFromFunc(func() ([]any, error) {
-			if i >= n {
-				return nil, nil
-			}
-			seq, stream := i/streams, i%streams
-			i++
-			return []any{ids[stream], orderedEventType, payloads[seq]}, nil
-		}))
-	if err != nil {
-		return fmt.Errorf("prefill (COPY): %w", err)
-	}
-	if copied != int64(n) {
-		return fmt.Errorf("prefill (COPY): %d rows copied, want %d", copied, n)
-	}
-	if err := b.db.exec(ctx, `ANALYZE webhook_outbox`); err != nil {
-		return err
-	}
-	b.logf("  prefilled %d events, %d streams × %d interleaved, with COPY in %s", n, streams, perStream, time.Since(started).Round(time.Millisecond))
-	return nil
+	what := fmt.Sprintf(", %d streams × %d interleaved,", streams, perStream)
+	return b.copyPrefill(ctx, streams*perStream, what, []string{"stream_id", "event_type", "payload"}, func(i int) []any {
+		seq, stream := i/streams, i%streams
+		return []any{ids[stream], orderedEventType, payloads[seq]}
+	})
 }
 
 // streamEvent is an event with a stream_id: its delivery id, its stream and its place there

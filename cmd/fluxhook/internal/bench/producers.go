@@ -1,4 +1,4 @@
-package main
+package bench
 
 // The producers workload: what the wake-up trigger costs the application's inserts.
 

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
 )
 
 // The backlog's flatness is judged on the fitted trend: noise around a flat line reads 1, a
@@ -168,7 +170,7 @@ func TestBenchVerdict(t *testing.T) {
 			switch {
 			case tc.verdict == verdictFailed && !errors.Is(err, errBudgetFailed):
 				t.Errorf("a failed budget returned %v, want errBudgetFailed (exit status 1)", err)
-			case tc.verdict == verdictFailed && errors.Is(err, errUsage):
+			case tc.verdict == verdictFailed && errors.Is(err, cli.ErrUsage):
 				t.Errorf("a failed budget is a usage error (exit status 2): %v", err)
 			case tc.verdict != verdictFailed && err != nil:
 				t.Errorf("verdict %s returned %v, want nil (exit status 0)", tc.verdict, err)

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -208,33 +208,41 @@ func (b *bench) payload(seq int) []byte {
 	return append(buf, `"}`...)
 }
 
-// prefill inserts n events with COPY while no dispatcher runs, then ANALYZEs the table so
-// that the claim is planned on current statistics whatever autovacuum has managed so far.
+// prefill inserts n events of the drain's type with the dispatcher stopped (see copyPrefill).
 func (b *bench) prefill(ctx context.Context, n int) error {
 	return b.prefillType(ctx, n, "bench.drain")
 }
 
 // prefillType is prefill with events of type eventType.
 func (b *bench) prefillType(ctx context.Context, n int, eventType string) error {
+	pad := b.payload(0)
+	return b.copyPrefill(ctx, n, "", []string{"event_type", "payload"}, func(int) []any { return []any{eventType, pad} })
+}
+
+// copyPrefill is every workload's prefill: n rows of webhook_outbox's columns, row(i) the i-th
+// (from 0), with COPY while no dispatcher runs, then ANALYZE, so that the claim is planned on
+// current statistics whatever autovacuum has managed so far. what describes the rows in the
+// progress line after "prefilled n events".
+func (b *bench) copyPrefill(ctx context.Context, n int, what string, columns []string, row func(i int) []any) error {
 	started := time.Now()
 	conn, err := b.db.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
-	pad := b.payload(0)
 	i := 0
 	b.db.stmts.Add(2) // the COPY and pgx's describe of its columns
-	copied, err := conn.CopyFrom(ctx, pgx.Identifier{"webhook_outbox"}, []string{"event_type", "payload"},
+	copied, err := conn.CopyFrom(ctx, pgx.Identifier{"webhook_outbox"}, columns,
 		pgx.CopyFromFunc(func() ([]any, error) {
 			if i >= n {
 				return nil, nil
 			}
+			r := row(i)
 			i++
 			if i%200000 == 0 {
 				b.logf("  prefilled %d of %d", i, n)
 			}
-			return []any{eventType, pad}, nil
+			return r, nil
 		}))
 	if err != nil {
 		return fmt.Errorf("prefill (COPY): %w", err)
@@ -245,7 +253,7 @@ func (b *bench) prefillType(ctx context.Context, n int, eventType string) error 
 	if err := b.db.exec(ctx, `ANALYZE webhook_outbox`); err != nil {
 		return err
 	}
-	b.logf("  prefilled %d events with COPY in %s", n, time.Since(started).Round(time.Millisecond))
+	b.logf("  prefilled %d events%s with COPY in %s", n, what, time.Since(started).Round(time.Millisecond))
 	return nil
 }
 

@@ -1,4 +1,4 @@
-package main
+package bench
 
 // The consumer side of `fluxhook bench`: a child process (`fluxhook bench internal-consumer`)
 // that runs the verifying receiver and records every arrival, so that the consumer's CPU and
@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/receiver"
 )
 
@@ -134,24 +135,24 @@ func (l *arrivalLog) writeArrivals(w io.Writer, from int) error {
 // i-th secret of FLUXHOOK_BENCH_ENDPOINT_SECRETS, each path its own receiver. It prints
 // "listening ADDR" on stdout once it accepts requests, and exits when its standard input
 // closes (the bench went away, however it ended) or on SIGINT/SIGTERM.
-func runBenchConsumer(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("bench "+benchConsumerMode, env, "fluxhook bench "+benchConsumerMode)
-	if err := noArguments(fs, args); err != nil {
+func runBenchConsumer(ctx context.Context, env Env, args []string) error {
+	fs := cli.NewFlagSet("bench "+benchConsumerMode, env.Stderr, "fluxhook bench "+benchConsumerMode)
+	if err := cli.NoArguments(fs, args); err != nil {
 		return err
 	}
-	secret := env.getenv(benchSecretEnv)
+	secret := env.Getenv(benchSecretEnv)
 	if secret == "" {
-		return usageError("%s is not set", benchSecretEnv)
+		return cli.UsageError("%s is not set", benchSecretEnv)
 	}
 	var epSecrets []string
-	if raw := env.getenv(benchEndpointSecretsEnv); raw != "" {
+	if raw := env.Getenv(benchEndpointSecretsEnv); raw != "" {
 		epSecrets = strings.Split(raw, ",")
 		if len(epSecrets) > maxFanoutEndpoints {
-			return usageError("%s: %d secrets, at most %d", benchEndpointSecretsEnv, len(epSecrets), maxFanoutEndpoints)
+			return cli.UsageError("%s: %d secrets, at most %d", benchEndpointSecretsEnv, len(epSecrets), maxFanoutEndpoints)
 		}
 		for i, s := range epSecrets {
 			if s == "" {
-				return usageError("%s: secret %d is empty", benchEndpointSecretsEnv, i)
+				return cli.UsageError("%s: secret %d is empty", benchEndpointSecretsEnv, i)
 			}
 		}
 	}
@@ -164,7 +165,7 @@ func runBenchConsumer(ctx context.Context, env *environment, args []string) erro
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	fmt.Fprintf(env.stdout, "listening %s\n", ln.Addr())
+	fmt.Fprintf(env.Stdout, "listening %s\n", ln.Addr())
 
 	stdinClosed := make(chan struct{})
 	go func() {

@@ -1,4 +1,4 @@
-package main
+package bench
 
 // The idle and steady workloads: producer inserts on a schedule, latency to the consumer.
 

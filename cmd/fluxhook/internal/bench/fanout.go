@@ -1,4 +1,4 @@
-package main
+package bench
 
 // The fanout workload: managed endpoints (schema 5). Every event goes to --fanout-endpoints
 // endpoints, each a path of the bench's consumer with a secret of its own; the dispatcher

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/fluxhooktest"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
 )
@@ -31,7 +32,7 @@ import (
 // TestBenchNoBudgetSmoke's.
 func TestBenchSmoke(t *testing.T) {
 	t.Parallel()
-	bin := fluxhookBinary(t)
+	bin := fluxhooktest.Binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "drain,idle,producers,fanout,ordered",
@@ -304,7 +305,7 @@ func TestBenchSmoke(t *testing.T) {
 // run exits 1.
 func TestBenchSoakSmoke(t *testing.T) {
 	t.Parallel()
-	bin := fluxhookBinary(t)
+	bin := fluxhooktest.Binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "soak", "--soak-duration", "6s", "--soak-interval", "2s",
@@ -415,7 +416,7 @@ func TestBenchSoakSmoke(t *testing.T) {
 // whose budget no CI machine is asked to meet.
 func TestBenchNoBudgetSmoke(t *testing.T) {
 	t.Parallel()
-	bin := fluxhookBinary(t)
+	bin := fluxhooktest.Binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "idle", "--idle-events", "3", "--idle-interval", "10ms",
@@ -530,7 +531,7 @@ func TestBenchNum(t *testing.T) {
 
 func TestBenchOptions(t *testing.T) {
 	t.Parallel()
-	env := &environment{stdout: &bytes.Buffer{}, stderr: &bytes.Buffer{}, getenv: func(string) string { return "" }}
+	env := Env{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}, Getenv: func(string) string { return "" }}
 	o, err := parseBenchOptions(env, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package bench
 
 // CPU accounting for `fluxhook bench`: the machine's busy time and each participant's share,
 // from /proc, so that the report can say what PostgreSQL spent per event and how much of the

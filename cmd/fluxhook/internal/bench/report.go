@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
 )
 
 // benchReport is everything `fluxhook bench` measured; --json prints it as is.
@@ -313,7 +315,7 @@ func newBenchReport(b *bench) *benchReport {
 		idleSpacing: b.opts.idleInterval,
 	}
 	if b.opts.redisURL != "" {
-		r.Redis = redactURL(b.opts.redisURL) + " (commands counted server-wide; round trips by the dispatcher's client)"
+		r.Redis = cli.RedactURL(b.opts.redisURL) + " (commands counted server-wide; round trips by the dispatcher's client)"
 	}
 	if len(b.passedOn) > 0 {
 		r.Dispatcher = "fluxhook serve, default configuration except " + strings.Join(b.passedOn, " ")

@@ -1,4 +1,4 @@
-package main
+package bench
 
 // The child processes of `fluxhook bench`: the consumer and the dispatcher (`fluxhook serve`),
 // each in its own process group so that a Ctrl-C reaches the bench alone and the bench stops

@@ -1,4 +1,4 @@
-package main
+package bench
 
 // The soak workload: a production week's shape, compressed. Events arrive without pause at a
 // share (--soak-share) of the measured drain rate for --soak-duration, on one dispatcher

@@ -1,4 +1,4 @@
-package main
+package bench
 
 // The database side of `fluxhook bench`: a throwaway cluster or a fresh database on the
 // server in DATABASE_URL, and the PostgreSQL and Redis counters read around each workload.
@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
 	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/stages/gate/redisstore"
@@ -86,7 +87,7 @@ func openBenchDB(ctx context.Context, serverURL string, progress io.Writer) (_ *
 		db.info.Throwaway = true
 	}
 	if db.admin, err = pgx.Connect(ctx, db.serverURL); err != nil {
-		return nil, scrubPassword(fmt.Errorf("connecting to %s: %w", redactURL(db.serverURL), err), "")
+		return nil, cli.ScrubPassword(fmt.Errorf("connecting to %s: %w", cli.RedactURL(db.serverURL), err), "")
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -187,7 +188,7 @@ func withDatabaseName(u, name string) (string, error) {
 	}
 	parsed, err := url.Parse(u)
 	if err != nil {
-		return "", fmt.Errorf("DATABASE_URL %s: %w", redactURL(u), err)
+		return "", fmt.Errorf("DATABASE_URL %s: %w", cli.RedactURL(u), err)
 	}
 	parsed.Path = "/" + name
 	return parsed.String(), nil
@@ -395,7 +396,7 @@ func newRedisCounter(ctx context.Context, rawURL string) (*redisCounter, error) 
 	}
 	if err := c.Ping(ctx).Err(); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("connecting to Redis at %s: %w", redactURL(rawURL), err)
+		return nil, fmt.Errorf("connecting to Redis at %s: %w", cli.RedactURL(rawURL), err)
 	}
 	return &redisCounter{client: c}, nil
 }
