@@ -414,7 +414,7 @@ func createFluxhookRole(t *testing.T, db *sqltest.DB) string {
 		`GRANT SELECT ON webhook_schema_version TO ` + role,
 		`GRANT SELECT, INSERT ON webhook_delivery_log TO ` + role,
 		`GRANT SELECT ON webhook_deliveries TO ` + role,
-		`GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval) TO ` + role,
+		`GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval), webhook_delivery_log_drop_one(interval, interval) TO ` + role,
 		`GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ` + role,
 		`GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until TO ` + role, // the NOTIFY switch
 	} {

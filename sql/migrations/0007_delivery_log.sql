@@ -85,27 +85,33 @@ ALTER TABLE webhook_outbox SET (
     autovacuum_analyze_threshold = 5000
 );
 
--- Partition maintenance, called by every dispatcher's janitor (and once at start):
---   * drops the partitions whose whole range is older than retention (a partition is kept
---     until its newest possible row is older than retention: the log holds between retention
---     and retention + step), and the empty future ones wider than step (made while the
---     retention was longer: after the retention is shortened, the log holds the old, wider
---     partition until it has passed, then partitions of the new step);
---   * creates partitions of width step, aligned to step, until now + ahead, around those that
---     exist, moving into each whatever the default partition holds for its range;
---   * deletes default-partition rows older than retention.
--- Returns one line per partition created or dropped, for the log. Partitions are named by
--- their start, in UTC: webhook_delivery_log_YYYYMMDD_HHMMSS.
+-- Partition maintenance, run by every dispatcher's janitor once a minute (and once at start),
+-- in two functions so that a drop is a transaction of its own, short, and the last thing in it:
+-- the log's ACCESS EXCLUSIVE lock, which settles queue behind, is held from the drop to the
+-- commit and no longer.
 --
--- Locks. Creating attaches a new table (SHARE UPDATE EXCLUSIVE on the log: settles go on;
--- ACCESS EXCLUSIVE on the default partition, which no settle uses while partitions are in
--- place). Dropping locks the old partition first (up to 5 s: an autovacuum of it yields, a
--- reader of old rows finishes), then takes the log's ACCESS EXCLUSIVE lock for an instant,
--- behind settles in progress, which queue behind it: at most 100 ms. A drop or a creation that
--- cannot get its lock (a long query reading the whole log holds them off) is left to the next
--- run, which is why partitions are created ahead of time. Several instances run this at once safely: an advisory lock
--- makes the others return at once.
+-- webhook_delivery_log_drop_one(retention, step) drops one partition: the oldest whose whole
+-- range is older than retention (a partition is kept until its newest possible row is older
+-- than retention: the log holds between retention and retention + step), or else an empty
+-- future one wider than step (made while the retention was longer: after the retention is
+-- shortened, the log holds the old, wider partition until it has passed, then partitions of
+-- the new step). It locks the partition first, which no settle uses (up to 5 s: an autovacuum
+-- of it yields, a reader of old rows finishes), then the log (at most 100 ms, behind settles
+-- in progress). Returns 'dropped <name>', 'drop of <name> postponed: ...' when a lock was not
+-- had in time (the next run tries again), or NULL when there is nothing to drop. The janitor
+-- calls it until it returns something else than 'dropped ...'.
 --
+-- webhook_delivery_log_maintain(retention, step, ahead) creates partitions of width step,
+-- aligned to step, until now + ahead, around those that exist, moving into each whatever the
+-- default partition holds for its range, and deletes default-partition rows older than
+-- retention. Creating attaches a new table: SHARE UPDATE EXCLUSIVE on the log (settles go on)
+-- and ACCESS EXCLUSIVE on the default partition, which no settle uses while partitions are in
+-- place; a creation that cannot get its lock in 500 ms (a long query reading the whole log) is
+-- left to the next run, which is why partitions are created ahead of time. Returns one line
+-- per partition created. Partitions are named by their start, in UTC:
+-- webhook_delivery_log_YYYYMMDD_HHMMSS.
+--
+-- Several instances may run these at once: an advisory lock makes the others return at once.
 -- SECURITY DEFINER: creating and dropping partitions needs the log's owner, which the
 -- dispatcher's role need not be; it only needs EXECUTE (granted to no one by default).
 DO $do$
@@ -115,78 +121,87 @@ BEGIN
     SELECT n.nspname INTO sch
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE c.oid = 'webhook_outbox'::regclass;
+
+    -- The log's partitions and their bounds, read from the catalog.
+    EXECUTE format($fn$
+        CREATE OR REPLACE FUNCTION webhook_delivery_log_partitions()
+        RETURNS TABLE (rel regclass, lo timestamptz, hi timestamptz)
+        LANGUAGE sql STABLE SET search_path = %I, pg_temp AS $body$
+            SELECT c.oid::regclass, m[1]::timestamptz, m[2]::timestamptz
+            FROM pg_inherits h
+            JOIN pg_class c ON c.oid = h.inhrelid,
+            LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
+                                 $re$FROM \('([^']*)'\) TO \('([^']*)'\)$re$) m
+            WHERE h.inhparent = 'webhook_delivery_log'::regclass AND m IS NOT NULL
+            ORDER BY 2
+        $body$
+    $fn$, sch);
+
+    EXECUTE format($fn$
+        CREATE OR REPLACE FUNCTION webhook_delivery_log_drop_one(retention interval, step interval)
+        RETURNS text
+        LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = %I, pg_temp AS $body$
+        DECLARE
+            p     record;
+            part  text;
+            empty boolean;
+        BEGIN
+            IF step < interval '1 minute' OR retention < interval '1 minute' THEN
+                RAISE EXCEPTION 'webhook_delivery_log_drop_one: step and retention must be at least 1 minute (got step %%, retention %%)',
+                    step, retention;
+            END IF;
+            IF NOT pg_try_advisory_xact_lock(2037604416, 7) THEN
+                RETURN NULL;
+            END IF;
+            FOR p IN SELECT * FROM webhook_delivery_log_partitions() LOOP
+                CONTINUE WHEN NOT (p.hi <= now() - retention OR (p.lo > now() AND p.hi - p.lo > step));
+                IF p.hi > now() - retention THEN
+                    EXECUTE format('SELECT NOT EXISTS (SELECT FROM %%s)', p.rel) INTO empty;
+                    CONTINUE WHEN NOT empty;
+                END IF;
+                part := p.rel::text;
+                BEGIN
+                    PERFORM set_config('lock_timeout', '5s', true);
+                    EXECUTE format('LOCK TABLE %%s IN ACCESS EXCLUSIVE MODE', p.rel);
+                    PERFORM set_config('lock_timeout', '100ms', true);
+                    EXECUTE format('DROP TABLE %%s', p.rel);
+                    RETURN 'dropped ' || part;
+                EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+                    RETURN 'drop of ' || part || ' postponed: the log is busy';
+                END;
+            END LOOP;
+            RETURN NULL;
+        END;
+        $body$
+    $fn$, sch);
+
     EXECUTE format($fn$
         CREATE OR REPLACE FUNCTION webhook_delivery_log_maintain(retention interval, step interval, ahead interval)
         RETURNS SETOF text
         LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = %I, pg_temp AS $body$
         DECLARE
-            p       record;
-            lo      timestamptz;
-            hi      timestamptz;
-            part    text;
-            empty   boolean;
-            dropped boolean;
-            los     timestamptz[] := '{}';
-            his     timestamptz[] := '{}';
-            i       integer;
-            step_s  float8 := extract(epoch FROM step);
+            p      record;
+            lo     timestamptz;
+            hi     timestamptz;
+            part   text;
+            los    timestamptz[] := '{}';
+            his    timestamptz[] := '{}';
+            i      integer;
+            step_s float8 := extract(epoch FROM step);
         BEGIN
             IF step < interval '1 minute' OR retention < interval '1 minute' OR ahead < step THEN
                 RAISE EXCEPTION 'webhook_delivery_log_maintain: step and retention must be at least 1 minute and ahead at least step (got step %%, retention %%, ahead %%)',
                     step, retention, ahead;
             END IF;
-            -- One instance at a time; the others have nothing to add.
             IF NOT pg_try_advisory_xact_lock(2037604416, 7) THEN
                 RETURN;
             END IF;
             PERFORM set_config('lock_timeout', '500ms', true);
-
-            -- Drop what is past retention, and the empty future partitions wider than step
-            -- (made for a longer retention), so that a shorter retention takes effect once the
-            -- current partition has passed.
-            FOR p IN
-                SELECT c.oid::regclass AS rel, m[1]::timestamptz AS lo, m[2]::timestamptz AS hi
-                FROM pg_inherits h
-                JOIN pg_class c ON c.oid = h.inhrelid,
-                LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid),
-                                     $re$FROM \('([^']*)'\) TO \('([^']*)'\)$re$) m
-                WHERE h.inhparent = 'webhook_delivery_log'::regclass AND m IS NOT NULL
-                ORDER BY 2
-            LOOP
-                dropped := false;
-                IF p.hi <= now() - retention OR (p.lo > now() AND p.hi - p.lo > step) THEN
-                    empty := true;
-                    IF p.hi > now() - retention THEN
-                        EXECUTE format('SELECT NOT EXISTS (SELECT FROM %%s)', p.rel) INTO empty;
-                    END IF;
-                    IF empty THEN
-                        part := p.rel::text;
-                        BEGIN
-                            -- The partition first, which no settle uses: waiting for it (an
-                            -- autovacuum of it is cancelled after deadlock_timeout, a reader
-                            -- of old rows finishes) holds nothing else up. Then the log's
-                            -- own lock for the drop, which settles queue behind: at most
-                            -- 100 ms, or the drop waits for the next run.
-                            PERFORM set_config('lock_timeout', '5s', true);
-                            EXECUTE format('LOCK TABLE %%s IN ACCESS EXCLUSIVE MODE', p.rel);
-                            PERFORM set_config('lock_timeout', '100ms', true);
-                            EXECUTE format('DROP TABLE %%s', p.rel);
-                            RETURN NEXT 'dropped ' || part;
-                            dropped := true;
-                        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-                            RETURN NEXT 'drop of ' || part || ' postponed: the log is busy';
-                        END;
-                        PERFORM set_config('lock_timeout', '500ms', true);
-                    END IF;
-                END IF;
-                IF NOT dropped THEN
-                    los := los || p.lo;
-                    his := his || p.hi;
-                END IF;
+            FOR p IN SELECT * FROM webhook_delivery_log_partitions() LOOP
+                los := los || p.lo;
+                his := his || p.hi;
             END LOOP;
 
-            -- Cover [now, now + ahead) with partitions of width step (aligned to step), around
-            -- the partitions that exist: a new one ends where the next existing one starts.
             lo := to_timestamp(floor(extract(epoch FROM now()) / step_s) * step_s);
             WHILE lo < now() + ahead LOOP
                 hi := lo + step;
@@ -210,8 +225,6 @@ BEGIN
                                    'WITH (autovacuum_freeze_min_age = 0)', part);
                     EXECUTE format('WITH moved AS (DELETE FROM webhook_delivery_log_default WHERE processed_at >= $1 AND processed_at < $2 RETURNING *) '
                                    'INSERT INTO %%I SELECT * FROM moved', part) USING lo, hi;
-                    -- Attaching scans the default partition under an ACCESS EXCLUSIVE lock on
-                    -- it (not on the log): a long reader of the whole log postpones it.
                     EXECUTE format('ALTER TABLE webhook_delivery_log ATTACH PARTITION %%I FOR VALUES FROM (%%L) TO (%%L)', part, lo, hi);
                 EXCEPTION WHEN lock_not_available THEN
                     RETURN NEXT 'creation of ' || part || ' postponed: the log is busy';
@@ -228,5 +241,6 @@ BEGIN
 END
 $do$;
 REVOKE EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION webhook_delivery_log_drop_one(interval, interval) FROM PUBLIC;
 
 INSERT INTO webhook_schema_version (version) VALUES (7) ON CONFLICT (version) DO NOTHING;

@@ -491,7 +491,8 @@ func (c *Claimer) CheckAnnounce(ctx context.Context) error {
 func (c *Claimer) CheckLogGrants(ctx context.Context) error {
 	var insert, maintain bool
 	if err := c.pool.QueryRow(ctx, `SELECT has_table_privilege('webhook_delivery_log', 'INSERT'),
-		has_function_privilege('webhook_delivery_log_maintain(interval, interval, interval)', 'EXECUTE')`).
+		has_function_privilege('webhook_delivery_log_maintain(interval, interval, interval)', 'EXECUTE')
+		AND has_function_privilege('webhook_delivery_log_drop_one(interval, interval)', 'EXECUTE')`).
 		Scan(&insert, &maintain); err != nil {
 		return fmt.Errorf("checking the delivery log's privileges: %w", err)
 	}
@@ -500,7 +501,8 @@ func (c *Claimer) CheckLogGrants(ctx context.Context) error {
 		missing = append(missing, "GRANT SELECT, INSERT ON webhook_delivery_log TO <fluxhook's role>")
 	}
 	if !maintain {
-		missing = append(missing, "GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval) TO <fluxhook's role>")
+		missing = append(missing, "GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval), "+
+			"webhook_delivery_log_drop_one(interval, interval) TO <fluxhook's role>")
 	}
 	if len(missing) > 0 {
 		return errors.New("the database role may not write the delivery log or maintain its partitions: run " + strings.Join(missing, "; "))
@@ -570,20 +572,41 @@ func LogPartitionsAhead(retention time.Duration) time.Duration {
 	return 2*LogPartitionStep(retention) + 5*time.Minute
 }
 
-// MaintainLog drops the delivery log's partitions that are past retention and creates those
-// the next LogPartitionsAhead needs (webhook_delivery_log_maintain, schema 7). It returns one
-// line per partition created or dropped. Several instances may call it at once: all but one
-// return at once with nothing done.
+// MaintainLog drops the delivery log's partitions that are past retention, one transaction
+// each (webhook_delivery_log_drop_one, schema 7: the log's lock that settles queue behind is
+// held for the drop alone), then creates those the next LogPartitionsAhead needs
+// (webhook_delivery_log_maintain). It returns one line per partition created, dropped or
+// postponed. Several instances may call it at once: all but one find nothing to do.
 func (c *Claimer) MaintainLog(ctx context.Context, retention time.Duration) ([]string, error) {
+	step := LogPartitionStep(retention)
+	var done []string
+	for range maxDropsPerRun {
+		var line *string
+		if err := c.pool.QueryRow(ctx, `SELECT webhook_delivery_log_drop_one($1::bigint * interval '1 millisecond',
+			$2::bigint * interval '1 millisecond')`, retention.Milliseconds(), step.Milliseconds()).Scan(&line); err != nil {
+			return done, fmt.Errorf("dropping delivery log partitions: %w", err)
+		}
+		if line == nil {
+			break
+		}
+		done = append(done, *line)
+		if !strings.HasPrefix(*line, "dropped ") {
+			break // postponed: the next run tries again
+		}
+	}
 	rows, err := c.pool.Query(ctx, `SELECT * FROM webhook_delivery_log_maintain($1::bigint * interval '1 millisecond',
 		$2::bigint * interval '1 millisecond', $3::bigint * interval '1 millisecond')`,
-		retention.Milliseconds(), LogPartitionStep(retention).Milliseconds(), LogPartitionsAhead(retention).Milliseconds())
+		retention.Milliseconds(), step.Milliseconds(), LogPartitionsAhead(retention).Milliseconds())
 	if err != nil {
-		return nil, fmt.Errorf("delivery log partitions: %w", err)
+		return done, fmt.Errorf("creating delivery log partitions: %w", err)
 	}
-	done, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	created, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("delivery log partitions: %w", err)
+		return done, fmt.Errorf("creating delivery log partitions: %w", err)
 	}
-	return done, nil
+	return append(done, created...), nil
 }
+
+// maxDropsPerRun bounds the partitions one MaintainLog drops, so that a janitor finding a long
+// history to drop (a retention just shortened) leaves the rest to its next runs.
+const maxDropsPerRun = 100

@@ -73,7 +73,8 @@ func TestMaintainLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	role := sqltest.NewRole(t, db)
-	if _, err := db.Pool.Exec(ctx, `GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval) TO `+role); err != nil {
+	if _, err := db.Pool.Exec(ctx, `GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval),
+		webhook_delivery_log_drop_one(interval, interval) TO `+role); err != nil {
 		t.Fatal(err)
 	}
 	cfg, err := pgxpool.ParseConfig(db.URL)
@@ -239,7 +240,8 @@ func TestCheckLogGrantsNamesTheMissingGrants(t *testing.T) {
 		}
 	}
 	if _, err := db.Pool.Exec(ctx, `GRANT SELECT, INSERT ON webhook_delivery_log TO `+role+`;
-		GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval) TO `+role); err != nil {
+		GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval),
+			webhook_delivery_log_drop_one(interval, interval) TO `+role); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.CheckLogGrants(ctx); err != nil {
