@@ -89,8 +89,10 @@ func TestStatusShowsBreakerSpell(t *testing.T) {
 	ctx := context.Background()
 	db := sqltest.NewMigrated(t)
 	store, hash := breakerFixture(t, db, "")
-	// The limiter off: only the breaker's keys are written.
-	params := fluxgate.Params{Threshold: 1, Reset: 300 * time.Millisecond, RetryRPS: -1}.WithDefaults()
+	// The limiter off: only the breaker's keys are written. The reset is long enough for the
+	// status command below to run inside the new one after the failed probe on a loaded
+	// machine (300 ms was not, under the whole suite with -race).
+	params := fluxgate.Params{Threshold: 1, Reset: 3 * time.Second, RetryRPS: -1}.WithDefaults()
 	if _, err := store.Record(ctx, params, []fluxgate.EndpointResult{{Hash: hash, Rows: []fluxgate.RowResult{{Result: fluxgate.Failure}}}}); err != nil {
 		t.Fatal(err)
 	}
