@@ -56,22 +56,6 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	}
 }
 
-// migratedTo returns a database with the migrations up to version v applied (and the later
-// ones pending), as an older fluxhook left it.
-func migratedTo(t *testing.T, v int) *sqltest.DB {
-	t.Helper()
-	db := sqltest.New(t)
-	for _, m := range fluxsql.Migrations() {
-		if m.Version > v {
-			break
-		}
-		if _, err := db.Pool.Exec(context.Background(), m.SQL); err != nil {
-			t.Fatalf("applying %s: %v", m.Name, err)
-		}
-	}
-	return db
-}
-
 // holdOutboxLock opens a producer's transaction that inserted a row into webhook_outbox and
 // stays open: it holds ROW EXCLUSIVE on the table until committed, which conflicts with the
 // ACCESS EXCLUSIVE lock of ALTER TABLE and DROP TRIGGER. It returns the transaction and its
@@ -140,7 +124,7 @@ func producer(t *testing.T, db *sqltest.DB) (stop func() (n int, longest time.Du
 func TestMigrateGivesUpBehindLongTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := migratedTo(t, 4)
+	db := sqltest.NewMigratedTo(t, 4)
 	_, holderPID := holdOutboxLock(t, db)
 	stopProducer := producer(t, db)
 
@@ -199,7 +183,7 @@ func TestMigrateGivesUpBehindLongTransaction(t *testing.T) {
 func TestMigrateRetriesUntilLockIsReleased(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := migratedTo(t, 4)
+	db := sqltest.NewMigratedTo(t, 4)
 	holder, _ := holdOutboxLock(t, db)
 
 	timedOut := make(chan struct{})
@@ -333,7 +317,7 @@ func TestScriptSetsLockTimeout(t *testing.T) {
 	if err != nil {
 		t.Skip("psql not installed")
 	}
-	db := migratedTo(t, 4)
+	db := sqltest.NewMigratedTo(t, 4)
 	holdOutboxLock(t, db)
 	const lockTimeout = 500 * time.Millisecond
 	file := filepath.Join(t.TempDir(), "fluxhook.sql")

@@ -83,16 +83,8 @@ func TestEndpointsReplayAfterReenable(t *testing.T) {
 // already delivered is sent again.
 func TestUpgradeFromSchema3WithPendingRows(t *testing.T) {
 	t.Parallel()
-	db := sqltest.New(t)
+	db := sqltest.NewMigratedTo(t, 3)
 	ctx := context.Background()
-	for _, m := range fluxsql.Migrations() {
-		if m.Version > 3 {
-			break
-		}
-		if _, err := db.Pool.Exec(ctx, m.SQL); err != nil {
-			t.Fatalf("applying %s: %v", m.Name, err)
-		}
-	}
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, processed, processed_at, status_code, created_at, lease_until, leased_by, attempt) VALUES
 		('done', '{"n": 0}', true, now(), 200, now() - interval '1 hour', NULL, NULL, 1),
 		('due', '{"n": 1}', false, NULL, NULL, now() - interval '1 minute', NULL, NULL, 1),

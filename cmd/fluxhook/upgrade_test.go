@@ -16,16 +16,8 @@ import (
 // janitor deletes the old row past retention.
 func TestUpgradeToTheDeliveryLog(t *testing.T) {
 	t.Parallel()
-	db := sqltest.New(t)
+	db := sqltest.NewMigratedTo(t, 6)
 	ctx := context.Background()
-	for _, m := range fluxsql.Migrations() {
-		if m.Version > 6 {
-			break
-		}
-		if _, err := db.Pool.Exec(ctx, m.SQL); err != nil {
-			t.Fatalf("applying %s: %v", m.Name, err)
-		}
-	}
 	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, processed, processed_at, status_code, created_at, lease_until, leased_by, attempt) VALUES
 		('done', '{"n": 0}', true, now() - interval '1 minute', 200, now() - interval '1 hour', NULL, NULL, 1),
 		('expired', '{"n": 1}', true, now() - interval '2 hours', 200, now() - interval '3 hours', NULL, NULL, 1),

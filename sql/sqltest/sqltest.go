@@ -110,6 +110,43 @@ func NewMigrated(t testing.TB) *DB {
 	return db
 }
 
+// NewMigratedTo creates a database for t with the migrations up to version v applied and the
+// later ones pending, as an older fluxhook left it: the starting point of upgrade tests.
+func NewMigratedTo(t testing.TB, v int) *DB {
+	t.Helper()
+	db := New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, m := range fluxsql.Migrations() {
+		if m.Version > v {
+			break
+		}
+		if _, err := db.Pool.Exec(ctx, m.SQL); err != nil {
+			t.Fatalf("sqltest: applying %s: %v", m.Name, err)
+		}
+	}
+	return db
+}
+
+// ConnectAs opens a pool on db's database as role (the test server trusts local connections),
+// closed at cleanup: what a least-privileged producer or dispatcher sees.
+func ConnectAs(t testing.TB, db *DB, role string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatalf("sqltest: %v", err)
+	}
+	cfg.ConnConfig.User = role
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("sqltest: connecting as %s: %v", role, err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // NewRole creates a LOGIN role without privileges for t, for tests of what a least-privileged
 // producer or dispatcher may do, and drops it (with its grants in db) at cleanup. Roles are
 // cluster-wide, so its name is random.

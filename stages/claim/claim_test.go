@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/claim"
 )
@@ -215,16 +213,7 @@ func TestCheckAnnounceNamesTheMissingGrant(t *testing.T) {
 	db := sqltest.NewMigrated(t)
 	ctx := deadline(t)
 	role := sqltest.NewRole(t, db)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.User = role
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := sqltest.ConnectAs(t, db, role)
 	c := claim.New(pool, "x", time.Minute)
 	if err := c.CheckAnnounce(ctx); err == nil || !strings.Contains(err.Error(), "GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until") {
 		t.Fatalf("CheckAnnounce without the grant = %v, want the GRANT to run", err)

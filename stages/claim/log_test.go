@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/claim"
 )
@@ -77,16 +75,7 @@ func TestMaintainLog(t *testing.T) {
 		webhook_delivery_log_drop_one(interval, interval) TO `+role); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.User = role
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := sqltest.ConnectAs(t, db, role)
 	c := claim.New(pool, "x", time.Minute)
 
 	const retention = 10 * time.Minute // partitions of 1 minute, 7 minutes ahead
@@ -222,18 +211,9 @@ func TestCheckLogGrantsNamesTheMissingGrants(t *testing.T) {
 	db := sqltest.NewMigrated(t)
 	ctx := deadline(t)
 	role := sqltest.NewRole(t, db)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.User = role
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := sqltest.ConnectAs(t, db, role)
 	c := claim.New(pool, "x", time.Minute)
-	err = c.CheckLogGrants(ctx)
+	err := c.CheckLogGrants(ctx)
 	for _, want := range []string{"GRANT SELECT, INSERT ON webhook_delivery_log", "GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("CheckLogGrants without grants = %v, want it to name %q", err, want)
