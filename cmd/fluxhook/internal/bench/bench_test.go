@@ -309,7 +309,7 @@ func TestBenchSoakSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "bench", "--workload", "soak", "--soak-duration", "6s", "--soak-interval", "2s",
-		"--soak-share", "0.2", "--drain-events", "500", "--connections", "2", "--json", "--quiet")
+		"--soak-warmup", "2s", "--soak-share", "0.2", "--drain-events", "500", "--connections", "2", "--json", "--quiet")
 	cmd.Env = []string{"DATABASE_URL=" + sqltest.ServerURL(), "GORACE=atexit_sleep_ms=0", "PGOPTIONS=-c synchronous_commit=off"}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -335,6 +335,7 @@ func TestBenchSoakSmoke(t *testing.T) {
 			Lost        int                     `json:"lost"`
 			Rejected    int                     `json:"rejected"`
 			Window      int                     `json:"window_samples"`
+			Warmup      int                     `json:"warmup_samples"`
 			P99Ratio    *float64                `json:"p99_ratio"`
 			LogRatio    *float64                `json:"log_size_ratio"`
 			LogMissing  string                  `json:"log_size_ratio_missing"`
@@ -356,24 +357,32 @@ func TestBenchSoakSmoke(t *testing.T) {
 	if rep.Drain != nil || s.Drain == nil || s.Drain.Received != 500 || !strings.Contains(s.DrainSource, "500 events") {
 		t.Errorf("soak's drain rate: drain workload %v, soak.drain %+v, source %q; want a drain of 500 events of its own", rep.Drain, s.Drain, s.DrainSource)
 	}
-	if s.Seconds != 6 || s.Interval != 2 || s.Retention != "1m0s" || s.Share != 0.2 || s.DrainRate <= 0 || math.Abs(s.Rate-0.2*s.DrainRate) > 1e-6 {
-		t.Errorf("soak run: %v s, every %v s, retention %q, share %v of %v = %v events/s; want 6, 2, 1m0s, 0.2 of the drain rate",
+	if s.Seconds != 8 || s.Interval != 2 || s.Retention != "1m0s" || s.Share != 0.2 || s.DrainRate <= 0 || math.Abs(s.Rate-0.2*s.DrainRate) > 1e-6 {
+		t.Errorf("soak run: %v s, every %v s, retention %q, share %v of %v = %v events/s; want 8 (a 2 s warm-up and 6 s), 2, 1m0s, 0.2 of the drain rate",
 			s.Seconds, s.Interval, s.Retention, s.Share, s.DrainRate, s.Rate)
 	}
 	if s.Events == 0 || s.Received != s.Events || s.Lost != 0 || s.Rejected != 0 || s.Cost == nil || s.Cost.Events != s.Received {
 		t.Errorf("soak: %d events, %d received, %d lost, %d rejected, cost %+v; want every event received once", s.Events, s.Received, s.Lost, s.Rejected, s.Cost)
 	}
-	if len(s.Samples) != 3 || s.Window != 1 {
-		t.Fatalf("soak: %d samples, windows of %d; want 3 and 1", len(s.Samples), s.Window)
+	if len(s.Samples) != 4 || s.Window != 1 || s.Warmup != 1 {
+		t.Fatalf("soak: %d samples, %d of them warm-up, windows of %d; want 4, 1 and 1", len(s.Samples), s.Warmup, s.Window)
 	}
 	delivered := 0
 	for i, sm := range s.Samples {
 		for _, k := range []string{"at_sec", "delivered", "delivered_per_sec", "produced_per_sec", "latency_from_scheduled_start", "latency_from_commit",
 			"claim_mean_ms", "claims", "table_bytes", "indexes_bytes", "index_bytes", "n_live_tup", "n_dead_tup",
-			"autovacuum_count", "autoanalyze_count", "rows_deleted", "unprocessed", "log_bytes", "log_partitions", "log_rows"} {
+			"autovacuum_count", "autoanalyze_count", "rows_deleted", "unprocessed", "log_bytes", "log_partitions", "log_rows", "backend_buffer_writes"} {
 			if _, ok := sm[k]; !ok {
 				t.Errorf("soak sample %d has no %s", i, k)
 			}
+		}
+		var warm bool
+		if err := json.Unmarshal(sm["warmup"], &warm); err != nil || warm != (i == 0) {
+			t.Errorf("soak sample %d: warmup %s, want %v", i, sm["warmup"], i == 0)
+		}
+		var writes *int64
+		if err := json.Unmarshal(sm["backend_buffer_writes"], &writes); err != nil || writes == nil || *writes < 0 {
+			t.Errorf("soak sample %d: backend_buffer_writes %s, want a count", i, sm["backend_buffer_writes"])
 		}
 		var n int
 		var table int64
@@ -543,9 +552,10 @@ func TestBenchOptions(t *testing.T) {
 	if o.producerMode != "prepared" {
 		t.Errorf("default producer mode = %q, want prepared (pgx's default)", o.producerMode)
 	}
-	if o.soakDuration != 30*time.Minute || o.soakShare != 0.5 || o.soakInterval != time.Minute || soakRetention(o) != 5*time.Minute {
-		t.Errorf("soak defaults: %s at %v, sampled every %s, retention %s; want 30m at 0.5, 1m, 5m",
-			o.soakDuration, o.soakShare, o.soakInterval, soakRetention(o))
+	if o.soakDuration != 30*time.Minute || o.soakShare != 0.5 || o.soakInterval != time.Minute || soakRetention(o) != 5*time.Minute ||
+		o.soakWarmup != 2*time.Minute {
+		t.Errorf("soak defaults: %s at %v, sampled every %s, retention %s, warm-up %s; want 30m at 0.5, 1m, 5m, 2m",
+			o.soakDuration, o.soakShare, o.soakInterval, soakRetention(o), o.soakWarmup)
 	}
 	if o, err := parseBenchOptions(env, []string{"--workload", "soak", "--soak-duration", "6s", "--soak-interval", "2s"}); err != nil ||
 		soakRetention(o) != soakMinRetention {
@@ -553,7 +563,7 @@ func TestBenchOptions(t *testing.T) {
 	}
 	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"},
 		{"--fanout-endpoints", "0"}, {"--fanout-endpoints", "1001"}, {"--ordered-streams", "0"}, {"--ordered-events-per-stream", "0"},
-		{"--soak-share", "0"}, {"--soak-share", "1.5"}, {"--soak-duration", "1m"}, {"--soak-retention", "30s"}} {
+		{"--soak-share", "0"}, {"--soak-share", "1.5"}, {"--soak-duration", "1m"}, {"--soak-retention", "30s"}, {"--soak-warmup", "90s"}, {"--soak-warmup", "-1m"}} {
 		_, err := parseBenchOptions(env, args)
 		if err == nil {
 			t.Errorf("parseBenchOptions(%q) accepted it", args)

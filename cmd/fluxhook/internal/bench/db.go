@@ -43,6 +43,8 @@ type benchDB struct {
 	oid       uint32
 	pgss      bool // pg_stat_statements is loaded and installed in the bench database
 	info      pgServerInfo
+	// versionNum is server_version_num: where the statistics views differ between versions.
+	versionNum int
 
 	// Bench-side activity in the bench database, subtracted from commit counts: statements
 	// (each its own transaction) and connections (each costs connCost commits of its own).
@@ -103,8 +105,10 @@ func openBenchDB(ctx context.Context, serverURL string, progress io.Writer) (_ *
 		return nil, fmt.Errorf("reading the bench database's oid: %w", err)
 	}
 	if err := db.admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'),
-		current_setting('synchronous_commit'), current_setting('shared_buffers'), current_setting('autovacuum_naptime')`).
-		Scan(&db.info.Version, &db.info.Fsync, &db.info.SynchronousCommit, &db.info.SharedBuffers, &db.info.AutovacuumNaptime); err != nil {
+		current_setting('synchronous_commit'), current_setting('shared_buffers'), current_setting('autovacuum_naptime'),
+		current_setting('server_version_num')::int`).
+		Scan(&db.info.Version, &db.info.Fsync, &db.info.SynchronousCommit, &db.info.SharedBuffers, &db.info.AutovacuumNaptime,
+			&db.versionNum); err != nil {
 		return nil, fmt.Errorf("reading server settings: %w", err)
 	}
 

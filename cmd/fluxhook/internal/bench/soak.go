@@ -7,8 +7,11 @@ package bench
 // samples what sustained load does to the hot path: events delivered, insert → arrival
 // latency, the claim statement's time, the queue's (webhook_outbox) size, dead tuples,
 // autovacuum runs and unprocessed rows, and the delivery log's (webhook_delivery_log, all its
-// partitions) size. The budget: the last samples' p99 and claim time within 1.2× of the first
-// ones', the queue bounded (its size at the end of the run no larger than early on), the log's
+// partitions) size. Production starts --soak-warmup earlier: those samples are printed and
+// marked, and the drift windows start after them, so that the first window compares a warm
+// server with the last, not a cold one (shared buffers still filling, no dirty buffer evicted
+// yet) with a warm one. The budget: the last samples' p99 and claim time within 1.2× of the
+// first ones' after the warm-up, the queue bounded (its size at the end of the run no larger than early on), the log's
 // size bounded by retention.
 
 import (
@@ -76,8 +79,8 @@ const (
 
 type soakResult struct {
 	// The run: a producer at RatePerSecond (Share × DrainEventsPerSecond) from Connections
-	// connections for Seconds (--soak-duration, a whole number of --soak-interval), on one
-	// dispatcher with WEBHOOK_RETENTION=Retention.
+	// connections for Seconds (--soak-warmup and --soak-duration, whole numbers of
+	// --soak-interval), on one dispatcher with WEBHOOK_RETENTION=Retention.
 	Seconds          float64 `json:"duration_sec"`
 	IntervalSeconds  float64 `json:"interval_sec"`
 	Retention        string  `json:"retention"`
@@ -104,8 +107,10 @@ type soakResult struct {
 	Lost              int     `json:"lost"`
 	Duplicates        int     `json:"duplicates"`
 	Rejected          int     `json:"rejected"`
-	// Samples are the intervals in order.
+	// Samples are the intervals in order, the warm-up's first.
 	Samples []soakSample `json:"samples"`
+	// WarmupSamples is how many of Samples are the warm-up's (--soak-warmup), in no window.
+	WarmupSamples int `json:"warmup_samples"`
 	// After the last sample, the bench waits for the events still in flight (WaitSeconds),
 	// until WaitEnded: every event arrived, none did for 30 s (Lost), or a quarter of the
 	// run went by with the dispatcher still delivering (StillQueued: the queue had grown).
@@ -151,7 +156,9 @@ type soakResult struct {
 // soakSample is one interval of the soak.
 type soakSample struct {
 	// AtSeconds is when the sample was read, from the start of production.
-	AtSeconds       float64 `json:"at_sec"`
+	AtSeconds float64 `json:"at_sec"`
+	// Warmup marks the warm-up's samples (--soak-warmup), in no drift window.
+	Warmup          bool    `json:"warmup"`
 	IntervalSeconds float64 `json:"interval_sec"`
 	// Produced events committed and Delivered events arrived (first arrivals) in the interval.
 	Produced          int     `json:"produced"`
@@ -190,6 +197,9 @@ type soakSample struct {
 	HOTPercent       *float64 `json:"hot_update_percent"`
 	// Unprocessed rows in webhook_outbox (the queue, in flight included).
 	Unprocessed int64 `json:"unprocessed"`
+	// BackendWrites are the buffers PostgreSQL's client backends wrote out themselves in the
+	// interval (null: not readable): 0 while shared_buffers still fill.
+	BackendWrites *int64 `json:"backend_buffer_writes"`
 
 	claimMS float64         // the claims' total time in the interval
 	raw     []time.Duration // FromScheduled's values, kept for the windows
@@ -307,6 +317,7 @@ type soakCounters struct {
 	unprocessed             int64
 	logBytes, logRows       int64
 	logPartitions           int
+	backendWrites           int64 // -1: not readable
 }
 
 // readSoakCounters reads webhook_outbox's sizes and statistics and, with pg_stat_statements,
@@ -328,6 +339,17 @@ func (b *bench) readSoakCounters(ctx context.Context, conn *pgx.Conn) (soakCount
 		FROM pg_inherits i LEFT JOIN pg_stat_user_tables s ON s.relid = i.inhrelid
 		WHERE i.inhparent = 'webhook_delivery_log'::regclass`).Scan(&c.logBytes, &c.logPartitions, &c.logRows); err != nil {
 		return c, fmt.Errorf("reading webhook_delivery_log's size: %w", err)
+	}
+	// Buffers the client backends wrote themselves, evicting a dirty buffer to read another:
+	// none while shared_buffers still has free ones (the cold start the warm-up leaves out).
+	// PostgreSQL 16 counts them in pg_stat_io, older ones in pg_stat_bgwriter.
+	b.db.stmts.Add(1)
+	writes := `SELECT buffers_backend FROM pg_stat_bgwriter`
+	if b.db.versionNum >= 160000 {
+		writes = `SELECT coalesce(sum(writes), 0)::bigint FROM pg_stat_io WHERE backend_type = 'client backend'`
+	}
+	if err := conn.QueryRow(ctx, benchMark+writes).Scan(&c.backendWrites); err != nil {
+		c.backendWrites = -1
 	}
 	b.db.stmts.Add(1)
 	rows, err := conn.Query(ctx, benchMark+`SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid)
@@ -376,6 +398,10 @@ func soakSampleOf(prev, cur soakCounters, start time.Time) soakSample {
 		Unprocessed: cur.unprocessed,
 		LogBytes:    cur.logBytes, LogPartitions: cur.logPartitions, LogRows: cur.logRows,
 	}
+	if prev.backendWrites >= 0 && cur.backendWrites >= 0 {
+		v := cur.backendWrites - prev.backendWrites
+		s.BackendWrites = &v
+	}
 	if upd := cur.updates - prev.updates; upd > 0 {
 		v := 100 * float64(cur.hot-prev.hot) / float64(upd)
 		s.HOTPercent = &v
@@ -408,11 +434,13 @@ func soakRetention(o benchOptions) time.Duration {
 // that rate, sampled every --soak-interval.
 func (b *bench) soak(ctx context.Context, drain *drainResult) (*soakResult, error) {
 	o := b.opts
-	n := int(o.soakDuration / o.soakInterval)
+	warm := int(o.soakWarmup / o.soakInterval)
+	n := warm + int(o.soakDuration/o.soakInterval)
 	retention := soakRetention(o)
 	r := &soakResult{
 		Seconds: (time.Duration(n) * o.soakInterval).Seconds(), IntervalSeconds: o.soakInterval.Seconds(),
-		Retention: retention.String(), RetentionSeconds: retention.Seconds(),
+		WarmupSamples: warm,
+		Retention:     retention.String(), RetentionSeconds: retention.Seconds(),
 		JanitorInterval: soakJanitorNote,
 		Share:           o.soakShare, Connections: o.connections,
 	}
@@ -433,8 +461,8 @@ func (b *bench) soak(ctx context.Context, drain *drainResult) (*soakResult, erro
 	r.RatePerSecond = o.soakShare * r.DrainEventsPerSecond
 	r.UnprocessedBound = max(1, int64(r.RatePerSecond))
 	period := time.Duration(float64(time.Second) / r.RatePerSecond)
-	b.logf("  %.0f events/s (%.0f%% of %.0f) for %s, sampled every %s; WEBHOOK_RETENTION=%s, janitor at most every %s",
-		r.RatePerSecond, 100*o.soakShare, r.DrainEventsPerSecond, time.Duration(n)*o.soakInterval, o.soakInterval, retention, soakJanitorInterval)
+	b.logf("  %.0f events/s (%.0f%% of %.0f) for %s after a warm-up of %s, sampled every %s; WEBHOOK_RETENTION=%s, janitor at most every %s",
+		r.RatePerSecond, 100*o.soakShare, r.DrainEventsPerSecond, o.soakDuration, o.soakWarmup, o.soakInterval, retention, soakJanitorInterval)
 
 	if err := b.resetTables(ctx); err != nil {
 		return nil, err
@@ -566,7 +594,8 @@ func (b *bench) soak(ctx context.Context, drain *drainResult) (*soakResult, erro
 		sm.EventsPerSecond = float64(delivered) / sm.IntervalSeconds
 		sm.ProducedPerSecond = float64(produced) / sm.IntervalSeconds
 		sm.FromScheduled, sm.FromCommit, sm.StartLateness = summarize(fromSched), summarize(fromCommit), summarize(late)
-		if soakKeepsRaw(k-1, n) {
+		sm.Warmup = k <= warm
+		if soakKeepsRaw(k-1, warm, n) {
 			sm.raw = fromSched
 		}
 		r.Samples = append(r.Samples, sm)
@@ -656,14 +685,14 @@ func (b *bench) soak(ctx context.Context, drain *drainResult) (*soakResult, erro
 }
 
 // soakWindowSize is how many samples each drift window pools: 5, or half the samples of a
-// shorter run.
+// shorter run (n samples after the warm-up).
 func soakWindowSize(n int) int { return min(soakWindowSamples, n/2) }
 
-// soakKeepsRaw reports whether sample i of n is in the first or the last window, whose raw
-// latencies the window's p99 pools.
-func soakKeepsRaw(i, n int) bool {
-	k := soakWindowSize(n)
-	return i < k || i >= n-k
+// soakKeepsRaw reports whether sample i of n, the first warm of them the warm-up's, is in the
+// first or the last window, whose raw latencies the window's p99 pools.
+func soakKeepsRaw(i, warm, n int) bool {
+	k := soakWindowSize(n - warm)
+	return i >= warm && (i < warm+k || i >= n-k)
 }
 
 func (r *soakResult) totalProduced() int {
@@ -700,12 +729,12 @@ func (r *soakResult) window(from, to int) soakWindow {
 // setBudgetFigures computes the windows, the ratios and the log's reference once, for the
 // budget and the table.
 func (r *soakResult) setBudgetFigures() {
-	n := len(r.Samples)
-	r.Window = soakWindowSize(n)
+	n, warm := len(r.Samples), min(r.WarmupSamples, len(r.Samples))
+	r.Window = soakWindowSize(n - warm)
 	if r.Window < 1 {
 		return
 	}
-	r.First, r.Last = r.window(0, r.Window), r.window(n-r.Window, n)
+	r.First, r.Last = r.window(warm, warm+r.Window), r.window(n-r.Window, n)
 	if r.First.P99MS > 0 && r.Last.P99MS > 0 {
 		v := r.Last.P99MS / r.First.P99MS
 		r.P99Ratio = &v
@@ -829,9 +858,13 @@ func (r *soakResult) check(add addCheckFunc, notComputed notComputedCheckFunc) {
 
 // writeRows prints the workload's rows of the results table.
 func (r *soakResult) writeRows(tw io.Writer, verdict func(workload, what string) string) {
-	fmt.Fprintf(tw, "soak\t%s events/s (%.0f%% of %s events/s drained: %s) from %d connections for %s, WEBHOOK_RETENTION=%s (janitor at most every %s)\t%s events, %d samples of %s\t\n",
+	warmup := ""
+	if r.WarmupSamples > 0 {
+		warmup = fmt.Sprintf(" (the first %s a warm-up)", time.Duration(float64(r.WarmupSamples)*r.IntervalSeconds*float64(time.Second)))
+	}
+	fmt.Fprintf(tw, "soak\t%s events/s (%.0f%% of %s events/s drained: %s) from %d connections for %s%s, WEBHOOK_RETENTION=%s (janitor at most every %s)\t%s events, %d samples of %s\t\n",
 		num(r.RatePerSecond, 0), 100*r.Share, num(r.DrainEventsPerSecond, 0), r.DrainSource, r.Connections,
-		time.Duration(r.Seconds*float64(time.Second)), r.Retention, soakJanitorInterval, num(float64(r.Events), 0), len(r.Samples),
+		time.Duration(r.Seconds*float64(time.Second)), warmup, r.Retention, soakJanitorInterval, num(float64(r.Events), 0), len(r.Samples),
 		time.Duration(r.IntervalSeconds*float64(time.Second)))
 	behind := ""
 	if r.ProducedPerSecond < 0.95*r.RatePerSecond {
@@ -842,6 +875,9 @@ func (r *soakResult) writeRows(tw io.Writer, verdict func(workload, what string)
 	short := ""
 	if r.Window < soakWindowSamples {
 		short = fmt.Sprintf(" (a short run: %d, not %d)", r.Window, soakWindowSamples)
+	}
+	if r.WarmupSamples > 0 {
+		short += fmt.Sprintf(", after %d warm-up samples", r.WarmupSamples)
 	}
 	fmt.Fprintf(tw, "\t  scheduled start → arrival p99, first %d samples; last %d%s\t%s; %s ms = %s\t%s\n", r.Window, r.Window, short,
 		ms(r.First.P99MS), ms(r.Last.P99MS), ratioText(r.P99Ratio), verdict("soak", r.p99Check()))
@@ -876,11 +912,11 @@ func (r *soakResult) writeRows(tw io.Writer, verdict func(workload, what string)
 
 // writeSamples prints the per-interval table.
 func (r *soakResult) writeSamples(w io.Writer) {
-	fmt.Fprintf(w, "\nsoak: per interval (t from the start of production; latencies of the events that arrived in it; table, indexes, tuples,\n")
+	fmt.Fprintf(w, "\nsoak: per interval (t from the start of production, the warm-up's marked; latencies of the events that arrived in it; table, indexes, tuples,\n")
 	fmt.Fprintf(w, "autovacuum of the queue, webhook_outbox; due idx = webhook_outbox_due_idx, the claim's index; autovac/analyze: runs since the start;\n")
-	fmt.Fprintf(w, "log = webhook_delivery_log, every partition with its indexes)\n")
+	fmt.Fprintf(w, "log = webhook_delivery_log, every partition with its indexes; backend writes: buffers PostgreSQL's client backends evicted dirty)\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "t\tproduced/s\tdelivered/s\tp50 ms\tp99 ms\tcommit→arr p99\tlate p99\tclaim ms\tclaims\tjanitor ms (stmts)\ttable MB\tindexes MB\tdue idx MB\tlive\tdead\tautovac\tanalyze\tdeleted\tHOT %\tunprocessed\tlog MB\tparts\tlog rows\t")
+	fmt.Fprintln(tw, "t\tproduced/s\tdelivered/s\tp50 ms\tp99 ms\tcommit→arr p99\tlate p99\tclaim ms\tclaims\tjanitor ms (stmts)\ttable MB\tindexes MB\tdue idx MB\tlive\tdead\tautovac\tanalyze\tdeleted\tHOT %\tunprocessed\tlog MB\tparts\tlog rows\tbackend writes\t")
 	for _, s := range r.Samples {
 		claim, claims, janitor, hot := "n/a", "n/a", "n/a", "-"
 		if s.ClaimMeanMS != nil {
@@ -895,17 +931,25 @@ func (r *soakResult) writeSamples(w io.Writer) {
 		if s.HOTPercent != nil {
 			hot = fmt.Sprintf("%.0f", *s.HOTPercent)
 		}
+		writes := "n/a"
+		if s.BackendWrites != nil {
+			writes = num(float64(*s.BackendWrites), 0)
+		}
 		due := "n/a"
 		for name, size := range s.IndexBytes {
 			if name == "webhook_outbox_due_idx" {
 				due = fmt.Sprintf("%.2f", mb(size))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%.1f\t%d\t%s\t\n",
-			soakClock(s.AtSeconds), num(s.ProducedPerSecond, 0), num(s.EventsPerSecond, 0), ms(s.FromScheduled.P50), ms(s.FromScheduled.P99), ms(s.FromCommit.P99),
+		clock := soakClock(s.AtSeconds)
+		if s.Warmup {
+			clock += " (warm-up)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%.1f\t%d\t%s\t%s\t\n",
+			clock, num(s.ProducedPerSecond, 0), num(s.EventsPerSecond, 0), ms(s.FromScheduled.P50), ms(s.FromScheduled.P99), ms(s.FromCommit.P99),
 			ms(s.StartLateness.P99), claim, claims, janitor, mb(s.TableBytes), mb(s.IndexesBytes), due,
 			num(float64(s.LiveTuples), 0), num(float64(s.DeadTuples), 0), s.AutovacuumCount, s.AutoanalyzeCount,
-			num(float64(s.Deleted), 0), hot, num(float64(s.Unprocessed), 0), mb(s.LogBytes), s.LogPartitions, num(float64(s.LogRows), 0))
+			num(float64(s.Deleted), 0), hot, num(float64(s.Unprocessed), 0), mb(s.LogBytes), s.LogPartitions, num(float64(s.LogRows), 0), writes)
 	}
 	tw.Flush()
 	if r.ClaimTimeMissing != "" {
