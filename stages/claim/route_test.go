@@ -49,17 +49,20 @@ func TestRouteProperty(t *testing.T) {
 			// One endpoint added after the events were enqueued: it must receive none of them.
 			late := ep{filter: []string{}, enabled: true}
 			keepDefault := seed%2 == 0
-			type ev struct{ tenant, typ string }
+			type ev struct{ tenant, typ, payload string }
 			events := map[string]ev{} // by delivery id
-			for range 60 {
-				e := ev{tenant: tenants[rng.IntN(len(tenants))], typ: types[rng.IntN(len(types))]}
+			for i := range 60 {
+				// Each event its own payload: an event's deliveries share one compacted copy,
+				// which must never be another event's.
+				e := ev{tenant: tenants[rng.IntN(len(tenants))], typ: types[rng.IntN(len(types))], payload: fmt.Sprintf(`{"n":%d}`, i)}
 				var tenant any
 				if e.tenant != "" {
 					tenant = e.tenant
 				}
 				var id string
 				if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_outbox (event_type, payload, tenant, enqueued_at)
-					VALUES ($1, '{}', $2, now() - interval '10 seconds') RETURNING delivery_id::text`, e.typ, tenant).Scan(&id); err != nil {
+					VALUES ($1, jsonb_build_object('n', $3::int), $2, now() - interval '10 seconds') RETURNING delivery_id::text`,
+					e.typ, tenant, i).Scan(&id); err != nil {
 					t.Fatal(err)
 				}
 				events[id] = e
@@ -86,7 +89,8 @@ func TestRouteProperty(t *testing.T) {
 			got := map[string][]string{}
 			for _, d := range routed.Deliveries {
 				got[d.DeliveryID] = append(got[d.DeliveryID], d.EndpointID)
-				if e := events[d.DeliveryID]; d.Tenant != e.tenant || d.EventType != e.typ || d.Attempt != 1 || d.LeaseToken == 0 {
+				if e := events[d.DeliveryID]; d.Tenant != e.tenant || d.EventType != e.typ || string(d.Payload) != e.payload ||
+					d.Attempt != 1 || d.LeaseToken == 0 {
 					t.Errorf("delivery %+v does not carry its event (%+v) or a lease token", d, e)
 				}
 			}

@@ -91,7 +91,7 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	fs.DurationVar(&o.soakDuration, "soak-duration", 30*time.Minute, "soak: how long to produce (a whole number of --soak-interval)")
 	fs.Float64Var(&o.soakShare, "soak-share", 0.5, "soak: the producer's rate as a share of the drain rate (the drain workload's, or a drain of --drain-events first)")
 	fs.DurationVar(&o.soakInterval, "soak-interval", time.Minute, "soak: time between samples")
-	fs.DurationVar(&o.soakWarmup, "soak-warmup", 2*time.Minute, "soak: production before --soak-duration starts (a whole number of --soak-interval, 0 for none): the cold start, while PostgreSQL's shared buffers fill and before it evicts dirty ones, is sampled and printed but is in no drift window")
+	fs.DurationVar(&o.soakWarmup, "soak-warmup", 2*time.Minute, "soak: production before --soak-duration starts (a whole number of --soak-interval, 0 for none): its samples, the run's quietest while the delivery log is still empty, are printed but in no drift window")
 	fs.DurationVar(&o.soakRetention, "soak-retention", 0, "soak: the dispatcher's WEBHOOK_RETENTION, at least 1m (default: --soak-duration / 6, at least 1m; the janitor runs once a minute)")
 	fs.IntVar(&o.payloadBytes, "payload-bytes", 200, "padding in each event's payload")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
