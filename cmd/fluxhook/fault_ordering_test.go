@@ -68,6 +68,13 @@ func TestFaultOrderedStreams(t *testing.T) {
 		return prod.produced() > streams*perStream/4 && len(leasedBy(frozenID)) > 0
 	})
 	frozen.signal(syscall.SIGSTOP)
+	// A claim the instance sent just before it stopped still runs in PostgreSQL: its rows are
+	// the frozen instance's too (it sends them when it wakes), so the leases are read only
+	// once none of its sessions is running a statement.
+	pollUntil(t, 15*time.Second, "the frozen instance's last statements to finish", func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'fluxhook-frozen' AND state = 'active'`) == 0
+	})
 	for _, id := range leasedBy(frozenID) {
 		inFlight[id] = true
 	}

@@ -132,10 +132,46 @@ func startCommand(t *testing.T, bin, name string, env map[string]string, args ..
 			t.Errorf("%s: the race detector reported a data race", name)
 		}
 		if t.Failed() {
-			t.Logf("%s (pid %d, %s) stderr:\n%s", name, p.cmd.Process.Pid, p.cmd.ProcessState, logs)
+			t.Logf("%s (pid %d, %s) stderr:\n%s", name, p.cmd.Process.Pid, p.cmd.ProcessState, failureLog(t, name, logs))
 		}
 	})
 	return p
+}
+
+// failureLog is what a failed test prints of a child's stderr. A fault case's children log
+// thousands of lines, and CI keeps only the end of a run's output: printed whole, they push
+// the failed checks' own messages out of it. So a long log is written to a file, which the
+// message names, and only its error lines and its last lines are printed.
+func failureLog(t *testing.T, name, logs string) string {
+	const keepErrors, keepTail = 10, 15
+	lines := strings.Split(strings.TrimRight(logs, "\n"), "\n")
+	if len(lines) <= keepErrors+keepTail {
+		return logs
+	}
+	var b strings.Builder
+	f, err := os.CreateTemp("", "fluxhook-"+strings.NewReplacer("/", "-", " ", "-").Replace(t.Name()+"-"+name)+"-*.log")
+	if err == nil {
+		_, err = f.WriteString(logs)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(&b, "(%d lines; writing them to a file failed: %v)\n", len(lines), err)
+	} else {
+		fmt.Fprintf(&b, "(%d lines, all in %s)\n", len(lines), f.Name())
+	}
+	var errs []string
+	for _, l := range lines[:len(lines)-keepTail] {
+		if strings.Contains(l, `"level":"error"`) || strings.Contains(l, "DATA RACE") || strings.HasPrefix(l, "panic") {
+			errs = append(errs, l)
+		}
+	}
+	if len(errs) > 0 {
+		fmt.Fprintf(&b, "error lines (%d, first %d):\n%s\n", len(errs), min(len(errs), keepErrors), strings.Join(errs[:min(len(errs), keepErrors)], "\n"))
+	}
+	fmt.Fprintf(&b, "last %d lines:\n%s", keepTail, strings.Join(lines[len(lines)-keepTail:], "\n"))
+	return b.String()
 }
 
 // exited reports, without waiting, whether the process has exited.

@@ -588,6 +588,10 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			watch = slices.DeleteFunc(watch, res.Snapshot.Sees) // those this claim saw commit are done
 		}
 		if len(rows) > 0 {
+			sendBy := d.sendBy(now)
+			for _, del := range rows {
+				del.SendBy = sendBy
+			}
 			d.slots.Take(len(rows))
 			d.stats.Claimed.Add(int64(len(rows)))
 			d.claimed <- rows
@@ -1254,7 +1258,18 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 		}
 	case delivery.Release:
 		d.stats.Released.Add(1)
+		if o.Error == send.LeaseSpent {
+			d.log.Warn("delivery released unsent: this instance was held up past the row's lease",
+				append(fields(), zap.Int64("late_ms", time.Since(del.SendBy).Milliseconds()))...)
+		}
 	}
+}
+
+// sendBy is delivery.Delivery.SendBy for rows leased by a statement that started at start:
+// the lease's end less the request timeout and a second to settle, so that an attempt that
+// starts in time ends, settled, inside the lease.
+func (d *Dispatcher) sendBy(start time.Time) time.Time {
+	return start.Add(d.cfg.Lease - d.cfg.Timeout - LeaseAllowance/2)
 }
 
 func randomHex(n int) string {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,7 +24,9 @@ import (
 	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/sql/sqltest"
+	"github.com/fluxora/fluxhook/stages/delivery"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
+	"github.com/fluxora/fluxhook/stages/gate"
 	"github.com/fluxora/fluxhook/stages/sign"
 )
 
@@ -739,5 +742,54 @@ func TestInvalidURLDeadLetterLogFields(t *testing.T) {
 	}
 	if fmt.Sprint(fields["reason"]) == "" || strings.Contains(fmt.Sprint(fields), "token") {
 		t.Errorf("fields %v: want a reason and no part of the URL", fields)
+	}
+}
+
+// stallingGate holds its first batch until just past the batch's send-by time, as a
+// dispatcher paused between claim and send would be (a stop-the-world pause, SIGSTOP, a
+// starved CPU), and allows everything.
+type stallingGate struct {
+	gate.AllowAll
+	once sync.Once
+}
+
+func (g *stallingGate) Check(ctx context.Context, batch []*delivery.Delivery) {
+	g.once.Do(func() { time.Sleep(time.Until(batch[0].SendBy) + 50*time.Millisecond) }) // the pause under test
+}
+
+// TestHeldUpPastTheLeaseReleasesUnsent: a row that reaches the send stage too late for its
+// attempt to finish inside its lease is released without a request (another instance may
+// already have claimed it), logged, and then claimed again and delivered once with the same
+// attempt number.
+func TestHeldUpPastTheLeaseReleasesUnsent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := b.config(c.URL())
+	cfg.Logger = zap.New(core)
+	cfg.Timeout = time.Second
+	cfg.Lease = cfg.Timeout + dispatcher.LeaseAllowance // may send until 1 s after the claim
+	cfg.Gate = &stallingGate{}
+	d := b.start(cfg)
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 15*time.Second, "the row delivered", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
+	})
+	released := logs.FilterMessageSnippet("released unsent").FilterField(zap.String("delivery_id", id))
+	if released.Len() != 1 {
+		t.Fatalf("%d 'released unsent' lines for the row, want 1; all lines: %v", released.Len(), logs.All())
+	}
+	if e := released.All()[0]; e.Level != zap.WarnLevel || e.ContextMap()["late_ms"].(int64) < 0 {
+		t.Errorf("log = %v %v, want a Warn with how late the row was", e.Level, e.ContextMap())
+	}
+	if got := c.byDelivery()[id]; len(got) != 1 {
+		t.Errorf("the consumer received the row %d times, want once", len(got))
+	}
+	if n := b.count(`SELECT max(attempt) FROM webhook_deliveries WHERE delivery_id = $1`, id); n != 1 {
+		t.Errorf("the delivered row is attempt %d, want 1: a row released unsent used no attempt", n)
+	}
+	if n := d.Stats().Released.Load(); n < 1 {
+		t.Errorf("Stats().Released = %d, want the released row counted", n)
 	}
 }

@@ -175,6 +175,7 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 	if len(events) == 0 {
 		return batch
 	}
+	start := time.Now()
 	res, err := d.claimer.Route(ctx, events, d.cfg.DefaultURL != "")
 	if err != nil {
 		// The events stay leased and unrouted: they come back after their lease.
@@ -201,6 +202,10 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 			del.Routed = true
 			out = append(out, del)
 		}
+	}
+	sendBy := d.sendBy(start) // the routing statement leased the new rows
+	for _, del := range res.Deliveries {
+		del.SendBy = sendBy
 	}
 	out = append(out, res.Deliveries...)
 	d.slots.Take(len(res.Deliveries))

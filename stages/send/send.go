@@ -47,6 +47,11 @@ const (
 	shutdownError = "cancelled by shutdown"
 )
 
+// LeaseSpent is the Outcome.Error of a row released unsent because its lease would have run
+// out before the attempt could finish (delivery.Delivery.SendBy): the dispatcher logs it,
+// since it means the process was paused or starved for seconds.
+const LeaseSpent = "not sent: its lease would run out before the attempt could finish"
+
 // Config is the send stage's whole configuration, so that its defaults and limits can be
 // read in one place; the zero value of every field means its default.
 type Config struct {
@@ -256,6 +261,12 @@ func (s *Sender) Send(ctx context.Context, d *delivery.Delivery) {
 		return
 	}
 	defer s.release(key)
+	// Checked last, after the wait for a slot: the later the check, the smaller the window
+	// in which a paused dispatcher sends a row whose lease another claim already holds.
+	if !d.SendBy.IsZero() && time.Now().After(d.SendBy) {
+		d.Outcome = delivery.Outcome{Kind: delivery.Release, Error: LeaseSpent}
+		return
+	}
 	d.Outcome = s.attempt(ctx, d)
 }
 

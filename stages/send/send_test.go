@@ -505,6 +505,41 @@ func TestSendCancelledByShutdown(t *testing.T) {
 	})
 }
 
+// A row whose send-by time has passed (its dispatcher was paused past the point where the
+// attempt could still finish inside the lease) is released unsent: another instance may
+// already hold it. One whose send-by time is ahead, or unset, is sent.
+func TestSendReleasesARowPastItsSendBy(t *testing.T) {
+	t.Parallel()
+	var requests atomic.Int64
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) { requests.Add(1) })
+	s := newSender(t, send.Config{})
+
+	late := newDelivery(t, s, srv.URL)
+	late.SendBy = time.Now().Add(-time.Millisecond)
+	s.Send(context.Background(), late)
+	if want := (delivery.Outcome{Kind: delivery.Release, Error: send.LeaseSpent}); late.Outcome != want {
+		t.Errorf("Outcome = %+v, want %+v", late.Outcome, want)
+	}
+	if n := requests.Load(); n != 0 {
+		t.Errorf("server received %d requests for a row past its send-by time, want none", n)
+	}
+	if len(s.Saturated(nil)) != 0 {
+		t.Errorf("the released row still holds its endpoint's slot")
+	}
+
+	for _, sendBy := range []time.Time{time.Now().Add(time.Minute), {}} {
+		d := newDelivery(t, s, srv.URL)
+		d.SendBy = sendBy
+		s.Send(context.Background(), d)
+		if d.Outcome.Kind != delivery.Delivered {
+			t.Errorf("SendBy %v: Outcome = %+v, want delivered", sendBy, d.Outcome)
+		}
+	}
+	if n := requests.Load(); n != 2 {
+		t.Errorf("server received %d requests, want 2", n)
+	}
+}
+
 func BenchmarkSend(b *testing.B) {
 	srv := newServer(b, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
