@@ -41,8 +41,8 @@ func init() {
 const dlqUsage = `usage:
   fluxhook dlq list [--limit 50] [FILTER...] [--json]
   fluxhook dlq show ID|DELIVERY-ID [--json]
-  fluxhook dlq replay [--force] [--dry-run] ID|DELIVERY-ID...
-  fluxhook dlq replay --all-matching FILTER... [--force] [--dry-run]
+  fluxhook dlq replay [--force] [--dry-run] [--to-endpoint ID] ID|DELIVERY-ID...
+  fluxhook dlq replay --all-matching FILTER... [--force] [--dry-run] [--to-endpoint ID]
   fluxhook dlq purge [--replayed-only] [--dry-run] ID|DELIVERY-ID...
   fluxhook dlq purge --all-matching [FILTER...] [--replayed-only] [--dry-run]
 
@@ -60,7 +60,12 @@ Replay re-enqueues a dead letter as a new first attempt with the same delivery i
 replayed. Rows already replayed are skipped unless --force. A row selected by delivery id or
 filter is also skipped when a later dead letter of the same delivery to the same endpoint
 supersedes it (the event went back there and failed again; replaying both would send it twice):
-name it by ID to replay it anyway. Bulk replay needs at least one filter; bulk purge needs a
+name it by ID to replay it anyway. A managed endpoint's dead letter goes back to that
+endpoint; one whose endpoint was removed is skipped, since it would only fail again, unless
+--to-endpoint names another (enabled) endpoint for it. --to-endpoint sends every selected
+dead letter there instead of to its own destination, and only those of the endpoint's tenant
+(events never cross tenants); the order key is kept if that endpoint orders streams.
+Bulk replay needs at least one filter; bulk purge needs a
 filter or --replayed-only. Dead letters stay until purged; the janitor never deletes them.
 DURATION is a Go duration (90m, 36h) or a number of days (7d).
 
@@ -224,7 +229,10 @@ func (v *sinceValue) Set(s string) error {
 // deadLetter is one webhook_dead_letter row as list, show and their --json print it. The JSON
 // names are an interface for scripts; endpoint_url is redacted of any password. delivery_id is
 // the id logs, metrics and the consumer see; id is the row's number, which nothing outside
-// this table knows. endpoint_id is null unless the row is a managed endpoint's delivery.
+// this table knows. endpoint_id is null unless the row is a managed endpoint's delivery;
+// tenant is the event's tenant, null for none; order_key is the event's place in its stream
+// for an ordered endpoint's delivery (what a replay keeps, so that it leads the stream again),
+// null for an unordered one.
 type deadLetter struct {
 	ID          int64           `json:"id"`
 	OutboxID    *int64          `json:"outbox_id"`
@@ -240,6 +248,8 @@ type deadLetter struct {
 	EnqueuedAt  time.Time       `json:"enqueued_at"`
 	FailedAt    time.Time       `json:"failed_at"`
 	ReplayedAt  *time.Time      `json:"replayed_at"`
+	Tenant      *string         `json:"tenant"`
+	OrderKey    *int64          `json:"order_key"`
 	Payload     json.RawMessage `json:"payload,omitempty"`
 }
 
@@ -247,7 +257,8 @@ type deadLetter struct {
 func scanDeadLetter(row pgx.Row, withPayload bool) (deadLetter, error) {
 	var d deadLetter
 	dest := []any{&d.ID, &d.OutboxID, &d.DeliveryID, &d.EndpointID, &d.StreamID, &d.EventType, &d.EndpointURL,
-		&d.Attempts, &d.LastStatus, &d.LastError, &d.Reason, &d.EnqueuedAt, &d.FailedAt, &d.ReplayedAt}
+		&d.Attempts, &d.LastStatus, &d.LastError, &d.Reason, &d.EnqueuedAt, &d.FailedAt, &d.ReplayedAt,
+		&d.Tenant, &d.OrderKey}
 	var payload string
 	if withPayload {
 		dest = append(dest, &payload)
@@ -421,6 +432,12 @@ func printDeadLetter(w io.Writer, d deadLetter) error {
 	fmt.Fprintf(tw, "event_type\t%s\n", printable(d.EventType))
 	fmt.Fprintf(tw, "stream_id\t%s\n", orNone(d.StreamID, "-"))
 	fmt.Fprintf(tw, "endpoint_id\t%s\n", orNone(d.EndpointID, "-"))
+	fmt.Fprintf(tw, "tenant\t%s\n", orNone(d.Tenant, "-"))
+	if d.OrderKey != nil {
+		fmt.Fprintf(tw, "order_key\t%d (a replay keeps it)\n", *d.OrderKey)
+	} else {
+		fmt.Fprintf(tw, "order_key\t- (unordered)\n")
+	}
 	// A managed endpoint's delivery has no endpoint_url of its own: it goes to the URL the
 	// endpoint has when replayed, not to WEBHOOK_URL.
 	noURL := "- (the configured WEBHOOK_URL)"
@@ -462,15 +479,28 @@ type lockedDeadLetter struct {
 	ReplayedAt   *time.Time
 	EndpointID   *string
 	SupersededBy *int64 // a later dead letter of the same delivery to the same destination
+	Tenant       *string
+	// EndpointRemoved: its managed endpoint no longer exists; replayed to it, the event would
+	// only be dead-lettered again, so it is replayed only with --to-endpoint.
+	EndpointRemoved bool
+}
+
+// replayTarget is the endpoint --to-endpoint names.
+type replayTarget struct {
+	id      string
+	tenant  *string
+	ordered bool
 }
 
 func runDLQReplay(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("dlq replay", env, "fluxhook dlq replay [--force] [--dry-run] ID|DELIVERY-ID... | --all-matching FILTER...")
+	fs := newFlagSet("dlq replay", env, "fluxhook dlq replay [--force] [--dry-run] [--to-endpoint ID] ID|DELIVERY-ID... | --all-matching FILTER...")
 	dbURL := databaseURLFlag(fs, env)
 	all := fs.Bool("all-matching", false, "replay every dead letter matching the filters (at least one filter required)")
 	filter := addDLQFilterFlags(fs)
 	force := fs.Bool("force", false, "replay rows that were already replayed")
 	dryRun := fs.Bool("dry-run", false, "report what would be replayed and change nothing")
+	var toEndpoint uuidValue
+	fs.Var(&toEndpoint, "to-endpoint", "send the events to this enabled managed endpoint instead of their own (the one a removed endpoint's dead letters need); only events of its tenant go")
 	positional, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -496,10 +526,18 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 		}
 		locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lockedDeadLetter, error) {
 			var l lockedDeadLetter
-			return l, r.Scan(&l.ID, &l.DeliveryID, &l.EventType, &l.ReplayedAt, &l.EndpointID, &l.SupersededBy)
+			return l, r.Scan(&l.ID, &l.DeliveryID, &l.EventType, &l.ReplayedAt, &l.EndpointID, &l.SupersededBy,
+				&l.Tenant, &l.EndpointRemoved)
 		})
 		if err != nil {
 			return fmt.Errorf("reading dead letters: %w", err)
+		}
+		var target *replayTarget
+		if toEndpoint != "" {
+			if target, err = lockReplayTarget(ctx, tx, string(toEndpoint)); err != nil {
+				return err
+			}
+			out.target = target
 		}
 		if !*all {
 			if err := refs.missing(locked, "nothing replayed"); err != nil {
@@ -511,6 +549,10 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 			switch {
 			case l.ReplayedAt != nil && !*force:
 				out.skip = append(out.skip, l)
+			case target == nil && l.EndpointRemoved:
+				out.removed = append(out.removed, l)
+			case target != nil && !sameTenant(l.Tenant, target.tenant):
+				out.otherTenant = append(out.otherTenant, l)
 			case l.SupersededBy != nil && !slices.Contains(refs.ids, l.ID):
 				// Selected through its delivery id or a filter, not by name: the newer dead
 				// letter stands for this delivery to this endpoint, and replaying both would
@@ -528,7 +570,12 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 			replayIDs[i] = l.ID
 		}
 		var n int64
-		if err := tx.QueryRow(ctx, dlqReplaySQL, replayIDs).Scan(&n); err != nil {
+		var targetID any
+		ordered := false
+		if target != nil {
+			targetID, ordered = target.id, target.ordered
+		}
+		if err := tx.QueryRow(ctx, dlqReplaySQL, replayIDs, targetID, ordered).Scan(&n); err != nil {
 			return fmt.Errorf("replaying: %w", err)
 		}
 		if n != int64(len(out.replay)) {
@@ -542,15 +589,45 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 	return out.print(env.stdout, *all, *dryRun)
 }
 
+// lockReplayTarget reads and locks (against removal or disabling until the replay commits)
+// the endpoint --to-endpoint names, refusing one that does not exist or is disabled: a replay
+// to it would only be dead-lettered again.
+func lockReplayTarget(ctx context.Context, tx pgx.Tx, id string) (*replayTarget, error) {
+	t := &replayTarget{id: id}
+	var enabled bool
+	err := tx.QueryRow(ctx, `SELECT tenant, enabled, ordering = 'stream' FROM webhook_endpoints WHERE id = $1::uuid FOR SHARE`, id).
+		Scan(&t.tenant, &enabled, &t.ordered)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("--to-endpoint: endpoint %s not found; nothing replayed (fluxhook endpoints list shows the endpoints)", id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--to-endpoint: reading endpoint %s: %w", id, err)
+	}
+	if !enabled {
+		return nil, fmt.Errorf("--to-endpoint: endpoint %s is disabled; nothing replayed: enable it first (fluxhook endpoints enable %s)", id, id)
+	}
+	return t, nil
+}
+
+// sameTenant says whether an event of tenant a may go to an endpoint of tenant b: both
+// without one, or the same one. Never across tenants, replays included.
+func sameTenant(a, b *string) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return *a == *b
+}
+
 // replayOutcome is what a replay did, or would do with --dry-run: selected says which rows
-// each delivery id argument stood for.
+// each delivery id argument stood for; target is --to-endpoint's endpoint, nil without it.
 type replayOutcome struct {
-	selected                 []string
-	replay, skip, superseded []lockedDeadLetter
+	selected                                       []string
+	target                                         *replayTarget
+	replay, skip, superseded, removed, otherTenant []lockedDeadLetter
 }
 
 func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
-	if all && len(o.replay) == 0 && len(o.skip) == 0 && len(o.superseded) == 0 {
+	if all && len(o.replay)+len(o.skip)+len(o.superseded)+len(o.removed)+len(o.otherTenant) == 0 {
 		_, err := fmt.Fprintln(w, "no dead letters match")
 		return err
 	}
@@ -564,7 +641,10 @@ func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, l := range o.replay {
 		endpoint := ""
-		if l.EndpointID != nil {
+		switch {
+		case o.target != nil:
+			endpoint = " to endpoint_id " + o.target.id
+		case l.EndpointID != nil:
 			endpoint = " endpoint_id " + *l.EndpointID
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\tdelivery_id %s%s\n", verb, l.ID, printable(l.EventType), l.DeliveryID, endpoint)
@@ -576,6 +656,14 @@ func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
 		fmt.Fprintf(tw, "skipped\t%d\t%s\tsuperseded by dead letter %d (same delivery, same endpoint); replay %d by its ID to send it anyway\n",
 			l.ID, printable(l.EventType), *l.SupersededBy, l.ID)
 	}
+	for _, l := range o.removed {
+		fmt.Fprintf(tw, "skipped\t%d\t%s\tits endpoint %s was removed; --to-endpoint ID replays it to another endpoint of its tenant\n",
+			l.ID, printable(l.EventType), *l.EndpointID)
+	}
+	for _, l := range o.otherTenant {
+		fmt.Fprintf(tw, "skipped\t%d\t%s\tits tenant (%s) is not endpoint %s's (%s): events never cross tenants\n",
+			l.ID, printable(l.EventType), tenantName(l.Tenant), o.target.id, tenantName(o.target.tenant))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -586,11 +674,25 @@ func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
 	if len(o.superseded) > 0 {
 		summary += fmt.Sprintf(", skipped %d superseded", len(o.superseded))
 	}
+	if len(o.removed) > 0 {
+		summary += fmt.Sprintf(", skipped %d of removed endpoints", len(o.removed))
+	}
+	if len(o.otherTenant) > 0 {
+		summary += fmt.Sprintf(", skipped %d of other tenants", len(o.otherTenant))
+	}
 	if dryRun {
 		summary += " (dry run: nothing changed)"
 	}
 	_, err := fmt.Fprintln(w, summary)
 	return err
+}
+
+// tenantName is how replay's messages name a tenant, "no tenant" for none.
+func tenantName(t *string) string {
+	if t == nil {
+		return "no tenant"
+	}
+	return printable(*t)
 }
 
 // dlqRefs are the dead letters named on a command line: row ids, and delivery ids each of

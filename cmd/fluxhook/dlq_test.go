@@ -429,9 +429,20 @@ const (
 	fanOutEndpointB = "bbbbbbbb-0000-4000-8000-000000000002"
 )
 
+// ensureEndpoint registers a managed endpoint with id, for the dead letters a fixture gives
+// it: replay skips those of endpoints that do not exist (removed). tenant "" is none.
+func ensureEndpoint(t *testing.T, db *sqltest.DB, id, tenant, ordering string) {
+	t.Helper()
+	mustExec(t, db, `INSERT INTO webhook_endpoints (id, url, secret, tenant, ordering)
+		VALUES ($1::uuid, 'https://consumer.example/' || $1, 'fixture-secret', nullif($2, ''), $3)
+		ON CONFLICT (id) DO NOTHING`, id, tenant, ordering)
+}
+
 func insertFanOut(t *testing.T, db *sqltest.DB) fanOutFixture {
 	t.Helper()
 	f := fanOutFixture{delivery: fanOutDelivery, endpointA: fanOutEndpointA, endpointB: fanOutEndpointB}
+	ensureEndpoint(t, db, f.endpointA, "", "none")
+	ensureEndpoint(t, db, f.endpointB, "", "none")
 	f.aFirst = insertDeadLetter(t, db, deadLetterFixture{eventType: "invoice.paid", reason: "attempts exhausted",
 		payload: `{"invoice": 7}`, failedAgo: 2 * time.Hour, replayed: true, deliveryID: &f.delivery, endpointID: &f.endpointA})
 	f.b = insertDeadLetter(t, db, deadLetterFixture{eventType: "invoice.paid", reason: "permanent: HTTP 404",
@@ -792,6 +803,7 @@ func insertStoppedStream(t *testing.T, db *sqltest.DB, stream string, key int64)
 	t.Helper()
 	ctx := context.Background()
 	s := stoppedStream{stream: stream, key: key}
+	ensureEndpoint(t, db, stoppedEndpoint, "acme", "stream")
 	err := db.Pool.QueryRow(ctx, `
 		INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, tenant, routed_at, attempt, order_key,
 		                            created_at, status_code, error, duration_ms, deferred_reason)
@@ -1068,5 +1080,143 @@ func TestDLQReplayOrdinaryDeadLetters(t *testing.T) {
 		if (key == nil) != (tc.key == nil) || key != nil && *key != *tc.key {
 			t.Errorf("dead letter %d: the replayed row's order_key is %v, want %v", tc.deadLetter, key, tc.key)
 		}
+	}
+}
+
+// TestDLQShowsTenantAndOrderKey: an ordered endpoint's dead letter shows its tenant and its
+// order key (what a replay keeps), in show, show --json and list --json; an unordered one
+// without a tenant shows neither.
+func TestDLQShowsTenantAndOrderKey(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	s := insertStoppedStream(t, db, "order-7", 7000)
+	f := insertDLQFixtures(t, db)
+
+	r := runCLI(t, db.URL, "dlq", "show", itoa(s.deadLetter))
+	for _, want := range []string{"tenant        acme\n", "order_key     7000 (a replay keeps it)\n"} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Errorf("dlq show (exit %d) lacks %q:\n%s%s", r.code, want, r.stdout, r.stderr)
+		}
+	}
+	r = runCLI(t, db.URL, "dlq", "show", itoa(f.notFound))
+	for _, want := range []string{"tenant        -\n", "order_key     - (unordered)\n"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("dlq show of an unordered dead letter lacks %q:\n%s", want, r.stdout)
+		}
+	}
+
+	r = runCLI(t, db.URL, "dlq", "show", "--json", itoa(s.deadLetter))
+	var d deadLetter
+	if err := json.Unmarshal([]byte(r.stdout), &d); err != nil {
+		t.Fatalf("dlq show --json printed %q: %v", r.stdout, err)
+	}
+	if d.Tenant == nil || *d.Tenant != "acme" || d.OrderKey == nil || *d.OrderKey != 7000 {
+		t.Errorf("dlq show --json: tenant %v, order_key %v; want acme, 7000", d.Tenant, d.OrderKey)
+	}
+	r = runCLI(t, db.URL, "dlq", "list", "--json")
+	var list []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil {
+		t.Fatalf("dlq list --json printed %q: %v", r.stdout, err)
+	}
+	seen := 0
+	for _, m := range list {
+		id := int64(m["id"].(float64))
+		if _, ok := m["order_key"]; !ok {
+			t.Errorf("dlq list --json row %d has no order_key field", id)
+		}
+		switch id {
+		case s.deadLetter:
+			seen++
+			if m["order_key"] != float64(7000) || m["tenant"] != "acme" {
+				t.Errorf("dlq list --json row %d: order_key %v, tenant %v; want 7000, acme", id, m["order_key"], m["tenant"])
+			}
+		case f.notFound:
+			seen++
+			if m["order_key"] != nil || m["tenant"] != nil {
+				t.Errorf("dlq list --json row %d: order_key %v, tenant %v; want null, null", id, m["order_key"], m["tenant"])
+			}
+		}
+	}
+	if seen != 2 {
+		t.Errorf("dlq list --json showed %d of the 2 dead letters checked:\n%s", seen, r.stdout)
+	}
+}
+
+// TestDLQReplayOfARemovedEndpoint: a dead letter whose managed endpoint was removed is not
+// replayed to it (it would only fail again) and says how to send it elsewhere; --to-endpoint
+// sends it to another enabled endpoint of its tenant, with the same delivery id, routed so
+// that it is not fanned out again, and never to an endpoint of another tenant, nor to one
+// that is missing or disabled.
+func TestDLQReplayOfARemovedEndpoint(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	const (
+		gone     = "dddddddd-0000-4000-8000-000000000004"
+		moved    = "eeeeeeee-0000-4000-8000-000000000005"
+		other    = "ffffffff-0000-4000-8000-000000000006"
+		disabled = "99999999-0000-4000-8000-000000000007"
+	)
+	ensureEndpoint(t, db, moved, "acme", "none")
+	ensureEndpoint(t, db, other, "globex", "none")
+	ensureEndpoint(t, db, disabled, "acme", "none")
+	mustExec(t, db, `UPDATE webhook_endpoints SET enabled = false, disabled_at = now(), disabled_reason = 'by hand' WHERE id = $1`, disabled)
+	var acme, none int64
+	for _, d := range []struct {
+		id     *int64
+		tenant any
+	}{{&acme, "acme"}, {&none, nil}} {
+		if err := db.Pool.QueryRow(context.Background(), `
+			INSERT INTO webhook_dead_letter (delivery_id, event_type, payload, attempts, reason, enqueued_at, tenant, endpoint_id)
+			VALUES (gen_random_uuid(), 'invoice.paid', '{"n": 1}', 3, 'attempts exhausted', now(), $1, $2::uuid)
+			RETURNING id`, d.tenant, gone).Scan(d.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	queued := func() map[string]int64 { return outboxByEndpoint(t, db, deliveryIDOf(t, db, acme)) }
+
+	r := runCLI(t, db.URL, "dlq", "replay", itoa(acme), itoa(none))
+	if r.code != 0 || !strings.Contains(r.stdout, "its endpoint "+gone+" was removed; --to-endpoint ID") ||
+		!strings.Contains(r.stdout, "replayed 0, skipped 2 of removed endpoints\n") {
+		t.Fatalf("replay of a removed endpoint's dead letters: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox`); n != 0 {
+		t.Errorf("a replay to a removed endpoint wrote %d outbox rows", n)
+	}
+
+	for _, bad := range []struct{ target, want string }{
+		{"12345678-0000-4000-8000-000000000000", "endpoint 12345678-0000-4000-8000-000000000000 not found; nothing replayed"},
+		{disabled, "endpoint " + disabled + " is disabled; nothing replayed: enable it first"},
+	} {
+		r := runCLI(t, db.URL, "dlq", "replay", "--to-endpoint", bad.target, itoa(acme))
+		if r.code != 1 || !strings.Contains(r.stderr, bad.want) {
+			t.Errorf("--to-endpoint %s: exit %d, stderr %q; want 1 and %q", bad.target, r.code, r.stderr, bad.want)
+		}
+	}
+	if r := runCLI(t, db.URL, "dlq", "replay", "--to-endpoint", "nope", itoa(acme)); r.code != 2 {
+		t.Errorf("--to-endpoint nope exited %d, want 2", r.code)
+	}
+
+	r = runCLI(t, db.URL, "dlq", "replay", "--to-endpoint", other, itoa(acme))
+	if r.code != 0 || !strings.Contains(r.stdout, "its tenant (acme) is not endpoint "+other+"'s (globex): events never cross tenants") ||
+		!strings.Contains(r.stdout, "replayed 0, skipped 1 of other tenants\n") {
+		t.Errorf("replay to another tenant's endpoint: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	r = runCLI(t, db.URL, "dlq", "replay", "--to-endpoint", moved, itoa(acme), itoa(none))
+	if r.code != 0 || !strings.Contains(r.stdout, "to endpoint_id "+moved) || !strings.Contains(r.stdout, "replayed 1, skipped 1 of other tenants\n") {
+		t.Fatalf("replay to the endpoint the consumer moved to: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := queued(); len(got) != 1 || got[moved] != 1 {
+		t.Errorf("the replayed event's outbox rows by endpoint: %v, want one for %s", got, moved)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1::uuid AND routed_at IS NOT NULL
+		AND tenant = 'acme' AND attempt = 1 AND endpoint_url IS NULL AND order_key IS NULL`, moved); n != 1 {
+		t.Errorf("%d rows for %s routed, of tenant acme, first attempts; want 1", n, moved)
+	}
+	if at := replayedAt(t, db, acme); at == nil {
+		t.Errorf("the replayed dead letter is not marked replayed")
+	}
+	if at := replayedAt(t, db, none); at != nil {
+		t.Errorf("the skipped dead letter is marked replayed at %v", at)
 	}
 }

@@ -66,6 +66,7 @@ setting does not release a stream already stopped.
 disable stops routing to the endpoint; the dispatcher dead-letters its pending deliveries.
 remove refuses while deliveries are pending: --pending dead-letter moves them to the
 dead-letter table (reason "endpoint removed"); --pending drop deletes them: they are lost.
+A removed endpoint's dead letters go elsewhere with dlq replay --to-endpoint ID.
 `
 
 // runEndpoints manages webhook_endpoints without hand-written SQL: the operator's way to add a

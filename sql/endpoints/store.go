@@ -664,8 +664,8 @@ type Removed struct {
 // that moment is settled here; the dispatcher's own settle of it then writes nothing. Events
 // routed after the removal no longer match it; a delivery routed in the same instant, which
 // this statement could not see, is dead-lettered by the dispatcher ("endpoint ... was
-// removed"). Dead letters of a removed endpoint are kept for inspection: replaying one sends
-// it back to the endpoint, which no longer exists, so it is dead-lettered again.
+// removed"). Dead letters of a removed endpoint are kept: `dlq replay` skips them, since
+// they would only fail again, unless --to-endpoint names another endpoint of their tenant.
 func Remove(ctx context.Context, q Querier, id string, action PendingAction) (Removed, error) {
 	key, err := parseID(id)
 	if err != nil {

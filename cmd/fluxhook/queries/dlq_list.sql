@@ -3,7 +3,7 @@
 -- (failed within that long of now), $4 delivery id, $5 endpoint id. LIMIT $6; NULL means no
 -- limit.
 SELECT id, outbox_id, delivery_id::text, endpoint_id::text, stream_id, event_type, endpoint_url, attempts,
-       last_status, last_error, reason, enqueued_at, failed_at, replayed_at
+       last_status, last_error, reason, enqueued_at, failed_at, replayed_at, tenant, order_key
 FROM webhook_dead_letter
 WHERE ($1::text IS NULL OR event_type = $1)
   AND ($2::text IS NULL OR strpos(lower(reason), lower($2)) > 0)

@@ -4,11 +4,16 @@
 -- to the same destination (endpoint_id and endpoint_url, NULL being WEBHOOK_URL), if any: the
 -- event went back to that endpoint and failed again, so replaying this older row as well would
 -- send the event to it twice. The delivery_id index serves both the selection and the lookup.
+-- endpoint_removed: the dead letter's managed endpoint no longer exists (endpoints remove), so
+-- a replay to it would only be dead-lettered again; tenant is for --to-endpoint's check.
 SELECT d.id, d.delivery_id::text, d.event_type, d.replayed_at, d.endpoint_id::text,
        (SELECT max(n.id) FROM webhook_dead_letter n
         WHERE n.delivery_id = d.delivery_id AND n.id > d.id
           AND n.endpoint_id IS NOT DISTINCT FROM d.endpoint_id
-          AND n.endpoint_url IS NOT DISTINCT FROM d.endpoint_url) AS superseded_by
+          AND n.endpoint_url IS NOT DISTINCT FROM d.endpoint_url) AS superseded_by,
+       d.tenant,
+       d.endpoint_id IS NOT NULL
+         AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = d.endpoint_id) AS endpoint_removed
 FROM webhook_dead_letter d
 WHERE d.id = ANY($1::bigint[]) OR d.delivery_id = ANY($2::uuid[])
 ORDER BY d.id

@@ -1,11 +1,14 @@
 -- fluxhook dlq replay --all-matching: lock every dead letter matching the filters (the same
--- filters as dlq list, $1..$5; the command requires at least one to be set). superseded_by as
--- in dlq_lock_ids.sql.
+-- filters as dlq list, $1..$5; the command requires at least one to be set). superseded_by,
+-- tenant and endpoint_removed as in dlq_lock_ids.sql.
 SELECT d.id, d.delivery_id::text, d.event_type, d.replayed_at, d.endpoint_id::text,
        (SELECT max(n.id) FROM webhook_dead_letter n
         WHERE n.delivery_id = d.delivery_id AND n.id > d.id
           AND n.endpoint_id IS NOT DISTINCT FROM d.endpoint_id
-          AND n.endpoint_url IS NOT DISTINCT FROM d.endpoint_url) AS superseded_by
+          AND n.endpoint_url IS NOT DISTINCT FROM d.endpoint_url) AS superseded_by,
+       d.tenant,
+       d.endpoint_id IS NOT NULL
+         AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = d.endpoint_id) AS endpoint_removed
 FROM webhook_dead_letter d
 WHERE ($1::text IS NULL OR d.event_type = $1)
   AND ($2::text IS NULL OR strpos(lower(d.reason), lower($2)) > 0)

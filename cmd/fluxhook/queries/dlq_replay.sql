@@ -3,7 +3,10 @@
 -- end to end), due now, and mark them replayed. One statement, so the wake-up trigger fires
 -- once. A managed endpoint's dead letter goes back to that endpoint (endpoint_id), marked
 -- routed so that it is not fanned out again; so does an event that went to WEBHOOK_URL after
--- being routed. Returns the number of outbox rows written.
+-- being routed. $2, when set, is the managed endpoint the dead letters go to instead
+-- (--to-endpoint: the command checked it exists, is enabled and has each event's tenant), and
+-- $3 whether that endpoint orders streams: the order key is kept only if it does. Returns the
+-- number of outbox rows written.
 --
 -- Ordered delivery (schema 6). The new row keeps the dead letter's order_key, so that a
 -- replayed event of an ordered stream takes its place in the stream again instead of going
@@ -40,9 +43,10 @@ WITH replayed AS (
     INSERT INTO webhook_outbox
         (delivery_id, stream_id, event_type, payload, endpoint_url, enqueued_at, attempt, created_at,
          tenant, endpoint_id, routed_at, order_key)
-    SELECT delivery_id, stream_id, event_type, payload, endpoint_url, enqueued_at, 1, now(),
-           tenant, endpoint_id, CASE WHEN endpoint_id IS NOT NULL OR endpoint_url IS NULL THEN now() END,
-           order_key
+    SELECT delivery_id, stream_id, event_type, payload, CASE WHEN $2::uuid IS NULL THEN endpoint_url END,
+           enqueued_at, 1, now(), tenant, coalesce($2::uuid, endpoint_id),
+           CASE WHEN $2::uuid IS NOT NULL OR endpoint_id IS NOT NULL OR endpoint_url IS NULL THEN now() END,
+           CASE WHEN $2::uuid IS NULL OR $3::boolean THEN order_key END
     FROM replayed
     ORDER BY id
     RETURNING 1
