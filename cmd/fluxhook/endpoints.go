@@ -531,6 +531,12 @@ func printEndpoint(w io.Writer, d endpoints.Details, haveKey bool) error {
 		fmt.Fprintf(tw, "previous_secret\tnone\n")
 	}
 	fmt.Fprintf(tw, "pending_deliveries\t%d\n", d.PendingDeliveries)
+	if d.StoppedStreams > 0 {
+		fmt.Fprintf(tw, "stopped_streams\t%d, each held at a dead letter until it is replayed or purged (fluxhook dlq list --endpoint-id %s)\n",
+			d.StoppedStreams, d.ID)
+	} else {
+		fmt.Fprintf(tw, "stopped_streams\t0\n")
+	}
 	fmt.Fprintf(tw, "last_success_at\t%s\n", when(d.LastSuccessAt, "- (none yet)"))
 	fmt.Fprintf(tw, "failing_since\t%s\n", when(d.FailingSince, "- (not failing)"))
 	fmt.Fprintf(tw, "created_at\t%s\n", formatTime(d.CreatedAt))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +46,7 @@ type endpointJSON struct {
 	PreviousUntil         *time.Time        `json:"previous_secret_expires_at"`
 	PreviousSecretInGrace bool              `json:"previous_secret_in_grace"`
 	PendingDeliveries     int64             `json:"pending_deliveries"`
+	StoppedStreams        int64             `json:"stopped_streams"`
 	Ordering              string            `json:"ordering"`
 	OrderingFailure       string            `json:"ordering_failure"`
 }
@@ -449,6 +451,30 @@ func TestEndpointsRotateSecret(t *testing.T) {
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("rotate-secret %v: exit %d, %q", tc.args, r.code, r.stderr)
 		}
+	}
+}
+
+// TestEndpointsShowStoppedStreams: show counts the endpoint's ordered streams stopped at a
+// dead letter and says how to find them; an endpoint with none shows 0.
+func TestEndpointsShowStoppedStreams(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	e := addEndpoint(t, db, nil, "--url", "https://ordered.example/")
+	if got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "show", "--json", e.ID)); got.StoppedStreams != 0 {
+		t.Errorf("show stopped_streams = %d before any stream stopped, want 0", got.StoppedStreams)
+	}
+	mustExec(t, db, `INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, routed_at, order_key, created_at, deferred_reason)
+		VALUES ('s1', 'order.created', '{}', $1::uuid, now(), 100, 'infinity', 'stream stopped: permanent: HTTP 410'),
+		       ('s2', 'order.created', '{}', $1::uuid, now(), 200, 'infinity', 'stream stopped: attempts exhausted'),
+		       ('s1', 'order.created', '{}', $1::uuid, now(), 101, now(), NULL)`, e.ID)
+	if got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "show", "--json", e.ID)); got.StoppedStreams != 2 || got.PendingDeliveries != 3 {
+		t.Errorf("show --json: stopped_streams %d, pending_deliveries %d; want 2 and 3", got.StoppedStreams, got.PendingDeliveries)
+	}
+	r := runEndpointsCLI(t, db, nil, "show", e.ID)
+	want := regexp.MustCompile(`(?m)^stopped_streams +2, each held at a dead letter until it is replayed or purged \(fluxhook dlq list --endpoint-id ` +
+		regexp.QuoteMeta(e.ID) + `\)$`)
+	if !want.MatchString(r.stdout) {
+		t.Errorf("show lacks a line matching %s:\n%s", want, r.stdout)
 	}
 }
 

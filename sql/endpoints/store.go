@@ -254,6 +254,10 @@ type Details struct {
 	// PendingDeliveries counts this endpoint's unprocessed outbox rows, the ones Remove asks
 	// about.
 	PendingDeliveries int64 `json:"pending_deliveries"`
+	// StoppedStreams counts this endpoint's ordered streams stopped at a dead letter
+	// (ordering_failure 'stop'): each delivers nothing more until that dead letter is
+	// replayed or purged. Their parked heads are among PendingDeliveries.
+	StoppedStreams int64 `json:"stopped_streams"`
 	// LoadError says why the dispatcher cannot use the row (a secret that does not open with
 	// the key given, headers that are not strings); empty when it can.
 	LoadError string `json:"load_error,omitempty"`
@@ -276,7 +280,7 @@ func Describe(ctx context.Context, q Querier, c *Cipher, id string) (Details, er
 	d.Endpoint = e
 	var secret string
 	var previous *string
-	err = q.QueryRow(ctx, describeSQL, e.ID).Scan(&secret, &previous, &d.PreviousSecretInGrace, &d.PendingDeliveries)
+	err = q.QueryRow(ctx, describeSQL, e.ID).Scan(&secret, &previous, &d.PreviousSecretInGrace, &d.PendingDeliveries, &d.StoppedStreams)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Removed between the two reads.
 		return Details{}, &notFoundError{id: e.ID}

@@ -740,6 +740,10 @@ func TestRemoveStoppedStream(t *testing.T) {
 		VALUES ('s1', 'order.created', '{"n": 2}', $1::uuid, now(), 101)`, e.ID); err != nil {
 		t.Fatal(err)
 	}
+	// show counts the stopped stream, once, among its two pending rows.
+	if d, err := endpoints.Describe(ctx, db.Pool, nil, e.ID); err != nil || d.StoppedStreams != 1 || d.PendingDeliveries != 2 {
+		t.Errorf("Describe = %d stopped streams, %d pending, %v; want 1 and 2", d.StoppedStreams, d.PendingDeliveries, err)
+	}
 
 	r, err := endpoints.Remove(ctx, db.Pool, e.ID, endpoints.PendingDeadLetter)
 	if err != nil || r != (endpoints.Removed{DeadLettered: 1}) {
