@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 )
@@ -48,6 +50,45 @@ func insertStatusFixtures(t *testing.T, db *sqltest.DB) {
 		('host-a', true,  now() - interval '2 hours', now())`)
 	// host-a is idle: producers notify for the next minute.
 	mustExec(t, db, `SELECT setval('webhook_outbox_notify_until', (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000)`)
+}
+
+// TestStatusStopsCountingAtItsCap: the last hour's processed and unrouted counts stop at the
+// cap, so that status reads a bounded part of the log at any rate, and say "more than" when
+// they stopped; at or under the cap they are exact. The fixtures hold 3 processed rows in the
+// last hour, one of them unrouted.
+func TestStatusStopsCountingAtItsCap(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	insertStatusFixtures(t, db)
+	for _, tc := range []struct {
+		cap, processed, unrouted        int64
+		processedCapped, unroutedCapped bool
+	}{
+		{cap: 3, processed: 3, unrouted: 1},
+		{cap: 2, processed: 2, unrouted: 1, processedCapped: true},
+		{cap: 0, processed: 0, unrouted: 0, processedCapped: true, unroutedCapped: true},
+	} {
+		var rep statusReport
+		err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) (err error) {
+			rep, err = readStatus(context.Background(), tx, tc.cap)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("cap %d: %v", tc.cap, err)
+		}
+		if rep.ProcessedLastHour != tc.processed || rep.ProcessedLastHourCapped != tc.processedCapped ||
+			rep.UnroutedLastHour != tc.unrouted || rep.UnroutedLastHourCapped != tc.unroutedCapped {
+			t.Errorf("cap %d: processed %d (capped %v), unrouted %d (capped %v); want %d (%v), %d (%v)", tc.cap,
+				rep.ProcessedLastHour, rep.ProcessedLastHourCapped, rep.UnroutedLastHour, rep.UnroutedLastHourCapped,
+				tc.processed, tc.processedCapped, tc.unrouted, tc.unroutedCapped)
+		}
+	}
+	if got, want := cappedCount(1000000, true), "more than 1000000 (status counts no further)"; got != want {
+		t.Errorf("cappedCount = %q, want %q", got, want)
+	}
+	if got := cappedCount(7, false); got != "7" {
+		t.Errorf("cappedCount(7, false) = %q", got)
+	}
 }
 
 func TestStatusJSON(t *testing.T) {
@@ -125,7 +166,8 @@ func TestStatusJSON(t *testing.T) {
 	slices.Sort(keys)
 	wantKeys := []string{"backlog", "breakers", "breakers_note", "database_time", "dead_letters", "dead_letters_by_reason", "dead_letters_not_replayed",
 		"deferred_by_reason", "dispatchers", "endpoints", "in_flight", "notify_seconds_left", "oldest_due_age_seconds", "oldest_undelivered_age_seconds",
-		"processed_last_hour", "retries_pending", "scheduled", "schema_version", "unrouted_last_hour"}
+		"processed_last_hour", "processed_last_hour_capped", "retries_pending", "scheduled", "schema_version", "unrouted_last_hour",
+		"unrouted_last_hour_capped"}
 	if !slices.Equal(keys, wantKeys) {
 		t.Errorf("JSON fields = %v\nwant          %v", keys, wantKeys)
 	}
