@@ -63,8 +63,10 @@ supersedes it (the event went back there and failed again; replaying both would 
 name it by ID to replay it anyway. A managed endpoint's dead letter goes back to that
 endpoint; one whose endpoint was removed is skipped, since it would only fail again, unless
 --to-endpoint names another (enabled) endpoint for it. --to-endpoint sends every selected
-dead letter there instead of to its own destination, and only those of the endpoint's tenant
-(events never cross tenants); the order key is kept if that endpoint orders streams.
+dead letter there instead of to its own destination, each event once, and only those of the
+endpoint's tenant (events never cross tenants); the order key is kept if that endpoint orders
+streams. A stream stopped at such a dead letter stays stopped: purge the dead letter to let
+it go on.
 Bulk replay needs at least one filter; bulk purge needs a
 filter or --replayed-only. Dead letters stay until purged; the janitor never deletes them.
 DURATION is a Go duration (90m, 36h) or a number of days (7d).
@@ -553,6 +555,10 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 				out.removed = append(out.removed, l)
 			case target != nil && !sameTenant(l.Tenant, target.tenant):
 				out.otherTenant = append(out.otherTenant, l)
+			case target != nil && slices.ContainsFunc(out.replay, func(r lockedDeadLetter) bool { return r.DeliveryID == l.DeliveryID }):
+				// An event fanned out to several endpoints has a dead letter for each: to one
+				// target it goes once.
+				out.sameEvent = append(out.sameEvent, l)
 			case l.SupersededBy != nil && !slices.Contains(refs.ids, l.ID):
 				// Selected through its delivery id or a filter, not by name: the newer dead
 				// letter stands for this delivery to this endpoint, and replaying both would
@@ -621,13 +627,13 @@ func sameTenant(a, b *string) bool {
 // replayOutcome is what a replay did, or would do with --dry-run: selected says which rows
 // each delivery id argument stood for; target is --to-endpoint's endpoint, nil without it.
 type replayOutcome struct {
-	selected                                       []string
-	target                                         *replayTarget
-	replay, skip, superseded, removed, otherTenant []lockedDeadLetter
+	selected                                                  []string
+	target                                                    *replayTarget
+	replay, skip, superseded, removed, otherTenant, sameEvent []lockedDeadLetter
 }
 
 func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
-	if all && len(o.replay)+len(o.skip)+len(o.superseded)+len(o.removed)+len(o.otherTenant) == 0 {
+	if all && len(o.replay)+len(o.skip)+len(o.superseded)+len(o.removed)+len(o.otherTenant)+len(o.sameEvent) == 0 {
 		_, err := fmt.Fprintln(w, "no dead letters match")
 		return err
 	}
@@ -660,6 +666,10 @@ func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
 		fmt.Fprintf(tw, "skipped\t%d\t%s\tits endpoint %s was removed; --to-endpoint ID replays it to another endpoint of its tenant\n",
 			l.ID, printable(l.EventType), *l.EndpointID)
 	}
+	for _, l := range o.sameEvent {
+		fmt.Fprintf(tw, "skipped\t%d\t%s\tthe same event (delivery_id %s) already goes to endpoint %s once\n",
+			l.ID, printable(l.EventType), l.DeliveryID, o.target.id)
+	}
 	for _, l := range o.otherTenant {
 		fmt.Fprintf(tw, "skipped\t%d\t%s\tits tenant (%s) is not endpoint %s's (%s): events never cross tenants\n",
 			l.ID, printable(l.EventType), tenantName(l.Tenant), o.target.id, tenantName(o.target.tenant))
@@ -679,6 +689,9 @@ func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
 	}
 	if len(o.otherTenant) > 0 {
 		summary += fmt.Sprintf(", skipped %d of other tenants", len(o.otherTenant))
+	}
+	if len(o.sameEvent) > 0 {
+		summary += fmt.Sprintf(", skipped %d of events already going there", len(o.sameEvent))
 	}
 	if dryRun {
 		summary += " (dry run: nothing changed)"

@@ -1220,3 +1220,43 @@ func TestDLQReplayOfARemovedEndpoint(t *testing.T) {
 		t.Errorf("the skipped dead letter is marked replayed at %v", at)
 	}
 }
+
+// TestDLQReplayToEndpointOfAStoppedStream: replaying a stopped stream's dead letter to another
+// endpoint leaves that stream stopped (the event does not come back to it; purging the dead
+// letter lets it go on), keeps the order key only for an ordered target, and sends an event
+// with several dead letters (one per endpoint it failed for) to the target once.
+func TestDLQReplayToEndpointOfAStoppedStream(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	const moved = "eeeeeeee-0000-4000-8000-000000000005"
+	ensureEndpoint(t, db, moved, "acme", "none")
+	s := insertStoppedStream(t, db, "order-1", 1000)
+	// The same event's dead letter for a second endpoint.
+	var twin int64
+	if err := db.Pool.QueryRow(context.Background(), `
+		INSERT INTO webhook_dead_letter (delivery_id, stream_id, event_type, payload, attempts, reason, enqueued_at, tenant, endpoint_id)
+		SELECT delivery_id, stream_id, event_type, payload, attempts, 'attempts exhausted', enqueued_at, tenant,
+		       'aaaaaaaa-0000-4000-8000-000000000001'
+		FROM webhook_dead_letter WHERE id = $1
+		RETURNING id`, s.deadLetter).Scan(&twin); err != nil {
+		t.Fatal(err)
+	}
+
+	r := runCLI(t, db.URL, "dlq", "replay", "--to-endpoint", moved, s.delivery)
+	if r.code != 0 || !strings.Contains(r.stdout, "replayed 1, skipped 1 of events already going there\n") ||
+		!strings.Contains(r.stdout, "skipped   "+itoa(twin)) {
+		t.Fatalf("replay by delivery id to %s: exit %d:\n%s%s", moved, r.code, r.stdout, r.stderr)
+	}
+	if got := outboxByEndpoint(t, db, s.delivery); got[moved] != 1 {
+		t.Errorf("the event's outbox rows by endpoint: %v, want one for %s", got, moved)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1::uuid AND order_key IS NULL`, moved); n != 1 {
+		t.Errorf("%d unordered rows for the unordered target, want 1 (its order key dropped)", n)
+	}
+	if got := outboxRowOf(t, db, s.parked); got != s.parkedBeforeChange {
+		t.Errorf("the stopped stream's parked row changed: %+v, was %+v; it must stay stopped", got, s.parkedBeforeChange)
+	}
+	if head, due := streamHead(t, db, s.stream); head != s.parked || due {
+		t.Errorf("the head of %s is %d (due %v), want its parked row %d, not due", s.stream, head, due, s.parked)
+	}
+}

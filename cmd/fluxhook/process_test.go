@@ -162,13 +162,22 @@ func failureLog(t *testing.T, name, logs string) string {
 		fmt.Fprintf(&b, "(%d lines, all in %s)\n", len(lines), f.Name())
 	}
 	var errs []string
-	for _, l := range lines[:len(lines)-keepTail] {
-		if strings.Contains(l, `"level":"error"`) || strings.Contains(l, "DATA RACE") || strings.HasPrefix(l, "panic") {
+	crash := -1 // the first line of a race report, panic or fatal error: printed with its stack
+	for i, l := range lines[:len(lines)-keepTail] {
+		if crash < 0 && (strings.Contains(l, "WARNING: DATA RACE") || strings.HasPrefix(l, "panic:") || strings.HasPrefix(l, "fatal error:")) {
+			crash = i
+		}
+		if strings.Contains(l, `"level":"error"`) {
 			errs = append(errs, l)
 		}
 	}
 	if len(errs) > 0 {
 		fmt.Fprintf(&b, "error lines (%d, first %d):\n%s\n", len(errs), min(len(errs), keepErrors), strings.Join(errs[:min(len(errs), keepErrors)], "\n"))
+	}
+	if crash >= 0 {
+		const keepCrash = 60
+		end := min(crash+keepCrash, len(lines)-keepTail)
+		fmt.Fprintf(&b, "from line %d (up to %d lines):\n%s\n", crash+1, keepCrash, strings.Join(lines[crash:end], "\n"))
 	}
 	fmt.Fprintf(&b, "last %d lines:\n%s", keepTail, strings.Join(lines[len(lines)-keepTail:], "\n"))
 	return b.String()

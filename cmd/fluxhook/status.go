@@ -75,7 +75,8 @@ type statusReport struct {
 	// UnroutedLastHour counts the events of the last hour that matched no endpoint (and had
 	// no default consumer): recorded in the delivery log, not delivered.
 	UnroutedLastHour int64 `json:"unrouted_last_hour"`
-	// UnroutedLastHourCapped: more than UnroutedLastHour, as ProcessedLastHourCapped.
+	// UnroutedLastHourCapped: at least UnroutedLastHour; counted among the rows
+	// ProcessedLastHour counted, which stopped at its cap.
 	UnroutedLastHourCapped bool `json:"unrouted_last_hour_capped"`
 	// Breakers lists endpoints whose circuit is not plainly closed (read from REDIS_URL).
 	Breakers     []breakerStatus `json:"breakers"`
@@ -205,10 +206,14 @@ func readStatus(ctx context.Context, tx pgx.Tx, countCap int64) (statusReport, e
 		return rep, err
 	}
 	if err := tx.QueryRow(ctx, statusOutboxSQL, countCap+1).Scan(&rep.DatabaseTime, &rep.Backlog, &rep.OldestDueAgeSeconds,
-		&rep.InFlight, &rep.RetriesPending, &rep.Scheduled, &rep.ProcessedLastHour, &rep.OldestUndeliveredAgeSeconds); err != nil {
+		&rep.InFlight, &rep.RetriesPending, &rep.Scheduled, &rep.ProcessedLastHour, &rep.UnroutedLastHour,
+		&rep.OldestUndeliveredAgeSeconds); err != nil {
 		return rep, fmt.Errorf("reading the outbox: %w", err)
 	}
+	// Both counts come from the same countCap+1 rows: past the cap, the unrouted ones are
+	// those among the rows counted, so at least that many.
 	rep.ProcessedLastHour, rep.ProcessedLastHourCapped = capped(rep.ProcessedLastHour, countCap)
+	rep.UnroutedLastHourCapped = rep.ProcessedLastHourCapped
 	rows, _ := tx.Query(ctx, statusDeferredSQL)
 	deferred, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deferredReason, error) {
 		var d deferredReason
@@ -227,11 +232,6 @@ func readStatus(ctx context.Context, tx pgx.Tx, countCap int64) (statusReport, e
 		return rep, fmt.Errorf("reading endpoints: %w", err)
 	}
 	rep.Endpoints = append(rep.Endpoints, managed...)
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT FROM webhook_deliveries WHERE processed
-		AND error = 'no endpoint matched' AND processed_at > now() - interval '1 hour' LIMIT $1) s`, countCap+1).Scan(&rep.UnroutedLastHour); err != nil {
-		return rep, fmt.Errorf("reading unrouted events: %w", err)
-	}
-	rep.UnroutedLastHour, rep.UnroutedLastHourCapped = capped(rep.UnroutedLastHour, countCap)
 	if err := tx.QueryRow(ctx, statusDeadLetterTotalsSQL).Scan(&rep.DeadLetters, &rep.DeadLettersNotReplayed); err != nil {
 		return rep, fmt.Errorf("reading dead letters: %w", err)
 	}
@@ -282,7 +282,7 @@ func printStatus(w io.Writer, rep statusReport) error {
 		fmt.Fprintf(tw, "  deferred\t%d\t%s; next due in %s\n", d.Count, printable(d.Reason), formatSeconds(d.NextDueSeconds))
 	}
 	fmt.Fprintf(tw, "oldest undelivered\t%s\tsince the first enqueue of the oldest event not yet delivered\n", formatSeconds(rep.OldestUndeliveredAgeSeconds))
-	fmt.Fprintf(tw, "processed last hour\t%s\n", cappedCount(rep.ProcessedLastHour, rep.ProcessedLastHourCapped))
+	fmt.Fprintf(tw, "processed last hour\t%s\n", cappedCount("more than", rep.ProcessedLastHour, rep.ProcessedLastHourCapped))
 	fmt.Fprintf(tw, "dead letters\t%d\t%d not replayed\n", rep.DeadLetters, rep.DeadLettersNotReplayed)
 	if rep.NotifySecondsLeft > 0 {
 		fmt.Fprintf(tw, "producers notify\tyes\tfor %s more: a dispatcher is waiting for work\n", formatSeconds(rep.NotifySecondsLeft))
@@ -305,7 +305,7 @@ func printStatus(w io.Writer, rep statusReport) error {
 	}
 	if len(rep.Endpoints) > 0 || rep.UnroutedLastHour > 0 {
 		fmt.Fprintf(w, "\nendpoints (%d; events matching none in the last hour: %s):\n", len(rep.Endpoints),
-			cappedCount(rep.UnroutedLastHour, rep.UnroutedLastHourCapped))
+			cappedCount("at least", rep.UnroutedLastHour, rep.UnroutedLastHourCapped))
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  ID\tURL\tTENANT\tENABLED\tPENDING\tLAST SUCCESS\tFAILING SINCE\tDISABLED REASON")
 		when := func(t *time.Time) string {
@@ -371,10 +371,11 @@ func yesNo(b bool) string {
 	return "no"
 }
 
-// cappedCount prints a count that stopped at its cap as "more than N".
-func cappedCount(n int64, capped bool) string {
+// cappedCount prints a count that stopped at its cap as "more than N" or "at least N" (bound
+// says which the count is).
+func cappedCount(bound string, n int64, capped bool) string {
 	if capped {
-		return fmt.Sprintf("more than %d (status counts no further)", n)
+		return fmt.Sprintf("%s %d (status counts no further)", bound, n)
 	}
 	return strconv.FormatInt(n, 10)
 }

@@ -65,8 +65,7 @@ func TestStatusStopsCountingAtItsCap(t *testing.T) {
 		processedCapped, unroutedCapped bool
 	}{
 		{cap: 3, processed: 3, unrouted: 1},
-		{cap: 2, processed: 2, unrouted: 1, processedCapped: true},
-		{cap: 0, processed: 0, unrouted: 0, processedCapped: true, unroutedCapped: true},
+		{cap: 0, processed: 0, processedCapped: true, unroutedCapped: true},
 	} {
 		var rep statusReport
 		err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) (err error) {
@@ -83,10 +82,23 @@ func TestStatusStopsCountingAtItsCap(t *testing.T) {
 				tc.processed, tc.processedCapped, tc.unrouted, tc.unroutedCapped)
 		}
 	}
-	if got, want := cappedCount(1000000, true), "more than 1000000 (status counts no further)"; got != want {
+	// Capped at 2 of the 3 rows, the unrouted count is whatever the 3 rows read hold: the
+	// lonely event or not, at least 0, and never more than 1.
+	var rep statusReport
+	if err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) (err error) {
+		rep, err = readStatus(context.Background(), tx, 2)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if rep.ProcessedLastHour != 2 || !rep.ProcessedLastHourCapped || !rep.UnroutedLastHourCapped || rep.UnroutedLastHour > 1 {
+		t.Errorf("cap 2: processed %d (capped %v), unrouted %d (capped %v); want 2 (true), at most 1 (true)",
+			rep.ProcessedLastHour, rep.ProcessedLastHourCapped, rep.UnroutedLastHour, rep.UnroutedLastHourCapped)
+	}
+	if got, want := cappedCount("more than", 1000000, true), "more than 1000000 (status counts no further)"; got != want {
 		t.Errorf("cappedCount = %q, want %q", got, want)
 	}
-	if got := cappedCount(7, false); got != "7" {
+	if got := cappedCount("at least", 7, false); got != "7" {
 		t.Errorf("cappedCount(7, false) = %q", got)
 	}
 }

@@ -46,10 +46,10 @@ type Delivery struct {
 	// OrderKey is the row's place in its stream when its consumer orders streams (schema 6):
 	// its event's id, kept by every retry and replay. 0: unordered.
 	OrderKey int64
-	// SendBy is the latest moment an attempt may start and still finish, and be settled,
-	// inside the row's lease; zero means no limit. A dispatcher that was paused past it (a
-	// stop-the-world pause, SIGSTOP, a frozen VM, a starved CPU) releases the row instead of
-	// sending it: another instance may already have claimed and sent it, and the settle
+	// SendBy is the latest moment an attempt may start: just before the row's lease ends
+	// (by the wall clock); zero means no limit. A dispatcher that was paused past it (a
+	// stop-the-world pause, SIGSTOP, a suspended VM, a starved CPU) releases the row instead
+	// of sending it: another instance may already have claimed and sent it, and the settle
 	// would be refused anyway.
 	SendBy time.Time
 	// StopStream: the row is ordered and its consumer stops the stream, rather than skipping

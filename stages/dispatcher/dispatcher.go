@@ -333,18 +333,26 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	d.stages.Stage(n, func(ctx context.Context) {
 		for del := range d.toSend {
 			d.sender.Send(ctx, del)
+			if del.Outcome.Error == send.LeaseSpent {
+				// Logged here, not with the outcome: when another instance holds the row by
+				// now, settle refuses the release and reports it as stale instead.
+				d.log.Warn("delivery released unsent: this instance was held up past the row's lease",
+					append(deliveryFields(del), zap.Int64("late_ms", time.Since(del.SendBy).Milliseconds()))...)
+			}
 			d.toSettle <- del
 		}
 	}, func() { close(d.toSettle) })
 	// Settle is abandoned only when the drain was cut short and it is stuck for
 	// pipeline.DefaultSinkBound more (database gone): the leases bring its rows back.
-	// A settle takes up to the pipeline's capacity, not a claim's batch size: a claimed batch
-	// of events fans out to up to MaxInFlight deliveries, and settling them 100 at a time
-	// took 7.5 statements per batch in the fan-out bench (3.5 with this bound; 6% less
-	// PostgreSQL CPU per delivery, `bench --workload fanout --fanout-events 8000`).
+	// A settle takes up to the pipeline's capacity (at most 1,000 rows), not a claim's batch
+	// size: a claimed batch of events fans out to up to MaxInFlight deliveries, and settling
+	// them 100 at a time took 7.5 statements per batch in the fan-out bench (3.5 with this
+	// bound; 6% less PostgreSQL CPU per delivery, `bench --workload fanout --fanout-events
+	// 8000`). The 1,000 bounds one statement's transaction, and the row-by-row fallback
+	// after a refused batch, however large WEBHOOK_MAX_IN_FLIGHT is.
 	d.stages.Sink(func(ctx context.Context) {
 		complete := func(n int) bool { return d.slots.InUse() <= n } // every claimed row is back
-		pipeline.BatchUntil(d.toSettle, max(d.cfg.MaxInFlight, 64), settleLinger, complete, func(batch []*delivery.Delivery) {
+		pipeline.BatchUntil(d.toSettle, max(min(d.cfg.MaxInFlight, 1000), d.cfg.BatchSize, 64), settleLinger, complete, func(batch []*delivery.Delivery) {
 			d.settle(ctx, batch)
 		})
 	})
@@ -1262,18 +1270,22 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 		}
 	case delivery.Release:
 		d.stats.Released.Add(1)
-		if o.Error == send.LeaseSpent {
-			d.log.Warn("delivery released unsent: this instance was held up past the row's lease",
-				append(fields(), zap.Int64("late_ms", time.Since(del.SendBy).Milliseconds()))...)
-		}
 	}
 }
 
+// sendByMargin is how long before its lease ends a row is no longer sent.
+const sendByMargin = 500 * time.Millisecond
+
 // sendBy is delivery.Delivery.SendBy for rows leased by a statement that started at start:
-// the lease's end less the request timeout and a second to settle, so that an attempt that
-// starts in time ends, settled, inside the lease.
+// the lease's end, less sendByMargin. Past it another instance may hold the row, so sending
+// it would be a duplicate by design. It is not the lease's end less the request timeout:
+// with the shortest lease serve accepts (timeout + 2 s), a backlog behind a slow gate store
+// would then arrive late row after row, and releasing each one at once would deliver
+// nothing; a row that starts in time but whose request outlives the lease is what the
+// settle fence is for. The wall clock (Round(0) drops the monotonic reading), since the
+// monotonic clock stands still while a virtual machine is suspended and the lease does not.
 func (d *Dispatcher) sendBy(start time.Time) time.Time {
-	return start.Add(d.cfg.Lease - d.cfg.Timeout - LeaseAllowance/2)
+	return start.Add(d.cfg.Lease - sendByMargin).Round(0)
 }
 
 func randomHex(n int) string {

@@ -757,10 +757,9 @@ func (g *stallingGate) Check(ctx context.Context, batch []*delivery.Delivery) {
 	g.once.Do(func() { time.Sleep(time.Until(batch[0].SendBy) + 50*time.Millisecond) }) // the pause under test
 }
 
-// TestHeldUpPastTheLeaseReleasesUnsent: a row that reaches the send stage too late for its
-// attempt to finish inside its lease is released without a request (another instance may
-// already have claimed it), logged, and then claimed again and delivered once with the same
-// attempt number.
+// TestHeldUpPastTheLeaseReleasesUnsent: a row that reaches its request when its lease has
+// (nearly) run out is released without a request (another instance may already have claimed
+// it), logged, and then claimed again and delivered once with the same attempt number.
 func TestHeldUpPastTheLeaseReleasesUnsent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -769,7 +768,7 @@ func TestHeldUpPastTheLeaseReleasesUnsent(t *testing.T) {
 	cfg := b.config(c.URL())
 	cfg.Logger = zap.New(core)
 	cfg.Timeout = time.Second
-	cfg.Lease = cfg.Timeout + dispatcher.LeaseAllowance // may send until 1 s after the claim
+	cfg.Lease = cfg.Timeout + dispatcher.LeaseAllowance // may send until 2.5 s after the claim
 	cfg.Gate = &stallingGate{}
 	d := b.start(cfg)
 	id := b.enqueue(outbox.Event{})

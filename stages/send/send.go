@@ -47,10 +47,10 @@ const (
 	shutdownError = "cancelled by shutdown"
 )
 
-// LeaseSpent is the Outcome.Error of a row released unsent because its lease would have run
-// out before the attempt could finish (delivery.Delivery.SendBy): the dispatcher logs it,
-// since it means the process was paused or starved for seconds.
-const LeaseSpent = "not sent: its lease would run out before the attempt could finish"
+// LeaseSpent is the Outcome.Error of a row released unsent because its lease had (nearly) run
+// out before its attempt could start (delivery.Delivery.SendBy): the dispatcher logs it,
+// since it means the process was paused or starved for about a lease.
+const LeaseSpent = "not sent: its lease had run out before the attempt could start"
 
 // Config is the send stage's whole configuration, so that its defaults and limits can be
 // read in one place; the zero value of every field means its default.
@@ -263,7 +263,7 @@ func (s *Sender) Send(ctx context.Context, d *delivery.Delivery) {
 	defer s.release(key)
 	// Checked last, after the wait for a slot: the later the check, the smaller the window
 	// in which a paused dispatcher sends a row whose lease another claim already holds.
-	if !d.SendBy.IsZero() && time.Now().After(d.SendBy) {
+	if !d.SendBy.IsZero() && time.Now().Round(0).After(d.SendBy) { // wall clocks: see SendBy
 		d.Outcome = delivery.Outcome{Kind: delivery.Release, Error: LeaseSpent}
 		return
 	}

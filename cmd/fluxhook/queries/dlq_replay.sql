@@ -29,6 +29,9 @@ WITH replayed AS (
     USING replayed r
     WHERE o.id = r.outbox_id AND o.delivery_id = r.delivery_id AND NOT o.processed
       AND o.deferred_reason LIKE 'stream stopped%'
+      -- Sent elsewhere (--to-endpoint), the event does not come back to this stream: it
+      -- stays stopped until its dead letter is purged (or replayed to it).
+      AND ($2::uuid IS NULL OR $2::uuid = o.endpoint_id)
     RETURNING o.id, o.stream_id, o.event_type, o.payload, o.created_at, o.delivery_id, o.attempt, o.enqueued_at,
               o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, o.order_key, r.id AS dead_letter_id
 ), logged AS (
@@ -48,6 +51,10 @@ WITH replayed AS (
            CASE WHEN $2::uuid IS NOT NULL OR endpoint_id IS NOT NULL OR endpoint_url IS NULL THEN now() END,
            CASE WHEN $2::uuid IS NULL OR $3::boolean THEN order_key END
     FROM replayed
+    -- Never across tenants, --to-endpoint included (the command checks it too; a row refused
+    -- here makes the count differ, and the command rolls back).
+    WHERE $2::uuid IS NULL
+       OR tenant IS NOT DISTINCT FROM (SELECT e.tenant FROM webhook_endpoints e WHERE e.id = $2::uuid)
     ORDER BY id
     RETURNING 1
 )
