@@ -23,8 +23,12 @@ import (
 func TestFaultOrderedStreams(t *testing.T) {
 	t.Parallel()
 	// 16 streams at 200 events/s: a stream's next event comes every 80 ms, sooner than a failed
-	// attempt's retry (250 ms), so that without ordering streams would go out of order.
-	const streams, perStream = 16, 60
+	// attempt's retry (250 ms), so that without ordering streams would go out of order. 150
+	// events each is 12 s of production: the freeze (past a 4 s lease) ends while events still
+	// arrive, so that the kill after it finds rows in flight however slow the machine is;
+	// with 60 (4.8 s) the queue could be drained before the kill and the wait for rows in
+	// flight timed out.
+	const streams, perStream = 16, 150
 	db := sqltest.NewMigrated(t)
 	c := newHookConsumer(t, func(ctx context.Context, req *hookRequest) int {
 		h := fnv.New32a()
