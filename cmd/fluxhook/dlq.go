@@ -547,6 +547,7 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 			}
 			out.selected = refs.selected(locked)
 		}
+		toTarget := map[string]bool{} // delivery ids replayed so far (to the target, with one)
 		for _, l := range locked {
 			switch {
 			case l.ReplayedAt != nil && !*force:
@@ -555,7 +556,7 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 				out.removed = append(out.removed, l)
 			case target != nil && !sameTenant(l.Tenant, target.tenant):
 				out.otherTenant = append(out.otherTenant, l)
-			case target != nil && slices.ContainsFunc(out.replay, func(r lockedDeadLetter) bool { return r.DeliveryID == l.DeliveryID }):
+			case target != nil && toTarget[l.DeliveryID]:
 				// An event fanned out to several endpoints has a dead letter for each: to one
 				// target it goes once.
 				out.sameEvent = append(out.sameEvent, l)
@@ -566,6 +567,7 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 				out.superseded = append(out.superseded, l)
 			default:
 				out.replay = append(out.replay, l)
+				toTarget[l.DeliveryID] = true
 			}
 		}
 		if *dryRun || len(out.replay) == 0 {

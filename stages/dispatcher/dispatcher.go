@@ -600,10 +600,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			watch = slices.DeleteFunc(watch, res.Snapshot.Sees) // those this claim saw commit are done
 		}
 		if len(rows) > 0 {
-			sendBy := d.sendBy(now)
-			for _, del := range rows {
-				del.SendBy = sendBy
-			}
+			d.stampSendBy(rows, now)
 			d.slots.Take(len(rows))
 			d.stats.Claimed.Add(int64(len(rows)))
 			d.claimed <- rows
@@ -1286,6 +1283,15 @@ const sendByMargin = 500 * time.Millisecond
 // monotonic clock stands still while a virtual machine is suspended and the lease does not.
 func (d *Dispatcher) sendBy(start time.Time) time.Time {
 	return start.Add(d.cfg.Lease - sendByMargin).Round(0)
+}
+
+// stampSendBy sets the send-by time of rows leased by a statement that started at start (a
+// claim, or the routing statement for the deliveries it inserted leased).
+func (d *Dispatcher) stampSendBy(rows []*delivery.Delivery, start time.Time) {
+	sendBy := d.sendBy(start)
+	for _, del := range rows {
+		del.SendBy = sendBy
+	}
 }
 
 func randomHex(n int) string {

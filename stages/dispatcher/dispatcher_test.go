@@ -19,7 +19,6 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
-	"go.uber.org/zap/zaptest/observer"
 
 	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/sql/outbox"
@@ -684,9 +683,7 @@ func TestRowTheDatabaseRefusesToSettleIsLoggedByDeliveryID(t *testing.T) {
 	b := setup(t)
 	c := newConsumer(t, nil)
 	sqltest.RefuseSettles(t, b.db, `NEW.event_type = 'stuck'`)
-	core, logs := observer.New(zap.DebugLevel) // "delivered" is a debug line
-	cfg := b.config(c.URL())
-	cfg.Logger = zap.New(core)
+	cfg, logs := b.observedConfig(c.URL(), zap.DebugLevel) // "delivered" is a debug line
 	d := b.start(cfg)
 	stuck := b.enqueue(outbox.Event{EventType: "stuck"})
 	fine := b.enqueue(outbox.Event{EventType: "fine"})
@@ -723,9 +720,7 @@ func TestInvalidURLDeadLetterLogFields(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := newConsumer(t, nil)
-	core, logs := observer.New(zap.InfoLevel)
-	cfg := b.config(c.URL())
-	cfg.Logger = zap.New(core)
+	cfg, logs := b.observedConfig(c.URL(), zap.InfoLevel)
 	b.start(cfg)
 	const bad = "ftp://user:token@example.com/hook"
 	id := b.enqueue(outbox.Event{EventType: "bad.url", EndpointURL: bad})
@@ -764,9 +759,7 @@ func TestHeldUpPastTheLeaseReleasesUnsent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	c := newConsumer(t, nil)
-	core, logs := observer.New(zap.InfoLevel)
-	cfg := b.config(c.URL())
-	cfg.Logger = zap.New(core)
+	cfg, logs := b.observedConfig(c.URL(), zap.InfoLevel)
 	cfg.Timeout = time.Second
 	cfg.Lease = cfg.Timeout + dispatcher.LeaseAllowance // may send until 2.5 s after the claim
 	cfg.Gate = &stallingGate{}

@@ -203,10 +203,7 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 			out = append(out, del)
 		}
 	}
-	sendBy := d.sendBy(start) // the routing statement leased the new rows
-	for _, del := range res.Deliveries {
-		del.SendBy = sendBy
-	}
+	d.stampSendBy(res.Deliveries, start) // the routing statement leased the new rows
 	out = append(out, res.Deliveries...)
 	d.slots.Take(len(res.Deliveries))
 	d.slots.Release(len(events) - len(res.Kept))

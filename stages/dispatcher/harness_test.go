@@ -10,7 +10,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/sql/sqltest"
@@ -136,6 +139,15 @@ func (b *bundle) config(url string) dispatcher.Config {
 		RetryJitter:   -1,
 		Logger:        zaptest.NewLogger(b.t),
 	}
+}
+
+// observedConfig is config with the dispatcher's log lines at level and above kept for the
+// test to read.
+func (b *bundle) observedConfig(url string, level zapcore.Level) (dispatcher.Config, *observer.ObservedLogs) {
+	core, logs := observer.New(level)
+	cfg := b.config(url)
+	cfg.Logger = zap.New(core)
+	return cfg, logs
 }
 
 // start runs a dispatcher and stops it (gracefully) at cleanup.
