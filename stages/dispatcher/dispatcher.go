@@ -524,6 +524,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	backoff := time.Duration(0)
 	var lockedWait time.Duration // see minDueWait
 	var ordering orderingState
+	var trickle trickleRate
 	claimCtx, cancelClaims := withGrace(ctx, claimGrace) // see claimGrace
 	defer cancelClaims()
 	for ctx.Err() == nil {
@@ -609,6 +610,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			// Busy: more rows are probably waiting. Claim again without arming; the switch
 			// lapses by itself and producers stop notifying.
 			arming, saturatedSince = false, time.Time{}
+			trickle.reset()
 			continue
 		}
 		// NOTIFYs that arrived during this claim from transactions it could already see
@@ -632,6 +634,14 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			}
 		} else {
 			saturatedSince = time.Time{}
+		}
+		if trickle.observe(now, len(rows), limit) {
+			// Events come often enough for a claim every trickleEvery to find one: claim on
+			// that clock, unarmed, so that producers stop notifying (see trickleRate).
+			armed, arming = false, false
+			d.pace(ctx, now.Add(trickleEvery))
+			d.metrics.paced.Inc()
+			continue
 		}
 		if !arming {
 			// A busy spell just ended. Give producers armHoldoff to show up before arming,
@@ -924,6 +934,18 @@ func (d *Dispatcher) waitArmed(ctx context.Context, announced *time.Time, skippe
 // quiet this long: with steady traffic it keeps claiming instead, and NOTIFY's commit-time
 // lock stays off the producers. Rows inserted meanwhile wait at most this long.
 const armHoldoff = time.Millisecond
+
+// pace waits until the next paced claim is due. Wake-ups do not end it: while pacing, NOTIFYs
+// are those producers send until the switch lapses, and a due row or an ordered stream that
+// moved waits at most trickleEvery for the next claim anyway.
+func (d *Dispatcher) pace(ctx context.Context, at time.Time) {
+	t := time.NewTimer(time.Until(at))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
 
 func (d *Dispatcher) holdoff(ctx context.Context) {
 	t := time.NewTimer(armHoldoff)

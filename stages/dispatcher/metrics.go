@@ -34,6 +34,7 @@ type metrics struct {
 	transitions      *prometheus.CounterVec
 	reconnects       prometheus.Counter
 	wakeups          *prometheus.CounterVec
+	paced            prometheus.Counter // wakeups{source="pace"}, looked up once: one per paced claim
 	claimRows        prometheus.Histogram
 	settleRows       prometheus.Histogram
 	settleErrors     prometheus.Counter
@@ -77,7 +78,7 @@ func newMetrics(d *Dispatcher) *metrics {
 	m.reconnects = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "listener_reconnects_total",
 		Help: "Times the NOTIFY listener connected after its first connection."})
 	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "wakeups_total",
-		Help: "Wake-ups of the claiming loop by source: notify, poll, timer, backlog, watch (looks after arming), lapse (a renewal found the NOTIFY switch had run out)."}, []string{"source"})
+		Help: "Wake-ups of the claiming loop by source: notify, poll, timer, backlog, watch (looks after arming), lapse (a renewal found the NOTIFY switch had run out), pace (a paced claim under steady traffic)."}, []string{"source"})
 	m.claimRows = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "claim_batch_rows",
 		Help: "Rows returned per claim statement.", Buckets: []float64{0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000}})
 	m.settleRows = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "settle_batch_rows",
@@ -143,6 +144,7 @@ func (m *metrics) preinitialise() {
 		m.wakeups.WithLabelValues(string(s))
 	}
 	m.wakeups.WithLabelValues("lapse") // the claiming loop's own: a renewal found the switch lapsed
+	m.paced = m.wakeups.WithLabelValues("pace")
 	m.endpointChanges.WithLabelValues("disabled")
 	m.endpointChanges.WithLabelValues("enabled")
 	for _, op := range redisstore.Ops {

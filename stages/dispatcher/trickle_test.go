@@ -1,0 +1,107 @@
+package dispatcher_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/outbox"
+)
+
+// TestSteadyTrafficStopsTheNotifications: under steady traffic the dispatcher claims on its
+// own clock (paced claims) instead of on every producer's NOTIFY, so producers stop
+// notifying once the switch lapses, and every event is still delivered. When the traffic
+// stops it arms again: the next isolated event arrives on its NOTIFY, not at the poll (an
+// hour here).
+func TestSteadyTrafficStopsTheNotifications(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	d := b.start(b.config(c.URL()))
+	notifies := func() float64 { return counterValue(t, d, "fluxora_webhook_wakeups_total", "source", "notify") }
+	eventually(t, 10*time.Second, "the dispatcher to arm", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_dispatcher WHERE armed`) == 1
+	})
+
+	// A producer at 1,000 events/s: every millisecond it inserts the events it owes by the
+	// clock, in one statement, so that a stalled tick keeps the rate rather than lowering it.
+	const rate = 1000
+	var produced atomic.Int64
+	// Its statements are not cancelled by the stop: one cut off could commit unseen.
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		began := time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			owed := int(time.Since(began).Seconds()*rate) - int(produced.Load())
+			if owed <= 0 {
+				continue
+			}
+			evs := make([]outbox.Event, min(owed, 50))
+			for i := range evs {
+				evs[i] = outbox.Event{EventType: "test.steady", Payload: map[string]any{"n": i}}
+			}
+			n, err := outbox.EnqueueMany(context.Background(), b.pool, evs)
+			if err != nil {
+				t.Errorf("producer: %v", err)
+				return
+			}
+			produced.Add(n)
+		}
+	})
+	defer wg.Wait()
+	defer stop()
+
+	// Within the switch's lapse (3 s) and a margin, a half second passes in which the
+	// producer commits hundreds of events and not one NOTIFY is sent. Armed on every claim,
+	// as before pacing, each of its statements notified.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n0, p0 := notifies(), produced.Load()
+		time.Sleep(500 * time.Millisecond) // a measurement window, not a wait for a condition
+		n1, p1 := notifies(), produced.Load()
+		if n1 == n0 && p1-p0 >= rate/4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s of steady traffic producers still notify: %v NOTIFYs for %d events in the last half second", n1-n0, p1-p0)
+		}
+	}
+	if v := counterValue(t, d, "fluxora_webhook_wakeups_total", "source", "pace"); v == 0 {
+		t.Error(`wakeups_total{source="pace"} = 0: the notifications stopped, but not because claims were paced`)
+	}
+	stop()
+	wg.Wait()
+	total := int(produced.Load())
+	eventually(t, 30*time.Second, "every steady event delivered", func() bool { return c.received() >= total })
+
+	// Traffic over: armed again, the switch set, and an isolated event arrives on its NOTIFY.
+	eventually(t, 10*time.Second, "the dispatcher to arm again and announce", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_dispatcher WHERE armed`) == 1 &&
+			b.count(`SELECT count(*) WHERE pg_sequence_last_value('webhook_outbox_notify_until') >
+				(extract(epoch FROM clock_timestamp()) * 1000)::bigint`) == 1
+	})
+	before := notifies()
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the event after the traffic delivered", func() bool { return len(c.byDelivery()[id]) == 1 })
+	if notifies() <= before {
+		t.Error("the event after the traffic was not announced by a NOTIFY")
+	}
+	for id, got := range c.byDelivery() {
+		if len(got) != 1 {
+			t.Errorf("delivery %s arrived %d times", id, len(got))
+		}
+	}
+	if c.received() != total+1 {
+		t.Errorf("received %d deliveries, want %d", c.received(), total+1)
+	}
+}
