@@ -619,6 +619,9 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		// which clears arming), so the claim after it, from the head, comes after at most
 		// armHoldoff.
 		d.waker.DropSeen(res.Snapshot.Sees)
+		// Counted before the saturated path, whose claims are traffic too: a saturation
+		// while pacing must not read as the traffic stopping.
+		paced := trickle.observe(now, len(rows), d.cfg.BatchSize)
 		if len(saturated) > 0 && !wasArmed {
 			// Short only because saturated endpoints were skipped: busy, not idle. Arming now
 			// would make producers NOTIFY through every busy spell. Claim again when a request
@@ -635,10 +638,11 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		} else {
 			saturatedSince = time.Time{}
 		}
-		if trickle.observe(now, len(rows), limit) {
+		if paced {
 			// Events come often enough for a claim every trickleEvery to find one: claim on
-			// that clock, unarmed, so that producers stop notifying (see trickleRate).
-			armed, arming = false, false
+			// that clock, unarmed, so that producers stop notifying (see trickleRate). The
+			// looks after arming are moot: every paced claim sees what they would.
+			armed, arming, followUp = false, false, false
 			d.pace(ctx, now.Add(trickleEvery))
 			d.metrics.paced.Inc()
 			continue
@@ -935,15 +939,24 @@ func (d *Dispatcher) waitArmed(ctx context.Context, announced *time.Time, skippe
 // lock stays off the producers. Rows inserted meanwhile wait at most this long.
 const armHoldoff = time.Millisecond
 
-// pace waits until the next paced claim is due. Wake-ups do not end it: while pacing, NOTIFYs
-// are those producers send until the switch lapses, and a due row or an ordered stream that
-// moved waits at most trickleEvery for the next claim anyway.
+// pace waits until the next paced claim is due. NOTIFYs do not end the wait: while pacing
+// they are only those producers send until the switch lapses, and the paced claim finds their
+// rows. Any other wake-up does: an ordered stream that moved (its next row may go now, and a
+// hot stream would otherwise lose up to trickleEvery per event), a row coming due, the poll.
 func (d *Dispatcher) pace(ctx context.Context, at time.Time) {
 	t := time.NewTimer(time.Until(at))
 	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
+	for {
+		select {
+		case <-t.C:
+			return
+		case <-d.waker.C():
+			if !d.waker.NotifiesOnly() {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 

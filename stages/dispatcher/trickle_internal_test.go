@@ -1,127 +1,157 @@
 package dispatcher
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 )
 
-// feed runs claims at the given start offsets with the given rows each and returns the
-// verdict after every claim.
-func feed(t *trickleRate, start time.Time, at []time.Duration, rows []int) []bool {
-	out := make([]bool, len(at))
-	for i := range at {
-		out[i] = t.observe(start.Add(at[i]), rows[i], 100)
-	}
-	return out
-}
+const testBatch = 100
 
 func TestTrickleStartsAtSteadyTrafficOnly(t *testing.T) {
 	t.Parallel()
 	start := time.Unix(1_700_000_000, 0)
 	// 2,000 events/s arriving on NOTIFYs, one claim per millisecond taking 2 rows: pacing
-	// starts within the trickle window.
+	// starts within the trickle window, not at the first claim.
 	var tr trickleRate
-	var at []time.Duration
-	var rows []int
-	for i := range 20 {
-		at = append(at, time.Duration(i)*time.Millisecond)
-		rows = append(rows, 2)
+	var first, last bool
+	for i := range 25 {
+		p := tr.observe(start.Add(time.Duration(i)*time.Millisecond), 2, testBatch)
+		if i == 0 {
+			first = p
+		}
+		last = p
 	}
-	got := feed(&tr, start, at, rows)
-	if !got[len(got)-1] {
-		t.Fatalf("2,000 events/s for 20 ms did not start pacing (count %.1f)", tr.count)
-	}
-	if got[0] {
+	if first {
 		t.Fatal("the first claim of two rows started pacing: an isolated event after idle must arrive on its NOTIFY")
+	}
+	if !last {
+		t.Fatalf("2,000 events/s for 25 ms did not start pacing (count %.1f)", tr.count)
 	}
 
 	// 100 events/s, one row per claim every 10 ms, with the odd pair 1 ms apart: never.
 	tr.reset()
-	for i := range 100 {
+	for i := range 200 {
 		base := time.Duration(i) * 10 * time.Millisecond
-		if tr.observe(start.Add(base), 1, 100) {
+		if tr.observe(start.Add(base), 1, testBatch) {
 			t.Fatalf("100 events/s started pacing at claim %d (count %.1f)", i, tr.count)
 		}
-		if i%7 == 0 && tr.observe(start.Add(base+time.Millisecond), 1, 100) {
+		if i%7 == 0 && tr.observe(start.Add(base+time.Millisecond), 1, testBatch) {
 			t.Fatalf("a pair of events 1 ms apart at 100 events/s started pacing (count %.1f)", tr.count)
 		}
 	}
 
-	// A burst of 5 events in one claim after idle is not a rate: it starts pacing only if the
-	// claims after it keep finding rows.
-	tr.reset()
-	if tr.observe(start, 3, 100) {
-		t.Fatal("one claim of 3 rows started pacing")
+	// A burst after idle is not a rate: one claim of 5 or of 49 rows (one producer's
+	// multi-row insert) does not start pacing, nor does a second one right after it.
+	for _, rows := range []int{5, 12, 49} {
+		tr.reset()
+		if tr.observe(start, rows, testBatch) || tr.observe(start.Add(time.Millisecond), rows, testBatch) {
+			t.Errorf("two claims of %d rows after idle started pacing (count %.1f)", rows, tr.count)
+		}
 	}
 }
 
 func TestTrickleEndsSoonAfterTrafficStops(t *testing.T) {
 	t.Parallel()
 	start := time.Unix(1_700_000_000, 0)
-	var tr trickleRate
-	now := start
-	for range 50 { // 1,500 events/s, paced: 3 rows per 2 ms claim
-		tr.observe(now, 3, 100)
-		now = now.Add(trickleEvery)
+	emptyUntilArmed := func(tr *trickleRate, now time.Time) int {
+		empty := 0
+		for tr.observe(now, 0, testBatch) {
+			empty++
+			now = now.Add(trickleEvery)
+			if empty > 1000 {
+				t.Fatal("pacing never ended after traffic stopped")
+			}
+		}
+		return empty
 	}
-	if !tr.pacing {
-		t.Fatalf("1,500 events/s paced at %s did not keep pacing (count %.1f)", trickleEvery, tr.count)
-	}
-	// Traffic stops: empty paced claims until the estimate falls below the leave threshold.
-	empty := 0
-	for tr.observe(now, 0, 100) {
-		empty++
-		now = now.Add(trickleEvery)
-		if empty > 100 {
-			t.Fatal("pacing never ended after traffic stopped")
+	// 1,500 and 20,000 events/s, paced: 3 and 40 rows per claim. However fast the events came
+	// (the count is capped), pacing ends ln(cap/leave)·window ≈ 35 ms after the last: 17
+	// empty claims, then the dispatcher arms again.
+	for _, rows := range []int{3, 40} {
+		var tr trickleRate
+		now := start
+		for range 100 {
+			tr.observe(now, rows, testBatch)
+			now = now.Add(trickleEvery)
+		}
+		if !tr.pacing {
+			t.Fatalf("%d rows per paced claim did not keep pacing (count %.1f)", rows, tr.count)
+		}
+		if empty := emptyUntilArmed(&tr, now); empty < 16 || empty > 18 {
+			t.Errorf("after %d rows per paced claim, pacing ended after %d empty claims; want 17", rows, empty)
 		}
 	}
-	// ln(10/2.5) × 10 ms ≈ 14 ms: about 7 empty claims, then the dispatcher arms again.
-	if empty < 3 || empty > 8 {
-		t.Errorf("pacing ended after %d empty claims; want about 7 (a lull of a few ms must not end it, a stop must within ~15 ms)", empty)
-	}
-	// However fast the events came: the count is capped.
-	tr.reset()
-	now = start
-	for range 50 { // 20,000 events/s
-		tr.observe(now, 40, 100)
+
+	// A drain's claims (half a batch or more) end pacing at once: its tail arms.
+	var tr trickleRate
+	now := start
+	for range 20 {
+		tr.observe(now, 5, testBatch)
 		now = now.Add(trickleEvery)
 	}
-	empty = 0
-	for tr.observe(now, 0, 100) {
-		empty++
-		now = now.Add(trickleEvery)
-	}
-	if empty > 8 {
-		t.Errorf("after 20,000 events/s pacing ended only after %d empty claims; want at most 8", empty)
-	}
-	// A drain's claims (half the limit or more) end pacing at once: its tail arms.
-	for range 10 {
-		tr.observe(now, 5, 100)
-		now = now.Add(trickleEvery)
-	}
-	if tr.observe(now.Add(trickleEvery), 60, 100) || tr.count != 0 {
+	if tr.observe(now, 60, testBatch) || tr.count != 0 {
 		t.Errorf("a claim of 60 rows of 100 kept pacing (count %.1f)", tr.count)
 	}
-	if tr.observe(now.Add(2*trickleEvery), 2, 100) {
+	if tr.observe(now.Add(trickleEvery), 2, testBatch) {
 		t.Error("a drain's tail claim (2 rows) started pacing")
 	}
-	// A rate between the thresholds keeps what it has: 400 events/s (below enter, above
-	// leave) paced stays paced.
+
+	// Between the thresholds it keeps what it has: 400 events/s (below enter, above leave)
+	// in bursts of 4 every 10 ms stays paced.
 	tr.reset()
 	now = start
-	for range 50 {
-		tr.observe(now, 3, 100)
+	for range 100 {
+		tr.observe(now, 3, testBatch)
 		now = now.Add(trickleEvery)
 	}
-	for i := range 200 { // 400 events/s: 4 rows per 10 ms, claims every 2 ms
+	for i := range 500 {
 		rows := 0
 		if i%5 == 0 {
 			rows = 4
 		}
-		if !tr.observe(now, rows, 100) {
+		if !tr.observe(now, rows, testBatch) {
 			t.Fatalf("400 events/s ended pacing at claim %d (count %.2f); the threshold to leave is half the one to enter", i, tr.count)
 		}
 		now = now.Add(trickleEvery)
+	}
+}
+
+// TestTricklePoissonArrivalsDoNotFlap: random arrivals at twice the rate to enter do not end
+// pacing in a minute (each end costs an announcement and 3 s of NOTIFYs), and at a third of it
+// pacing does not start.
+func TestTricklePoissonArrivalsDoNotFlap(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	start := time.Unix(1_700_000_000, 0)
+	run := func(rate float64, claims int) (ends, starts int) {
+		var tr trickleRate
+		now := start
+		next := now.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+		was := false
+		for range claims {
+			now = now.Add(trickleEvery)
+			rows := 0
+			for !next.After(now) {
+				rows++
+				next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+			}
+			p := tr.observe(now, rows, testBatch)
+			switch {
+			case was && !p:
+				ends++
+			case !was && p:
+				starts++
+			}
+			was = p
+		}
+		return ends, starts
+	}
+	enter := trickleEnter / trickleWindow.Seconds() // events/s
+	if ends, starts := run(2*enter, 30_000); ends != 0 || starts != 1 {
+		t.Errorf("Poisson arrivals at %.0f/s for 60 s: pacing started %d times and ended %d; want once and never", 2*enter, starts, ends)
+	}
+	if _, starts := run(enter/3, 30_000); starts != 0 {
+		t.Errorf("Poisson arrivals at %.0f/s for 60 s started pacing %d times; want never", enter/3, starts)
 	}
 }

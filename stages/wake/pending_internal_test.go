@@ -110,3 +110,37 @@ func TestPingNotificationDoesNotWake(t *testing.T) {
 		t.Fatal("a ping did not count as proof of life")
 	}
 }
+
+// NotifiesOnly tells a pacing claiming loop which wake-ups it may wait through: only those
+// made of NOTIFYs alone. A timer (an ordered stream that moved, a row coming due), the poll or
+// a NOTIFY without a transaction id must end its wait.
+func TestNotifiesOnly(t *testing.T) {
+	t.Parallel()
+	w := New(Config{})
+	h := outboxHandler{w}
+	notify := func(payload string) {
+		_ = h.HandleNotification(context.Background(), &pgconn.Notification{Channel: Channel, Payload: payload}, nil)
+	}
+	if w.NotifiesOnly() {
+		t.Fatal("no wake-up at all reads as NOTIFYs only")
+	}
+	notify("100")
+	notify("101")
+	if !pending(w) || !w.NotifiesOnly() {
+		t.Fatal("two NOTIFYs with ids did not read as NOTIFYs only")
+	}
+	w.Wake(Timer) // after the loop took the first signal and waits on
+	if !pending(w) || w.NotifiesOnly() {
+		t.Fatal("a timer after the NOTIFYs still reads as NOTIFYs only")
+	}
+	w.Clear()
+	notify("")
+	if w.NotifiesOnly() {
+		t.Fatal("a NOTIFY without a transaction id read as NOTIFYs only")
+	}
+	w.Clear()
+	w.Wake(Poll)
+	if w.NotifiesOnly() {
+		t.Fatal("the poll reads as NOTIFYs only")
+	}
+}

@@ -209,6 +209,16 @@ func (w *Waker) DropSeen(seen func(xid uint64) bool) {
 	}
 }
 
+// NotifiesOnly reports whether the wake-up last received from C was made only of NOTIFYs that
+// carried their transaction id (none of a timer, the poll, a reconnect or Wake), until the next
+// Clear. A claiming loop that already claims on a clock of its own waits on through those:
+// their rows are found by its next claim anyway, while the others may ask for a claim now.
+func (w *Waker) NotifiesOnly() bool {
+	w.pendingMu.Lock()
+	defer w.pendingMu.Unlock()
+	return !w.pendingOther && len(w.pendingXids) > 0
+}
+
 // Connected reports whether the listener is currently listening. With Config.Ping set, a
 // connection that died silently still counts until the liveness check finds it out: within
 // PingInterval plus PingTimeout after the last notification (plus however long the Ping call

@@ -64,10 +64,18 @@ type arrivalKey struct {
 	ep uint16
 }
 
-// arrivalLog is the consumer's record of verified deliveries and rejections.
+// arrivalChunk is how many arrivals one block of the log holds.
+const arrivalChunk = 1 << 16
+
+// arrivalLog is the consumer's record of verified deliveries and rejections. Arrivals are kept
+// in fixed blocks, never in one growing slice: a slice of millions of records grows by a
+// quarter at a time, copying all of them with the lock held, and every request waited for it.
+// In a 30-minute soak that was a stall of 0.3–0.9 s at minutes 10, 12, 15, 19, 24 and 29 (each
+// growth a quarter later than the last), which the soak read as the dispatcher's p99.
 type arrivalLog struct {
 	mu       sync.Mutex
-	arrivals []arrivalRecord
+	chunks   [][]arrivalRecord // each of capacity arrivalChunk; only the last is not full
+	n        int
 	rejected int
 	lastNS   int64
 	badID    int
@@ -82,8 +90,18 @@ func (l *arrivalLog) add(d receiver.Delivery, ep uint16) {
 		l.badID++
 		return
 	}
-	l.arrivals = append(l.arrivals, arrivalRecord{id: id, ns: ns, ep: ep})
+	l.push(arrivalRecord{id: id, ns: ns, ep: ep})
 	l.lastNS = max(l.lastNS, ns)
+}
+
+// push appends one record; l.mu is held.
+func (l *arrivalLog) push(r arrivalRecord) {
+	if len(l.chunks) == 0 || len(l.chunks[len(l.chunks)-1]) == arrivalChunk {
+		l.chunks = append(l.chunks, make([]arrivalRecord, 0, arrivalChunk))
+	}
+	last := &l.chunks[len(l.chunks)-1]
+	*last = append(*last, r)
+	l.n++
 }
 
 func (l *arrivalLog) reject() {
@@ -102,30 +120,41 @@ type consumerStats struct {
 func (l *arrivalLog) stats() consumerStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return consumerStats{Received: len(l.arrivals), Rejected: l.rejected + l.badID, LastNS: l.lastNS}
+	return consumerStats{Received: l.n, Rejected: l.rejected + l.badID, LastNS: l.lastNS}
 }
 
 func (l *arrivalLog) reset() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.arrivals = nil
+	l.chunks, l.n = nil, 0
 	l.rejected, l.badID, l.lastNS = 0, 0, 0
 }
 
 // writeArrivals streams arrivals[from:] as fixed-size little-endian records.
 func (l *arrivalLog) writeArrivals(w io.Writer, from int) error {
 	l.mu.Lock()
-	recs := l.arrivals[min(from, len(l.arrivals)):]
-	l.mu.Unlock() // arrivals only grows by append; the slice header above stays valid
+	// The blocks' headers as of now: a block only grows by append within its capacity, and
+	// the records below each header's length never change.
+	chunks := make([][]arrivalRecord, len(l.chunks))
+	copy(chunks, l.chunks)
+	l.mu.Unlock()
 	bw := bufio.NewWriterSize(w, 64<<10)
 	var buf [arrivalRecordSize]byte
-	for _, r := range recs {
-		copy(buf[:16], r.id[:])
-		binary.LittleEndian.PutUint64(buf[16:24], uint64(r.ns))
-		binary.LittleEndian.PutUint16(buf[24:26], r.ep)
-		if _, err := bw.Write(buf[:]); err != nil {
-			return err
+	from = max(from, 0)
+	for _, c := range chunks {
+		if from >= len(c) {
+			from -= len(c)
+			continue
 		}
+		for _, r := range c[from:] {
+			copy(buf[:16], r.id[:])
+			binary.LittleEndian.PutUint64(buf[16:24], uint64(r.ns))
+			binary.LittleEndian.PutUint16(buf[24:26], r.ep)
+			if _, err := bw.Write(buf[:]); err != nil {
+				return err
+			}
+		}
+		from = 0
 	}
 	return bw.Flush()
 }
