@@ -24,10 +24,11 @@ const (
 	// trickleWindow is the time constant of the rate estimate. Each end of pacing costs an
 	// arming claim, an announcement, a confirming claim and up to 3 s of NOTIFYs (the
 	// switch's lifetime), so the estimate must not fall below the threshold to leave on the
-	// gaps of random arrivals at the rate to enter, nor on a pause of the machine of some
-	// tens of milliseconds: at 25 ms a Poisson stream at 500 events/s stays above it with
-	// 2.5 standard deviations to spare, and pacing ends about 35 ms after the last event.
-	trickleWindow = 25 * time.Millisecond
+	// gaps of random arrivals at the rate to enter, nor on a pause of the producers or the
+	// machine of tens of milliseconds (a loaded machine ended pacing every second or so at
+	// 25 ms). At 50 ms pacing ends about 70 ms after the last event: 35 empty claims, a few
+	// milliseconds of the database's time.
+	trickleWindow = 50 * time.Millisecond
 )
 
 // trickleRate estimates the rate of claimed rows as a count decaying with trickleWindow: in
@@ -42,7 +43,7 @@ type trickleRate struct {
 // average. trickleLeave is half of it. One claim adds at most trickleStep, so that a burst
 // (one producer's multi-row insert after idle) is not taken for a rate: pacing starts only
 // after several claims in a row found rows. The count is kept at most trickleCap, so that
-// pacing ends within ln(trickleCap/trickleLeave)·trickleWindow (35 ms, about 17 empty paced
+// pacing ends within ln(trickleCap/trickleLeave)·trickleWindow (70 ms, about 35 empty paced
 // claims) of the last event however fast they came.
 var (
 	trickleEnter = float64(trickleWindow) / float64(trickleEvery)
@@ -52,11 +53,13 @@ var (
 )
 
 // observe counts a claim that started at now and took rows, batch being the claim's
-// configured size, and reports whether the next claim should be paced. A claim that took half
-// a batch or more is a drain's, not a trickle's (paced claims take a row or a few): it ends
-// pacing, so that a drain's tail is followed by arming, not by a run of empty paced claims.
+// configured size, and reports whether the next claim should be paced. Outside pacing, a
+// claim that took half a batch or more is a drain's, not a trickle's: it keeps pacing from
+// starting, so that a drain's tail is followed by arming, not by a run of empty paced claims.
+// While pacing, such a claim is the backlog of a pause (the machine's, the database's) and
+// counts like any other.
 func (t *trickleRate) observe(now time.Time, rows, batch int) bool {
-	if 2*rows >= batch {
+	if !t.pacing && 2*rows >= batch {
 		t.reset()
 		return false
 	}

@@ -66,7 +66,7 @@ func TestTrickleEndsSoonAfterTrafficStops(t *testing.T) {
 		return empty
 	}
 	// 1,500 and 20,000 events/s, paced: 3 and 40 rows per claim. However fast the events came
-	// (the count is capped), pacing ends ln(cap/leave)·window ≈ 35 ms after the last: 17
+	// (the count is capped), pacing ends ln(cap/leave)·window ≈ 70 ms after the last: 35
 	// empty claims, then the dispatcher arms again.
 	for _, rows := range []int{3, 40} {
 		var tr trickleRate
@@ -78,23 +78,34 @@ func TestTrickleEndsSoonAfterTrafficStops(t *testing.T) {
 		if !tr.pacing {
 			t.Fatalf("%d rows per paced claim did not keep pacing (count %.1f)", rows, tr.count)
 		}
-		if empty := emptyUntilArmed(&tr, now); empty < 16 || empty > 18 {
-			t.Errorf("after %d rows per paced claim, pacing ended after %d empty claims; want 17", rows, empty)
+		if empty := emptyUntilArmed(&tr, now); empty < 33 || empty > 36 {
+			t.Errorf("after %d rows per paced claim, pacing ended after %d empty claims; want about 35", rows, empty)
 		}
 	}
 
-	// A drain's claims (half a batch or more) end pacing at once: its tail arms.
+	// Outside pacing, a drain's claims (half a batch or more) keep it from starting: a
+	// drain's tail arms.
 	var tr trickleRate
 	now := start
 	for range 20 {
-		tr.observe(now, 5, testBatch)
+		if tr.observe(now, 84, testBatch) {
+			t.Fatalf("claims of 84 rows of 100 (an ordered drain's) started pacing (count %.1f)", tr.count)
+		}
 		now = now.Add(trickleEvery)
 	}
-	if tr.observe(now, 60, testBatch) || tr.count != 0 {
-		t.Errorf("a claim of 60 rows of 100 kept pacing (count %.1f)", tr.count)
-	}
-	if tr.observe(now.Add(trickleEvery), 2, testBatch) {
+	if tr.observe(now, 2, testBatch) {
 		t.Error("a drain's tail claim (2 rows) started pacing")
+	}
+	// While pacing, such a claim is a pause's backlog: 60 rows after 60 ms without a claim
+	// at 1,000 events/s keep pacing.
+	tr.reset()
+	now = start
+	for range 50 {
+		tr.observe(now, 2, testBatch)
+		now = now.Add(trickleEvery)
+	}
+	if !tr.observe(now.Add(60*time.Millisecond), 60, testBatch) {
+		t.Errorf("a pause's backlog (60 rows after 60 ms) ended pacing (count %.1f)", tr.count)
 	}
 
 	// Between the thresholds it keeps what it has: 400 events/s (below enter, above leave)
