@@ -121,9 +121,7 @@ func TestLapsedSwitchIsConfirmedWithAClaim(t *testing.T) {
 	// Armed (by its claim) and announced (the switch set just after that claim): setting the
 	// switch back before the announcement would only be overwritten by it.
 	eventually(t, 10*time.Second, "the dispatcher to arm and announce", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_dispatcher WHERE armed`) == 1 &&
-			b.count(`SELECT count(*) WHERE pg_sequence_last_value('webhook_outbox_notify_until') >
-				(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 500`) == 1
+		return b.armedAndAnnounced(500 * time.Millisecond)
 	})
 	if _, err := b.pool.Exec(ctx, `SELECT setval('webhook_outbox_notify_until', 1)`); err != nil {
 		t.Fatal(err)

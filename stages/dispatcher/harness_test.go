@@ -207,6 +207,14 @@ func (b *bundle) count(query string, args ...any) int {
 	return n
 }
 
+// armedAndAnnounced reports whether the dispatcher's flag is set and the producers' NOTIFY
+// switch reaches at least ahead past the database's clock.
+func (b *bundle) armedAndAnnounced(ahead time.Duration) bool {
+	return b.count(`SELECT count(*) FROM webhook_dispatcher WHERE armed`) == 1 &&
+		b.count(`SELECT count(*) WHERE pg_sequence_last_value('webhook_outbox_notify_until') >
+			(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $1`, ahead.Milliseconds()) == 1
+}
+
 // waitSettled waits until no unprocessed rows remain.
 func (b *bundle) waitSettled(timeout time.Duration) {
 	b.t.Helper()

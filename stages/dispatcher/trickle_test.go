@@ -89,9 +89,7 @@ func TestSteadyTrafficStopsTheNotifications(t *testing.T) {
 
 	// Traffic over: armed again, the switch set, and an isolated event arrives on its NOTIFY.
 	eventually(t, 10*time.Second, "the dispatcher to arm again and announce", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_dispatcher WHERE armed`) == 1 &&
-			b.count(`SELECT count(*) WHERE pg_sequence_last_value('webhook_outbox_notify_until') >
-				(extract(epoch FROM clock_timestamp()) * 1000)::bigint`) == 1
+		return b.armedAndAnnounced(0)
 	})
 	before := notifies()
 	id := b.enqueue(outbox.Event{})

@@ -8,6 +8,15 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// notifier returns a function that hands w a NOTIFY on the outbox channel, as the listener
+// would.
+func notifier(w *Waker) func(payload string) {
+	h := outboxHandler{w}
+	return func(payload string) {
+		_ = h.HandleNotification(context.Background(), &pgconn.Notification{Channel: Channel, Payload: payload}, nil)
+	}
+}
+
 func pending(w *Waker) bool {
 	select {
 	case <-w.C():
@@ -23,10 +32,7 @@ func pending(w *Waker) bool {
 func TestDropSeenKeepsWhatTheClaimDidNotSee(t *testing.T) {
 	t.Parallel()
 	w := New(Config{})
-	h := outboxHandler{w}
-	notify := func(payload string) {
-		_ = h.HandleNotification(context.Background(), &pgconn.Notification{Channel: Channel, Payload: payload}, nil)
-	}
+	notify := notifier(w)
 	seenUpTo := func(max uint64) func(uint64) bool { return func(x uint64) bool { return x <= max } }
 
 	notify("100")
@@ -117,10 +123,7 @@ func TestPingNotificationDoesNotWake(t *testing.T) {
 func TestNotifiesOnly(t *testing.T) {
 	t.Parallel()
 	w := New(Config{})
-	h := outboxHandler{w}
-	notify := func(payload string) {
-		_ = h.HandleNotification(context.Background(), &pgconn.Notification{Channel: Channel, Payload: payload}, nil)
-	}
+	notify := notifier(w)
 	if w.NotifiesOnly() {
 		t.Fatal("no wake-up at all reads as NOTIFYs only")
 	}
