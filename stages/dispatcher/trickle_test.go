@@ -26,8 +26,8 @@ func TestSteadyTrafficStopsTheNotifications(t *testing.T) {
 	})
 
 	// A producer at 1,000 events/s: every millisecond it inserts the events it owes by the
-	// clock, at most 5 in one statement, so that a stalled tick keeps the rate without
-	// turning into a burst that reads as a drain.
+	// clock, at most 25 in one statement (a quarter of a batch), so that a tick delayed by a
+	// loaded machine keeps the rate.
 	const rate = 1000
 	var produced atomic.Int64
 	// Its statements are not cancelled by the stop: one cut off could commit unseen.
@@ -47,7 +47,7 @@ func TestSteadyTrafficStopsTheNotifications(t *testing.T) {
 			if owed <= 0 {
 				continue
 			}
-			evs := make([]outbox.Event, min(owed, 5))
+			evs := make([]outbox.Event, min(owed, 25))
 			for i := range evs {
 				evs[i] = outbox.Event{EventType: "test.steady", Payload: map[string]any{"n": i}}
 			}
@@ -70,14 +70,21 @@ func TestSteadyTrafficStopsTheNotifications(t *testing.T) {
 	// for that.)
 	paces := func() float64 { return counterValue(t, d, "fluxora_webhook_wakeups_total", "source", "pace") }
 	deadline := time.Now().Add(60 * time.Second)
+	steady := false // some window had the producer at half its rate or more
 	for {
 		n0, p0, c0 := notifies(), produced.Load(), paces()
 		time.Sleep(500 * time.Millisecond) // a measurement window, not a wait for a condition
 		n1, p1, c1 := notifies(), produced.Load(), paces()
+		steady = steady || p1-p0 >= rate/4
 		if n1 == n0 && p1-p0 >= rate/4 && c1-c0 >= 50 {
 			break
 		}
 		if time.Now().After(deadline) {
+			if !steady {
+				// The premise, steady traffic at pacing rates, never held: a machine this
+				// loaded says nothing about pacing either way.
+				t.Skipf("the machine never let the producer reach %d events/s in 60 s; nothing to judge", rate/2)
+			}
 			t.Fatalf("after 60 s of steady traffic, no half second without a NOTIFY and with paced claims: in the last, %v NOTIFYs and %v paced claims for %d events",
 				n1-n0, c1-c0, p1-p0)
 		}
