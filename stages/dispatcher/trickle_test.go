@@ -70,20 +70,24 @@ func TestSteadyTrafficStopsTheNotifications(t *testing.T) {
 	// for that.)
 	paces := func() float64 { return counterValue(t, d, "fluxora_webhook_wakeups_total", "source", "pace") }
 	deadline := time.Now().Add(60 * time.Second)
-	steady := false // some window had the producer at half its rate or more
+	// A window is steady when the producer ran at half its rate or more and the dispatcher
+	// kept up (less than 100 ms of events behind at its end): a dispatcher behind claims
+	// full batches, busy, and does not pace.
+	steady := false
 	for {
 		n0, p0, c0 := notifies(), produced.Load(), paces()
 		time.Sleep(500 * time.Millisecond) // a measurement window, not a wait for a condition
 		n1, p1, c1 := notifies(), produced.Load(), paces()
-		steady = steady || p1-p0 >= rate/4
-		if n1 == n0 && p1-p0 >= rate/4 && c1-c0 >= 50 {
+		ok := p1-p0 >= rate/4 && p1-int64(c.received()) < rate/10
+		steady = steady || ok
+		if ok && n1 == n0 && c1-c0 >= 50 {
 			break
 		}
 		if time.Now().After(deadline) {
 			if !steady {
-				// The premise, steady traffic at pacing rates, never held: a machine this
-				// loaded says nothing about pacing either way.
-				t.Skipf("the machine never let the producer reach %d events/s in 60 s; nothing to judge", rate/2)
+				// The premise, steady traffic at pacing rates that the dispatcher keeps up
+				// with, never held: a machine this loaded says nothing about pacing.
+				t.Skipf("in 60 s the machine never let the producer reach %d events/s with the dispatcher keeping up; nothing to judge", rate/2)
 			}
 			t.Fatalf("after 60 s of steady traffic, no half second without a NOTIFY and with paced claims: in the last, %v NOTIFYs and %v paced claims for %d events",
 				n1-n0, c1-c0, p1-p0)
