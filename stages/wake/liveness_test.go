@@ -117,7 +117,10 @@ func TestListenerReplacesASilentlyDeadConnection(t *testing.T) {
 	}
 
 	proxy.blackhole(true)
-	waitUntil(t, 5*time.Second, "the listener notices its connection is dead", func() bool { return !w.Connected() })
+	// Connected turns false a moment before OnError reports why: wait for both.
+	waitUntil(t, 5*time.Second, "the listener notices its connection is dead and says why", func() bool {
+		return !w.Connected() && len(errs.all()) > 0
+	})
 	if e := errs.all(); len(e) == 0 || !strings.Contains(e[0].Error(), "did not come back") {
 		t.Fatalf("errors %v: want the first to report the ping that did not come back", e)
 	}
