@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -192,4 +193,78 @@ func benchDatabase(b *testing.B, rows int, maxConns int32, params map[string]str
 		b.Fatal(err)
 	}
 	return pool, c, settle.New(pool, settle.Config{InstanceID: "bench"})
+}
+
+// BenchmarkRouteSettle measures the database side of fan-out: a claim of events, the route
+// statement that fans them out to 10 endpoints, and the settles of the deliveries it returns
+// (in chunks of about a quarter of them, as the dispatcher's settle stage does), on one
+// backend whose CPU time is reported per delivery next to each statement's wall time. It is
+// sequential, so it shows what a change to route.sql or settle.sql costs PostgreSQL without
+// the fanout bench's HTTP traffic and scheduling noise. Run:
+//
+//	go test -run XXX -bench RouteSettle -benchtime 100x ./stages/claim/
+func BenchmarkRouteSettle(b *testing.B) {
+	const batch, endpoints = 80, 10
+	ctx := context.Background()
+	pool, c, s := benchDatabase(b, b.N*batch, 1, nil)
+	if _, err := pool.Exec(ctx, `UPDATE webhook_outbox SET enqueued_at = now() - interval '1 minute'`); err != nil {
+		b.Fatal(err)
+	}
+	for i := range endpoints {
+		if _, err := pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, created_at)
+			VALUES ($1, 's', now() - interval '1 hour')`, fmt.Sprintf("http://127.0.0.1:1/ep/%d", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE webhook_outbox`); err != nil {
+		b.Fatal(err)
+	}
+	var backend int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		b.Fatal(err)
+	}
+	var claimT, routeT, settleT time.Duration
+	var deliveries int
+	var cursor claim.Cursor
+	client0, server0 := cpuTimes(b, backend)
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		res, err := c.Claim(ctx, batch, claim.Skip{}, false, cursor)
+		if err != nil || len(res.Rows) == 0 {
+			b.Fatalf("claimed %d events: %v", len(res.Rows), err)
+		}
+		cursor = res.Last
+		t1 := time.Now()
+		routed, err := c.Route(ctx, res.Rows, false)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(routed.Deliveries) != len(res.Rows)*endpoints {
+			b.Fatalf("routed %d deliveries for %d events", len(routed.Deliveries), len(res.Rows))
+		}
+		t2 := time.Now()
+		for _, d := range routed.Deliveries {
+			d.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 204, Duration: time.Millisecond}
+		}
+		for chunk := range slices.Chunk(routed.Deliveries, len(routed.Deliveries)/4) {
+			if r, err := s.Settle(ctx, chunk); err != nil || r.Settled != len(chunk) {
+				b.Fatalf("settled %d of %d deliveries: %v", r.Settled, len(chunk), err)
+			}
+		}
+		claimT += t1.Sub(t0)
+		routeT += t2.Sub(t1)
+		settleT += time.Since(t2)
+		deliveries += len(routed.Deliveries)
+	}
+	b.StopTimer()
+	client1, server1 := cpuTimes(b, backend)
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(deliveries) }
+	b.ReportMetric(per(claimT), "claim-µs/delivery")
+	b.ReportMetric(per(routeT), "route-µs/delivery")
+	b.ReportMetric(per(settleT), "settle-µs/delivery")
+	b.ReportMetric(per(client1-client0), "client-cpu-µs/delivery")
+	if server0 >= 0 && server1 >= 0 {
+		b.ReportMetric(per(server1-server0), "server-cpu-µs/delivery")
+	}
 }

@@ -44,7 +44,8 @@ WITH input AS (
           OR EXISTS (SELECT 1 FROM unnest(e.event_types) f
                      WHERE f LIKE '%.*' AND starts_with(src.event_type, left(f, -1))))
 ), counted AS (
-    SELECT src.id, src.keep, src.ordered, (SELECT count(*) FROM matched m WHERE m.id = src.id) AS n FROM src
+    SELECT src.id, src.keep, src.ordered, coalesce(m.n, 0) AS n
+    FROM src LEFT JOIN (SELECT id, count(*) AS n FROM matched GROUP BY id) m ON m.id = src.id
 ), kept AS (
     -- An event WEBHOOK_URL takes stays in the queue as its delivery.
     UPDATE webhook_outbox o
