@@ -48,6 +48,10 @@ type Endpoint struct {
 	Description string `json:"description"`
 	// Tenant is empty for an endpoint without one (it receives events without a tenant).
 	Tenant string `json:"tenant,omitempty"`
+	// EmptyTenant says the stored tenant is the empty string rather than NULL (written by
+	// SQL): routing tells the two apart, so the dispatcher leaves its events to the routing
+	// statement.
+	EmptyTenant bool `json:"-"`
 	// EventTypes filters events: exact names and "prefix.*" patterns; empty matches all.
 	EventTypes []string `json:"event_types"`
 	Scheme     string   `json:"scheme"`
@@ -194,6 +198,7 @@ func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
 		return *t
 	}
 	e.Tenant, e.DisabledReason = deref(tenant), deref(disabledReason)
+	e.EmptyTenant = tenant != nil && *tenant == ""
 	e.PreviousUntil, e.DisabledAt, e.LastSuccessAt, e.FailingSince = derefT(prevUntil), derefT(disabledAt), derefT(lastSuccess), derefT(failingSince)
 	if retryRPS != nil {
 		e.RetryRPS = int(*retryRPS)

@@ -73,7 +73,7 @@ WITH claimed AS (
     ))
     RETURNING o.id, o.delivery_id::text, coalesce(o.stream_id, ''), o.event_type, o.payload::text,
               o.attempt, o.enqueued_at, o.created_at, o.endpoint_url, coalesce(o.endpoint_id::text, ''),
-              coalesce(o.tenant, ''), o.routed_at IS NOT NULL, coalesce(o.order_key, 0)
+              o.tenant, o.routed_at IS NOT NULL, coalesce(o.order_key, 0)
 ), arm AS (
     -- The flag says "NOTIFY me": set by a claim made in arming mode ($5) that took less than
     -- a full batch (it saw every due row it could take, so the next one is news), cleared by

@@ -23,7 +23,9 @@
 -- Returns the new leased delivery rows ('d'), one row per ordered delivery left for a claim
 -- ('q'), and one row per event routed ('e': kept for WEBHOOK_URL or not, endpoints matched;
 -- 'r': kept, and left for a claim). An event the statement did not route (its lease was lost)
--- returns nothing.
+-- returns nothing. The payload comes once per event that matched an endpoint, on its 'e' or
+-- 'r' row, and its deliveries (by delivery id) share it: returned with every delivery, it
+-- was turned into text and sent 10 times per event of the fan-out bench.
 WITH input AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token)
 ), src AS (
@@ -55,7 +57,7 @@ WITH input AS (
         lease_token = CASE WHEN c.ordered THEN NULL ELSE o.lease_token END
     FROM counted c
     WHERE o.id = c.id AND c.keep
-    RETURNING o.id, c.keep, c.ordered, c.n
+    RETURNING o.id, o.delivery_id, o.payload, c.keep, c.ordered, c.n
 ), gone AS (
     -- Any other event leaves the queue for the delivery log (schema 7), its error saying what
     -- became of it.
@@ -73,9 +75,9 @@ WITH input AS (
            tenant, now()
     FROM gone
 ), events AS (
-    SELECT id, keep, ordered, n FROM kept
+    SELECT id, delivery_id, payload, keep, ordered, n FROM kept
     UNION ALL
-    SELECT id, keep, ordered, n FROM gone
+    SELECT id, delivery_id, payload, keep, ordered, n FROM gone
 ), fan AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at,
                                 tenant, endpoint_id, routed_at, lease_until, leased_by, lease_token, order_key)
@@ -86,13 +88,13 @@ WITH input AS (
     FROM matched
     ORDER BY id, endpoint_id
     RETURNING id, delivery_id::text AS delivery_id, coalesce(stream_id, '') AS stream_id, event_type,
-              payload::text AS payload, attempt, enqueued_at, created_at, endpoint_id::text AS endpoint_id,
+              attempt, enqueued_at, created_at, endpoint_id::text AS endpoint_id,
               coalesce(tenant, '') AS tenant, order_key
 )
 SELECT CASE WHEN f.order_key IS NULL THEN 'd' ELSE 'q' END, f.id, f.delivery_id, f.stream_id, f.event_type,
-       f.payload, f.attempt, f.enqueued_at, f.created_at, f.endpoint_id, f.tenant, false, 0::bigint
+       NULL, f.attempt, f.enqueued_at, f.created_at, f.endpoint_id, f.tenant, false, 0::bigint
 FROM fan f
 UNION ALL
-SELECT CASE WHEN e.keep AND e.ordered THEN 'r' ELSE 'e' END, e.id, '', '', '', '{}', 1, now(), now(), '', '',
-       e.keep, e.n
+SELECT CASE WHEN e.keep AND e.ordered THEN 'r' ELSE 'e' END, e.id, e.delivery_id::text, '', '',
+       CASE WHEN e.n > 0 THEN e.payload::text END, 1, now(), now(), '', '', e.keep, e.n
 FROM events e

@@ -33,6 +33,10 @@ type Delivery struct {
 	EndpointID string
 	// Tenant is the event's tenant, empty for none: it reaches only its tenant's endpoints.
 	Tenant string
+	// EmptyTenant says the row's tenant is the empty string rather than NULL. Routing tells
+	// the two apart, as SQL does (an endpoint without a tenant takes only events without one),
+	// so such an event is never routed in memory.
+	EmptyTenant bool
 	// Routed says the event was already fanned out to its endpoints (routed_at is set), so
 	// this row is the default consumer's delivery, never routed again.
 	Routed bool
@@ -66,8 +70,33 @@ type Delivery struct {
 	// with the outcome (the circuit breaker's half-open probe ownership); empty otherwise.
 	GateToken string
 
+	// Anchor, when set, says this delivery has no row of its own: its event was routed in
+	// memory and the event's row, still leased, holds it (see Anchor).
+	Anchor *Anchor
+
 	// Outcome is set by whichever stage finishes with the row.
 	Outcome Outcome
+}
+
+// Anchor is an event routed to its endpoints in memory. Its row stays in the queue, leased by
+// the claim that took it, as the one durable record of all its deliveries, until the first of
+// them is settled: that settle replaces the row (the event to the delivery log, delivered
+// deliveries to the log, every other delivery to a leased row of its own, see
+// settle.SettleAnchored). The settling stage alone reads and writes it after routing.
+type Anchor struct {
+	// EventID and LeaseToken are the event row's id and its claim's token.
+	EventID, LeaseToken int64
+	// Endpoints are the ids of every endpoint the event goes to.
+	Endpoints []string
+	// Settled says the event row was replaced; Rows then holds the ids of the deliveries that
+	// became rows, by endpoint id, leased with Token.
+	Settled bool
+	Rows    map[string]int64
+	Token   int64
+	// Lost says the event row could not be replaced (its lease ran out and another claim took
+	// it, or the database failed): the event comes back whole after its lease, and outcomes
+	// of its deliveries that come back later are not written either. Stale tells which.
+	Lost, Stale bool
 }
 
 // Endpoint is a validated consumer URL. Values are created once per distinct URL and shared.

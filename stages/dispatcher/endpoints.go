@@ -5,6 +5,8 @@ import (
 	_ "embed"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/fluxora/fluxhook/stages/claim"
 	"github.com/fluxora/fluxhook/stages/delivery"
 	"github.com/fluxora/fluxhook/stages/send"
+	"github.com/fluxora/fluxhook/stages/settle"
 	"github.com/fluxora/fluxhook/stages/sign"
 )
 
@@ -163,29 +166,36 @@ func (c *endpointCache) anyOrdered() bool {
 }
 
 // route fans out the events of batch to their endpoints and returns the rows to deliver: the
-// batch's other rows, the events kept for WEBHOOK_URL and the new delivery rows. Slots follow
-// the rows: taken for the new ones, given back for the events that leave the pipeline.
+// batch's other rows, the events kept for WEBHOOK_URL and the new deliveries. Events that
+// can be are routed in memory (routeInMemory), the others by one statement. Slots follow
+// the deliveries: taken for the new ones, given back for the events that leave the pipeline.
 func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*delivery.Delivery {
 	var events []*delivery.Delivery
+	out := make([]*delivery.Delivery, 0, len(batch))
 	for _, del := range batch {
 		if claim.NeedsRouting(del) {
 			events = append(events, del)
+		} else {
+			out = append(out, del)
 		}
 	}
 	if len(events) == 0 {
 		return batch
+	}
+	virtual, events := d.routeInMemory(events)
+	if len(virtual) > 0 {
+		out = append(out, virtual...)
+		d.slots.Take(len(virtual))
+		d.stats.Claimed.Add(int64(len(virtual)))
+	}
+	if len(events) == 0 {
+		return out
 	}
 	start := time.Now()
 	res, err := d.claimer.Route(ctx, events, d.cfg.DefaultURL != "")
 	if err != nil {
 		// The events stay leased and unrouted: they come back after their lease.
 		d.log.Warn("routing failed; the events are routed again after their lease", zap.Error(err), zap.Int("events", len(events)))
-		out := batch[:0]
-		for _, del := range batch {
-			if !claim.NeedsRouting(del) {
-				out = append(out, del)
-			}
-		}
 		d.slots.Release(len(events))
 		return out
 	}
@@ -193,12 +203,8 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 	for _, id := range res.Kept {
 		kept[id] = true
 	}
-	out := make([]*delivery.Delivery, 0, len(batch)-len(events)+len(res.Kept)+len(res.Deliveries))
-	for _, del := range batch {
-		switch {
-		case !claim.NeedsRouting(del):
-			out = append(out, del)
-		case kept[del.ID]:
+	for _, del := range events {
+		if kept[del.ID] {
 			del.Routed = true
 			out = append(out, del)
 		}
@@ -216,6 +222,167 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 		d.log.Info("events matched no endpoint", zap.Int("events", res.Unrouted))
 	}
 	return out
+}
+
+// routeInMemory routes the events it can by the endpoint cache, by route.sql's rule, and
+// returns their deliveries and the events left for the statement. A delivery routed in
+// memory has no row: its event's row, still leased, holds it until the first of the event's
+// deliveries is settled (delivery.Anchor, settleAnchored). That saves the delivery row's
+// insert and delete, half the database's work per delivery (BenchmarkRouteSettle in
+// stages/claim against the anchored settle: 20 → 10 µs of PostgreSQL CPU per delivery).
+//
+// Left to the statement, whose rules cover them: every event when the cache is not at the
+// version the claim saw; an event WEBHOOK_URL keeps; one that matches no endpoint (it is
+// recorded as such); one going to an endpoint that orders its stream; and a tenant or
+// endpoint tenant stored as ” rather than NULL.
+func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest []*delivery.Delivery) {
+	if !d.inMemory {
+		return nil, events
+	}
+	c := &d.endpoints
+	c.mu.Lock()
+	fresh := c.loaded == c.version.Load() && (c.reload.IsZero() || time.Now().Before(c.reload))
+	eps := make([]*managed, 0, len(c.byID))
+	for _, m := range c.byID {
+		if m.ep.Enabled {
+			eps = append(eps, m)
+		}
+	}
+	c.mu.Unlock()
+	if !fresh {
+		return nil, events
+	}
+	// route.sql's order: an event's deliveries by endpoint id.
+	slices.SortFunc(eps, func(a, b *managed) int { return strings.Compare(a.ep.ID, b.ep.ID) })
+	keepDefault := d.cfg.DefaultURL != ""
+	rest = events[:0:0]
+	var matched []*managed
+	for _, ev := range events {
+		if ev.EmptyTenant || keepDefault && ev.Tenant == "" {
+			rest = append(rest, ev)
+			continue
+		}
+		matched = matched[:0]
+		ordered := false
+		for _, m := range eps {
+			if m.ep.EmptyTenant || m.ep.Tenant != ev.Tenant || m.ep.CreatedAt.After(ev.EnqueuedAt) ||
+				!endpoints.Matches(m.ep.EventTypes, ev.EventType) {
+				continue
+			}
+			if m.ep.Ordering == "stream" && ev.StreamID != "" {
+				ordered = true
+				break
+			}
+			matched = append(matched, m)
+		}
+		if ordered || len(matched) == 0 {
+			rest = append(rest, ev)
+			continue
+		}
+		a := &delivery.Anchor{EventID: ev.ID, LeaseToken: ev.LeaseToken, Endpoints: make([]string, len(matched))}
+		for i, m := range matched {
+			a.Endpoints[i] = m.ep.ID
+			virtual = append(virtual, &delivery.Delivery{
+				DeliveryID: ev.DeliveryID, StreamID: ev.StreamID, EventType: ev.EventType, Payload: ev.Payload,
+				Attempt: 1, EnqueuedAt: ev.EnqueuedAt, DueAt: ev.DueAt, EndpointID: m.ep.ID, Tenant: ev.Tenant,
+				Routed: true, LeaseToken: ev.LeaseToken, SendBy: ev.SendBy, Anchor: a,
+			})
+		}
+		d.slots.Release(1) // the event leaves the pipeline; its deliveries take slots
+	}
+	return virtual, rest
+}
+
+// settleAnchored writes the deliveries of batch routed in memory whose event row is still to
+// be replaced (settle.SettleAnchored, one statement for the batch), and returns the rows for
+// settle.sql: the batch's rows, and the deliveries routed in memory that now have rows of
+// their own (an outcome other than delivered, or an event whose earlier delivery replaced
+// its row). done are the deliveries written here (delivered) or refused (stale, their event's
+// lease lost), reported with the settled rows; deliveries whose event could not be written
+// for a database error are in neither and come back, with their event, after its lease.
+func (d *Dispatcher) settleAnchored(ctx context.Context, batch []*delivery.Delivery) (rows, done []*delivery.Delivery) {
+	var fresh []*delivery.Anchor
+	var group map[*delivery.Anchor][]*delivery.Delivery
+	for _, del := range batch {
+		a := del.Anchor
+		switch {
+		case a == nil:
+			rows = append(rows, del)
+		case a.Lost:
+			if a.Stale {
+				del.Outcome.Stale = true
+				done = append(done, del)
+			}
+		case a.Settled:
+			del.ID, del.LeaseToken, del.Anchor = a.Rows[del.EndpointID], a.Token, nil
+			rows = append(rows, del)
+		default:
+			if group == nil {
+				group = map[*delivery.Anchor][]*delivery.Delivery{}
+			}
+			if _, ok := group[a]; !ok {
+				fresh = append(fresh, a)
+			}
+			group[a] = append(group[a], del)
+		}
+	}
+	if len(fresh) == 0 {
+		return rows, done
+	}
+	in := make([]settle.Anchored, len(fresh))
+	for i, a := range fresh {
+		in[i] = settle.Anchored{EventID: a.EventID, LeaseToken: a.LeaseToken, NewToken: d.claimer.NextToken(), Endpoints: len(a.Endpoints)}
+		back := make(map[string]bool, len(group[a]))
+		for _, del := range group[a] {
+			if del.Outcome.Kind == delivery.Delivered {
+				in[i].Delivered = append(in[i].Delivered, del)
+				back[del.EndpointID] = true
+			}
+		}
+		for _, ep := range a.Endpoints {
+			if !back[ep] {
+				in[i].Rows = append(in[i].Rows, ep)
+			}
+		}
+	}
+	res, err := d.settler.SettleAnchored(ctx, in, d.cfg.Lease)
+	d.stats.Settles.Add(1)
+	if err != nil {
+		d.stats.SettleErrors.Add(1)
+		d.metrics.settleErrors.Inc()
+		n := 0
+		for _, a := range fresh {
+			a.Lost = true
+			n += len(group[a])
+		}
+		d.log.Error("settle failed; rows will be delivered again after their lease", zap.Error(err),
+			zap.Int("rows", n), zap.Int("events", len(fresh)))
+		return rows, done
+	}
+	for i, a := range fresh {
+		if !res.Written[a.EventID] {
+			a.Lost, a.Stale = true, true
+			for _, del := range group[a] {
+				del.Outcome.Stale = true
+				done = append(done, del)
+			}
+			continue
+		}
+		a.Settled, a.Token = true, in[i].NewToken
+		a.Rows = make(map[string]int64, len(in[i].Rows))
+		for _, ep := range in[i].Rows {
+			a.Rows[ep] = res.Rows[settle.AnchoredRow{Token: a.Token, Endpoint: ep}]
+		}
+		for _, del := range group[a] {
+			if del.Outcome.Kind == delivery.Delivered {
+				done = append(done, del)
+				continue
+			}
+			del.ID, del.LeaseToken, del.Anchor = a.Rows[del.EndpointID], a.Token, nil
+			rows = append(rows, del)
+		}
+	}
+	return rows, done
 }
 
 // resolveManaged sets del.Endpoint for a managed endpoint's delivery, or returns why it cannot

@@ -43,6 +43,8 @@ var (
 	resumeSQL string
 	//go:embed dead_letter_endpoint.sql
 	deadLetterEndpointSQL string
+	//go:embed anchored.sql
+	anchoredSQL string
 )
 
 // DefaultSchedule is the wait before each retry: about two days in all, like the peers that
@@ -404,4 +406,87 @@ func (s *Settler) deadLetter(ctx context.Context, d *delivery.Delivery, rowErr e
 	d.Outcome.Kind = delivery.Permanent
 	d.Outcome.Reason = reason
 	return Result{Settled: 1, DeadLettered: 1}, nil
+}
+
+// Anchored is one event routed in memory whose first deliveries came back (see anchored.sql):
+// its row in the queue, still leased by the claim that took it, is the only record of its
+// deliveries until SettleAnchored replaces it.
+type Anchored struct {
+	// EventID and LeaseToken are the event row's id and its claim's token (the fence).
+	EventID, LeaseToken int64
+	// NewToken leases the event's new delivery rows; unique per event of one call.
+	NewToken int64
+	// Endpoints is how many endpoints the event went to (its log row says so).
+	Endpoints int
+	// Delivered are this batch's delivered deliveries of the event, which go to the log.
+	Delivered []*delivery.Delivery
+	// Rows are the endpoint ids of its deliveries that become rows of the queue: those that
+	// came back with another outcome and those still in flight.
+	Rows []string
+}
+
+// AnchoredResult is what SettleAnchored wrote.
+type AnchoredResult struct {
+	// Written holds the ids of the events written; the others' leases were lost.
+	Written map[int64]bool
+	// Rows maps each new delivery row, by its event's NewToken and its endpoint id, to its id.
+	Rows map[AnchoredRow]int64
+}
+
+// AnchoredRow names a delivery row SettleAnchored made: its event's NewToken and its endpoint.
+type AnchoredRow struct {
+	Token    int64
+	Endpoint string
+}
+
+// SettleAnchored writes, in one statement, the events of batch that were routed in memory:
+// each leaves the queue for the delivery log, its delivered deliveries are logged, and its
+// other deliveries become leased rows of the queue (see anchored.sql). lease is the new rows'
+// lease. An event whose lease was lost is left alone (not in Written).
+func (s *Settler) SettleAnchored(ctx context.Context, batch []Anchored, lease time.Duration) (AnchoredResult, error) {
+	ids := make([]int64, len(batch))
+	tokens := make([]int64, len(batch))
+	newTokens := make([]int64, len(batch))
+	counts := make([]int32, len(batch))
+	var evIDs []int64
+	var eps []string
+	var delivered []int16
+	var statuses, durations []int32
+	var errs []string
+	for i, a := range batch {
+		ids[i], tokens[i], newTokens[i], counts[i] = a.EventID, a.LeaseToken, a.NewToken, int32(a.Endpoints)
+		for _, d := range a.Delivered {
+			evIDs, eps, delivered = append(evIDs, a.EventID), append(eps, d.EndpointID), append(delivered, 1)
+			statuses = append(statuses, int32(d.Outcome.Status))
+			durations = append(durations, int32(d.Outcome.Duration.Milliseconds()))
+			errs = append(errs, d.Outcome.Error)
+		}
+		for _, ep := range a.Rows {
+			evIDs, eps, delivered = append(evIDs, a.EventID), append(eps, ep), append(delivered, 0)
+			statuses, durations, errs = append(statuses, 0), append(durations, 0), append(errs, "")
+		}
+	}
+	rows, err := s.pool.Query(ctx, anchoredSQL, ids, tokens, s.instance, evIDs, eps, delivered, statuses,
+		newTokens, lease.Milliseconds(), durations, errs, counts)
+	if err != nil {
+		return AnchoredResult{}, fmt.Errorf("settle of events routed in memory: %w", err)
+	}
+	defer rows.Close()
+	res := AnchoredResult{Written: make(map[int64]bool, len(batch)), Rows: map[AnchoredRow]int64{}}
+	var kind, ep string
+	var key, id int64
+	for rows.Next() {
+		if err := rows.Scan(&kind, &key, &ep, &id); err != nil {
+			return AnchoredResult{}, fmt.Errorf("settle of events routed in memory: scanning: %w", err)
+		}
+		if kind == "e" {
+			res.Written[key] = true
+		} else {
+			res.Rows[AnchoredRow{Token: key, Endpoint: ep}] = id
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return AnchoredResult{}, fmt.Errorf("settle of events routed in memory: %w", err)
+	}
+	return res, nil
 }

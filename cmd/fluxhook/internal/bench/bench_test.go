@@ -161,12 +161,13 @@ func TestBenchSmoke(t *testing.T) {
 		}
 	}
 	batches := number("fanout.routing.claimed_batches_with_events")
-	if batches < 1 || batches > 20 || number("fanout.routing.routing_transactions") != batches {
-		t.Errorf("fanout routing: %v claimed batches with events, %v routing transactions; want the same, between 1 and 20",
-			batches, number("fanout.routing.routing_transactions"))
+	// Routed in memory, an event's fan-out is written by a settle, several per claimed batch;
+	// routed by route.sql, by one statement per batch.
+	if txs := number("fanout.routing.routing_transactions"); batches < 1 || batches > 20 || txs < 1 || txs > 20 {
+		t.Errorf("fanout routing: %v claimed batches with events, %v routing transactions; want each between 1 and 20", batches, txs)
 	}
-	if routes, ok := field("fanout.routing.route_statements").(float64); ok && routes != batches {
-		t.Errorf("fanout: %v route statements for %v claimed batches with events, want one each", routes, batches)
+	if routes, ok := field("fanout.routing.route_statements").(float64); ok && routes > batches {
+		t.Errorf("fanout: %v route statements for %v claimed batches with events, want at most one each", routes, batches)
 	}
 
 	// One round for 2 producers: a whole pair (both with the trigger, then both without) and,

@@ -1,0 +1,313 @@
+package dispatcher_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/fluxora/fluxhook/sql/endpoints"
+	"github.com/fluxora/fluxhook/sql/outbox"
+	"github.com/fluxora/fluxhook/sql/sqltest"
+)
+
+// Events routed in memory (no WEBHOOK_URL, no ordered endpoint) reach exactly the endpoints
+// route.sql's rule names: enabled, the same tenant (both none, or equal: never across
+// tenants), existing when the event was enqueued, and a matching filter. Random endpoints and
+// events; each endpoint its own consumer, each request verified with its endpoint's secret.
+// Deliveries settled together with the rest of their event make no row in the queue, and the
+// log holds one row per delivery under ids of its own.
+func TestInMemoryRoutingProperty(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(2) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, 7))
+			b := setup(t)
+			tenants := []string{"", "acme", "globex"}
+			types := []string{"stream.created", "stream.updated", "payment.settled", "payment.failed", "streamx.created"}
+			filters := [][]string{{}, {"stream.*"}, {"payment.settled"}, {"stream.created", "payment.*"}, {"nothing.*"}}
+			type ep struct {
+				id, secret string
+				tenant     string
+				filter     []string
+				enabled    bool
+				c          *consumer
+			}
+			var eps []*ep
+			for range 8 {
+				e := &ep{tenant: tenants[rng.IntN(len(tenants))], filter: filters[rng.IntN(len(filters))], enabled: rng.IntN(4) > 0, c: newConsumer(t, nil)}
+				added := b.addEndpoint(endpoints.New{URL: e.c.URL(), Tenant: e.tenant, EventTypes: e.filter})
+				e.id, e.secret = added.ID, added.Secret
+				if !e.enabled {
+					if _, err := b.pool.Exec(context.Background(), `UPDATE webhook_endpoints SET enabled = false, disabled_at = now(),
+						disabled_reason = 'test' WHERE id = $1`, e.id); err != nil {
+						t.Fatal(err)
+					}
+				}
+				eps = append(eps, e)
+			}
+			b.traceDeliveryRows()
+			cfg := b.config("")
+			cfg.EncryptionKey = testKey
+			b.start(cfg)
+			type ev struct{ tenant, typ string }
+			events := map[string]ev{}
+			for range 40 {
+				e := ev{tenant: tenants[rng.IntN(len(tenants))], typ: types[rng.IntN(len(types))]}
+				events[b.enqueue(outbox.Event{EventType: e.typ, Tenant: e.tenant})] = e
+			}
+			// An endpoint added after the events were enqueued receives none of them.
+			late := newConsumer(t, nil)
+			b.addEndpoint(endpoints.New{URL: late.URL()})
+			b.waitSettled(20 * time.Second)
+
+			deliveries := 0
+			for _, e := range eps {
+				got := map[string]int{}
+				for _, a := range e.c.arrivals() {
+					got[a.DeliveryID]++
+					if err := verifyFluxora(a, e.secret); err != nil {
+						t.Errorf("endpoint %s: a request does not verify with its own secret: %v", e.id, err)
+					}
+				}
+				for id, event := range events {
+					want := 0
+					if e.enabled && e.tenant == event.tenant && endpoints.Matches(e.filter, event.typ) {
+						want = 1
+					}
+					if got[id] != want {
+						t.Errorf("endpoint %s (tenant %q, filter %v, enabled %v) got event %s (tenant %q, type %s) %d times, want %d",
+							e.id, e.tenant, e.filter, e.enabled, id, event.tenant, event.typ, got[id], want)
+					}
+					deliveries += want
+				}
+				if len(got) > len(events) {
+					t.Errorf("endpoint %s got events that were never enqueued: %v", e.id, got)
+				}
+			}
+			if n := late.received(); n != 0 {
+				t.Errorf("an endpoint added after the events received %d of them", n)
+			}
+			if n := b.count(`SELECT count(*) FROM webhook_deliveries WHERE endpoint_id IS NOT NULL AND processed AND status_code = 200`); n != deliveries {
+				t.Errorf("%d deliveries in the log, want %d", n, deliveries)
+			}
+			if n := b.count(`SELECT count(*) - count(DISTINCT id) FROM webhook_deliveries`); n != 0 {
+				t.Errorf("%d ids of webhook_deliveries are used twice", n)
+			}
+			// A settle that takes some of an event's deliveries gives the others rows (see
+			// TestInMemorySlowDeliveryGetsARow): how many depends on how the answers fall into
+			// settles, but routing by rows makes one per delivery.
+			n := b.count(`SELECT count(*) FROM test_delivery_rows`)
+			if n >= deliveries {
+				t.Errorf("%d delivery rows made for %d deliveries: every delivery made a row", n, deliveries)
+			}
+			t.Logf("%d events, %d deliveries: %d delivery rows made", len(events), deliveries, n)
+		})
+	}
+}
+
+// One endpoint of an event is slow: the event's other deliveries are settled without it, so
+// the settle replaces the event's row and the slow delivery gets a leased row of its own,
+// which it settles when it comes back. Every endpoint gets the event once, and the log holds
+// the event once and each delivery once.
+func TestInMemorySlowDeliveryGetsARow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	slow := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		select {
+		case <-release:
+		case <-a.Ctx.Done():
+		}
+	})
+	fast1, fast2 := newConsumer(t, nil), newConsumer(t, nil)
+	slowEP := b.addEndpoint(endpoints.New{URL: slow.URL()})
+	b.addEndpoint(endpoints.New{URL: fast1.URL()})
+	b.addEndpoint(endpoints.New{URL: fast2.URL()})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the slow delivery to get a leased row of its own, the event's row gone", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND endpoint_id = $2 AND leased_by IS NOT NULL`, id, slowEP.ID) == 1 &&
+			b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, id) == 1
+	})
+	if fast1.received() != 1 || fast2.received() != 1 || slow.received() != 1 {
+		t.Fatalf("arrivals before the slow answer: %d, %d, slow %d; want one each", fast1.received(), fast2.received(), slow.received())
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1 AND endpoint_id IS NULL AND error = 'routed to 3 endpoint(s)'`, id); n != 1 {
+		t.Errorf("the event's log row: %d, want 1 saying it went to 3 endpoints", n)
+	}
+	close(release)
+	b.waitSettled(10 * time.Second)
+	if fast1.received() != 1 || fast2.received() != 1 || slow.received() != 1 {
+		t.Errorf("arrivals: %d, %d, slow %d; want one each", fast1.received(), fast2.received(), slow.received())
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1 AND endpoint_id IS NOT NULL AND status_code = 200`, id); n != 3 {
+		t.Errorf("%d delivered rows in the log, want 3", n)
+	}
+}
+
+// A delivery routed in memory that fails is retried like any other: its outcome gets a row,
+// settled as a retry, and the next attempt succeeds; the event's other deliveries go once.
+func TestInMemoryFailedDeliveryIsRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	flaky := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		if a.Attempt == "1" {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	})
+	ok := newConsumer(t, nil)
+	b.addEndpoint(endpoints.New{URL: flaky.URL()})
+	b.addEndpoint(endpoints.New{URL: ok.URL()})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the retry's success", func() bool { return flaky.received() == 2 })
+	b.waitSettled(10 * time.Second)
+	if a := flaky.arrivals(); a[0].Attempt != "1" || a[1].Attempt != "2" || a[1].DeliveryID != id {
+		t.Errorf("flaky endpoint's attempts: %q then %q; want 1 then 2 of the event", a[0].Attempt, a[1].Attempt)
+	}
+	if ok.received() != 1 {
+		t.Errorf("the healthy endpoint got %d requests, want 1", ok.received())
+	}
+	var statuses string
+	if err := b.pool.QueryRow(context.Background(), `SELECT string_agg(attempt || ':' || status_code, ',' ORDER BY attempt, status_code)
+		FROM webhook_delivery_log WHERE delivery_id = $1 AND endpoint_id IS NOT NULL`, id).Scan(&statuses); err != nil {
+		t.Fatal(err)
+	}
+	if statuses != "1:200,1:500,2:200" {
+		t.Errorf("log of the deliveries (attempt:status) = %s, want 1:200,1:500,2:200", statuses)
+	}
+}
+
+// The settle of an event routed in memory is fenced by the event's lease: when the lease was
+// lost while its deliveries were in flight (another claim took the event), their outcomes are
+// refused as stale and nothing of the event is written; its holder delivers it again.
+func TestInMemorySettleIsFencedByTheEventsLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	hold := func(a arrival, w http.ResponseWriter) {
+		select {
+		case <-release:
+		case <-a.Ctx.Done():
+		}
+	}
+	c1, c2 := newConsumer(t, hold), newConsumer(t, hold)
+	b.addEndpoint(endpoints.New{URL: c1.URL()})
+	b.addEndpoint(endpoints.New{URL: c2.URL()})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	cfg.PollInterval = 200 * time.Millisecond // the stolen event comes back through the poll
+	d := b.start(cfg)
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "both deliveries in flight", func() bool { return c1.received() == 1 && c2.received() == 1 })
+	// Another claim takes the event: its lease is no longer the one the deliveries carry.
+	if _, err := b.pool.Exec(context.Background(), `UPDATE webhook_outbox SET leased_by = 'another', lease_token = 1,
+		lease_until = now() + interval '1 hour' WHERE delivery_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	eventually(t, 10*time.Second, "both outcomes refused as stale", func() bool { return d.Stats().Stale.Load() == 2 })
+	if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1`, id); n != 0 {
+		t.Fatalf("%d log rows written for an event whose lease was lost", n)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND leased_by = 'another'`, id); n != 1 {
+		t.Fatalf("the event's row: %d held by its new holder, want 1 untouched", n)
+	}
+	// The other holder goes away: its lease ends and this dispatcher delivers the event again.
+	if _, err := b.pool.Exec(context.Background(), `UPDATE webhook_outbox SET lease_until = now() - interval '1 second'
+		WHERE delivery_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	b.waitSettled(10 * time.Second)
+	if c1.received() != 2 || c2.received() != 2 {
+		t.Errorf("arrivals %d, %d; want each endpoint twice (the stale attempt, then its holder's)", c1.received(), c2.received())
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1 AND endpoint_id IS NOT NULL`, id); n != 2 {
+		t.Errorf("%d delivery rows in the log, want 2: one per endpoint, from the attempts that held the lease", n)
+	}
+}
+
+// A dispatcher whose role may not take ids from webhook_outbox's sequence routes through
+// route.sql, a row per delivery, as before, and says which grant would let it route in memory.
+func TestWithoutTheSequenceGrantEventsAreRoutedByRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	role := sqltest.NewRole(t, b.db)
+	for _, stmt := range []string{ // docs/operations.md's list, less the outbox's id sequence
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON webhook_outbox, webhook_dead_letter, webhook_dispatcher TO ` + role,
+		`GRANT SELECT, UPDATE ON webhook_endpoints TO ` + role,
+		`GRANT SELECT ON webhook_schema_version TO ` + role,
+		`GRANT SELECT, INSERT ON webhook_delivery_log TO ` + role,
+		`GRANT SELECT ON webhook_deliveries TO ` + role,
+		`GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval), webhook_delivery_log_drop_one(interval, interval) TO ` + role,
+		`GRANT USAGE ON SEQUENCE webhook_endpoints_version TO ` + role,
+		`GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until TO ` + role,
+	} {
+		if _, err := b.pool.Exec(context.Background(), stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	b.traceDeliveryRows()
+	c1, c2 := newConsumer(t, nil), newConsumer(t, nil)
+	b.addEndpoint(endpoints.New{URL: c1.URL()})
+	b.addEndpoint(endpoints.New{URL: c2.URL()})
+	cfg, logs := b.observedConfig("", zapcore.InfoLevel)
+	cfg.EncryptionKey = testKey
+	u, err := url.Parse(b.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	cfg.DatabaseURL = u.String()
+	b.start(cfg)
+	id := b.enqueue(outbox.Event{})
+	b.waitSettled(10 * time.Second)
+	if c1.received() != 1 || c2.received() != 1 {
+		t.Errorf("arrivals %d, %d; want one each", c1.received(), c2.received())
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1 AND endpoint_id IS NOT NULL AND status_code = 200`, id); n != 2 {
+		t.Errorf("%d delivered rows in the log, want 2", n)
+	}
+	if n := b.count(`SELECT count(*) FROM test_delivery_rows`); n != 2 {
+		t.Errorf("%d delivery rows made, want 2: a row per delivery", n)
+	}
+	found := false
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message, "grant USAGE on webhook_outbox's id sequence") {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("the dispatcher did not say which grant routes in memory")
+	}
+}
+
+// traceDeliveryRows records every delivery row inserted into webhook_outbox (a row with an
+// endpoint_id) in test_delivery_rows, through a trigger that runs as its owner, whatever the
+// dispatcher's role.
+func (b *bundle) traceDeliveryRows() {
+	b.t.Helper()
+	if _, err := b.pool.Exec(context.Background(), `
+		CREATE TABLE test_delivery_rows (endpoint_id uuid);
+		CREATE FUNCTION test_trace_delivery_row() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+		BEGIN
+			INSERT INTO test_delivery_rows VALUES (NEW.endpoint_id);
+			RETURN NULL;
+		END $$;
+		CREATE TRIGGER test_trace_delivery_row AFTER INSERT ON webhook_outbox
+			FOR EACH ROW WHEN (NEW.endpoint_id IS NOT NULL) EXECUTE FUNCTION test_trace_delivery_row();`); err != nil {
+		b.t.Fatal(err)
+	}
+}
