@@ -234,7 +234,7 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 // Left to the statement, whose rules cover them: every event when the cache is not at the
 // version the claim saw; an event WEBHOOK_URL keeps; one that matches no endpoint (it is
 // recorded as such); one going to an endpoint that orders its stream; and a tenant or
-// endpoint tenant stored as ” rather than NULL.
+// endpoint tenant stored as the empty string rather than NULL.
 func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest []*delivery.Delivery) {
 	if !d.inMemory {
 		return nil, events
