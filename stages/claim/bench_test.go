@@ -195,27 +195,39 @@ func benchDatabase(b *testing.B, rows int, maxConns int32, params map[string]str
 	return pool, c, settle.New(pool, settle.Config{InstanceID: "bench"})
 }
 
-// BenchmarkRouteSettle measures the database side of fan-out: a claim of events, the route
-// statement that fans them out to 10 endpoints, and the settles of the deliveries it returns
-// (in chunks of about a quarter of them, as the dispatcher's settle stage does), on one
-// backend whose CPU time is reported per delivery next to each statement's wall time. It is
-// sequential, so it shows what a change to route.sql or settle.sql costs PostgreSQL without
-// the fanout bench's HTTP traffic and scheduling noise. Run:
+// BenchmarkRouteSettle measures the database side of fan-out to 10 endpoints, per delivery,
+// on one backend whose CPU time is reported next to each statement's wall time: a claim of
+// events, then either (rows) the route statement, which makes a leased row per delivery, and
+// the settles of those rows, or (memory) the settles of deliveries routed in memory, which
+// replace the event's row (settle.SettleAnchored). Settles take about a quarter of the
+// deliveries each, as the dispatcher's settle stage does. It is sequential, so it shows what a
+// change to route.sql, settle.sql or anchored.sql costs PostgreSQL without the fanout bench's
+// HTTP traffic and scheduling noise. Run:
 //
 //	go test -run XXX -bench RouteSettle -benchtime 100x ./stages/claim/
 func BenchmarkRouteSettle(b *testing.B) {
+	for _, mode := range []string{"rows", "memory"} {
+		b.Run(mode, func(b *testing.B) { benchRouteSettle(b, mode == "memory") })
+	}
+}
+
+func benchRouteSettle(b *testing.B, inMemory bool) {
 	const batch, endpoints = 80, 10
 	ctx := context.Background()
 	pool, c, s := benchDatabase(b, b.N*batch, 1, nil)
 	if _, err := pool.Exec(ctx, `UPDATE webhook_outbox SET enqueued_at = now() - interval '1 minute'`); err != nil {
 		b.Fatal(err)
 	}
+	var eps []string
 	for i := range endpoints {
-		if _, err := pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, created_at)
-			VALUES ($1, 's', now() - interval '1 hour')`, fmt.Sprintf("http://127.0.0.1:1/ep/%d", i)); err != nil {
+		var id string
+		if err := pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, created_at)
+			VALUES ($1, 's', now() - interval '1 hour') RETURNING id::text`, fmt.Sprintf("http://127.0.0.1:1/ep/%d", i)).Scan(&id); err != nil {
 			b.Fatal(err)
 		}
+		eps = append(eps, id)
 	}
+	slices.Sort(eps)
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE webhook_outbox`); err != nil {
 		b.Fatal(err)
 	}
@@ -223,6 +235,7 @@ func BenchmarkRouteSettle(b *testing.B) {
 	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
 		b.Fatal(err)
 	}
+	delivered := delivery.Outcome{Kind: delivery.Delivered, Status: 204, Duration: time.Millisecond}
 	var claimT, routeT, settleT time.Duration
 	var deliveries int
 	var cursor claim.Cursor
@@ -236,26 +249,42 @@ func BenchmarkRouteSettle(b *testing.B) {
 		}
 		cursor = res.Last
 		t1 := time.Now()
-		routed, err := c.Route(ctx, res.Rows, false)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if len(routed.Deliveries) != len(res.Rows)*endpoints {
-			b.Fatalf("routed %d deliveries for %d events", len(routed.Deliveries), len(res.Rows))
-		}
-		t2 := time.Now()
-		for _, d := range routed.Deliveries {
-			d.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 204, Duration: time.Millisecond}
-		}
-		for chunk := range slices.Chunk(routed.Deliveries, len(routed.Deliveries)/4) {
-			if r, err := s.Settle(ctx, chunk); err != nil || r.Settled != len(chunk) {
-				b.Fatalf("settled %d of %d deliveries: %v", r.Settled, len(chunk), err)
+		if inMemory {
+			for chunk := range slices.Chunk(res.Rows, len(res.Rows)/4) {
+				in := make([]settle.Anchored, len(chunk))
+				for i, ev := range chunk {
+					in[i] = settle.Anchored{EventID: ev.ID, LeaseToken: ev.LeaseToken, NewToken: c.NextToken(), Endpoints: endpoints}
+					for _, ep := range eps {
+						in[i].Delivered = append(in[i].Delivered, &delivery.Delivery{EndpointID: ep, Outcome: delivered})
+					}
+				}
+				if r, err := s.SettleAnchored(ctx, in, time.Minute); err != nil || len(r.Written) != len(chunk) {
+					b.Fatalf("settled %d of %d events: %v", len(r.Written), len(chunk), err)
+				}
 			}
+			settleT += time.Since(t1)
+		} else {
+			routed, err := c.Route(ctx, res.Rows, false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(routed.Deliveries) != len(res.Rows)*endpoints {
+				b.Fatalf("routed %d deliveries for %d events", len(routed.Deliveries), len(res.Rows))
+			}
+			t2 := time.Now()
+			for _, d := range routed.Deliveries {
+				d.Outcome = delivered
+			}
+			for chunk := range slices.Chunk(routed.Deliveries, len(routed.Deliveries)/4) {
+				if r, err := s.Settle(ctx, chunk); err != nil || r.Settled != len(chunk) {
+					b.Fatalf("settled %d of %d deliveries: %v", r.Settled, len(chunk), err)
+				}
+			}
+			routeT += t2.Sub(t1)
+			settleT += time.Since(t2)
 		}
 		claimT += t1.Sub(t0)
-		routeT += t2.Sub(t1)
-		settleT += time.Since(t2)
-		deliveries += len(routed.Deliveries)
+		deliveries += len(res.Rows) * endpoints
 	}
 	b.StopTimer()
 	client1, server1 := cpuTimes(b, backend)
