@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"sort"
 
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
@@ -50,8 +51,20 @@ var errUsage = cli.ErrUsage
 var errInvalidConfig = errors.New("invalid configuration")
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "serve" && os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(serveGCPercent)
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
 }
+
+// serveGCPercent is serve's garbage-collection target unless GOGC is set: the heap may grow to
+// five times what is live before a collection, instead of Go's default twice. The dispatcher
+// allocates per delivery (requests, headers, outcomes) but keeps little: collections were
+// about a tenth of its CPU in the fanout bench. At 400 its CPU per delivery fell from 72-77 to
+// 63-65 µs and its peak RSS rose from 30 to 44-47 MB (`GOGC=100` against `GOGC=400 fluxhook
+// bench --workload fanout --fanout-events 4000`, three runs each, interleaved). GOGC=100
+// restores Go's default where memory is tighter than CPU.
+const serveGCPercent = 400
 
 // run is main without the process: it returns the exit status.
 func run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {

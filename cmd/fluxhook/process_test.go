@@ -23,6 +23,8 @@ import (
 
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/fluxhooktest"
 	"github.com/fluxora/fluxhook/stages/sign"
+
+	"github.com/fluxora/fluxhook/sql/sqltest"
 )
 
 // serveSecret is the WEBHOOK_SECRET of every process test; tests assert it never reaches a log.
@@ -427,5 +429,26 @@ func (g *gate) wait(ctx context.Context) bool {
 		return ctx.Err() == nil
 	case <-ctx.Done():
 		return false
+	}
+}
+
+// serve collects garbage at GOGC=400 unless GOGC says otherwise (see serveGCPercent), as the
+// Go collector's go_gc_gogc_percent shows.
+func TestServeGCPercent(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	for _, tc := range []struct {
+		gogc string
+		want float64
+	}{{"", serveGCPercent}, {"100", 100}} {
+		env := faultEnv(db.URL, "http://127.0.0.1:1/hook")
+		env["METRICS_ADDR"] = "127.0.0.1:0"
+		if tc.gogc != "" {
+			env["GOGC"] = tc.gogc
+		}
+		p := startServe(t, "serve GOGC="+tc.gogc, env)
+		if got := scrapeMetric(t, p.metricsAddr(), "go_gc_gogc_percent"); got != tc.want {
+			t.Errorf("GOGC=%q: go_gc_gogc_percent = %v, want %v", tc.gogc, got, tc.want)
+		}
 	}
 }
