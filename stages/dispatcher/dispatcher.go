@@ -83,7 +83,7 @@ type Dispatcher struct {
 	cipher    *endpoints.Cipher
 	// inMemory says events may be routed in memory (see routeInMemory): the dispatcher's
 	// role may take ids from the queue's sequence for the deliveries it logs.
-	inMemory bool
+	inMemory atomic.Bool
 
 	mu       sync.Mutex
 	started  bool
@@ -285,13 +285,15 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		return fmt.Errorf("reading the endpoints' version: %w", err)
 	}
 	d.endpoints.version.Store(version)
+	var canLog bool
 	// Routing in memory logs each delivery under an id of the queue's sequence, which needs
 	// USAGE on it; a role without it routes every delivery through a row, as before.
-	if err := pool.QueryRow(ctx, `SELECT coalesce(has_sequence_privilege(pg_get_serial_sequence('webhook_outbox', 'id'), 'USAGE'), false)`).Scan(&d.inMemory); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT coalesce(has_sequence_privilege(pg_get_serial_sequence('webhook_outbox', 'id'), 'USAGE'), false)`).Scan(&canLog); err != nil {
 		pool.Close()
 		return fmt.Errorf("checking the grant on webhook_outbox's id sequence: %w", err)
 	}
-	if !d.inMemory {
+	d.inMemory.Store(canLog)
+	if !canLog {
 		d.log.Info("fan-out makes a queue row for every delivery: grant USAGE on webhook_outbox's id sequence to route in memory, at half the database's work per delivery",
 			zap.String("grant", "GRANT USAGE ON SEQUENCE webhook_outbox_id_seq TO <the dispatcher's role>"))
 	}

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/fluxora/fluxhook/sql/endpoints"
@@ -182,10 +184,13 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 	if len(events) == 0 {
 		return batch
 	}
-	virtual, events := d.routeInMemory(events)
+	virtual, events, routed := d.routeInMemory(events)
 	if len(virtual) > 0 {
+		// Taken before the events' slots are given back: the claiming loop, woken by freed
+		// slots, must not see more room than there is.
 		out = append(out, virtual...)
 		d.slots.Take(len(virtual))
+		d.slots.Release(routed)
 		d.stats.Claimed.Add(int64(len(virtual)))
 	}
 	if len(events) == 0 {
@@ -225,7 +230,7 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 }
 
 // routeInMemory routes the events it can by the endpoint cache, by route.sql's rule, and
-// returns their deliveries and the events left for the statement. A delivery routed in
+// returns their deliveries, the events left for the statement and how many it routed. A delivery routed in
 // memory has no row: its event's row, still leased, holds it until the first of the event's
 // deliveries is settled (delivery.Anchor, settleAnchored). That saves the delivery row's
 // insert and delete, half the database's work per delivery (BenchmarkRouteSettle in
@@ -233,11 +238,11 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 //
 // Left to the statement, whose rules cover them: every event when the cache is not at the
 // version the claim saw; an event WEBHOOK_URL keeps; one that matches no endpoint (it is
-// recorded as such); one going to an endpoint that orders its stream; and a tenant or
+// recorded as such); one going to an endpoint that orders streams; and a tenant or
 // endpoint tenant stored as the empty string rather than NULL.
-func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest []*delivery.Delivery) {
-	if !d.inMemory {
-		return nil, events
+func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest []*delivery.Delivery, routed int) {
+	if !d.inMemory.Load() {
+		return nil, events, 0
 	}
 	c := &d.endpoints
 	c.mu.Lock()
@@ -250,7 +255,7 @@ func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest [
 	}
 	c.mu.Unlock()
 	if !fresh {
-		return nil, events
+		return nil, events, 0
 	}
 	// route.sql's order: an event's deliveries by endpoint id.
 	slices.SortFunc(eps, func(a, b *managed) int { return strings.Compare(a.ep.ID, b.ep.ID) })
@@ -269,7 +274,9 @@ func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest [
 				!endpoints.Matches(m.ep.EventTypes, ev.EventType) {
 				continue
 			}
-			if m.ep.Ordering == "stream" && ev.StreamID != "" {
+			// route.sql orders an event with any stream_id, the empty string included,
+			// which the claim does not tell from NULL: the statement routes them all.
+			if m.ep.Ordering == "stream" {
 				ordered = true
 				break
 			}
@@ -288,9 +295,9 @@ func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest [
 				Routed: true, LeaseToken: ev.LeaseToken, SendBy: ev.SendBy, Anchor: a,
 			})
 		}
-		d.slots.Release(1) // the event leaves the pipeline; its deliveries take slots
+		routed++
 	}
-	return virtual, rest
+	return virtual, rest, routed
 }
 
 // settleAnchored writes the deliveries of batch routed in memory whose event row is still to
@@ -346,7 +353,6 @@ func (d *Dispatcher) settleAnchored(ctx context.Context, batch []*delivery.Deliv
 		}
 	}
 	res, err := d.settler.SettleAnchored(ctx, in, d.cfg.Lease)
-	d.stats.Settles.Add(1)
 	if err != nil {
 		d.stats.SettleErrors.Add(1)
 		d.metrics.settleErrors.Inc()
@@ -359,8 +365,24 @@ func (d *Dispatcher) settleAnchored(ctx context.Context, batch []*delivery.Deliv
 			zap.Int("rows", n), zap.Int("events", len(fresh)))
 		return rows, done
 	}
+	if res.Refused != nil {
+		d.log.Warn("settle batch rejected; settled events one by one", zap.Error(res.Refused), zap.Int("events", len(fresh)))
+		if isInsufficientPrivilege(res.Refused) && d.inMemory.CompareAndSwap(true, false) {
+			d.log.Warn("the grant on webhook_outbox's id sequence was revoked: routing by a row per delivery from now on",
+				zap.String("grant", "GRANT USAGE ON SEQUENCE webhook_outbox_id_seq TO <the dispatcher's role>"))
+		}
+	}
 	for i, a := range fresh {
-		if !res.Written[a.EventID] {
+		nt := in[i].NewToken
+		if err, failed := res.Failed[nt]; failed {
+			d.stats.SettleErrors.Add(1)
+			d.metrics.settleErrors.Inc()
+			a.Lost = true
+			d.log.Error("settle failed; rows will be delivered again after their lease", zap.Error(err),
+				zap.Int("rows", len(group[a])), zap.Int("events", 1))
+			continue
+		}
+		if !res.Written[nt] {
 			a.Lost, a.Stale = true, true
 			for _, del := range group[a] {
 				del.Outcome.Stale = true
@@ -368,13 +390,18 @@ func (d *Dispatcher) settleAnchored(ctx context.Context, batch []*delivery.Deliv
 			}
 			continue
 		}
-		a.Settled, a.Token = true, in[i].NewToken
-		a.Rows = make(map[string]int64, len(in[i].Rows))
-		for _, ep := range in[i].Rows {
-			a.Rows[ep] = res.Rows[settle.AnchoredRow{Token: a.Token, Endpoint: ep}]
+		asRows := res.AsRows[nt]
+		made := in[i].Rows
+		if asRows {
+			made = a.Endpoints
+		}
+		a.Settled, a.Token = true, nt
+		a.Rows = make(map[string]int64, len(made))
+		for _, ep := range made {
+			a.Rows[ep] = res.Rows[settle.AnchoredRow{Token: nt, Endpoint: ep}]
 		}
 		for _, del := range group[a] {
-			if del.Outcome.Kind == delivery.Delivered {
+			if del.Outcome.Kind == delivery.Delivered && !asRows {
 				done = append(done, del)
 				continue
 			}
@@ -526,4 +553,10 @@ func (d *Dispatcher) deadLetterPending(ctx context.Context, id, reason string) {
 		d.metrics.deadLetters.WithLabelValues("endpoint_disabled").Add(float64(n))
 		d.log.Warn("dead-lettered a disabled endpoint's pending deliveries", zap.String("endpoint_id", id), zap.Int64("rows", n))
 	}
+}
+
+// isInsufficientPrivilege reports whether err is PostgreSQL's refusal for a missing grant.
+func isInsufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }

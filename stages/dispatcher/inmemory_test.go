@@ -311,3 +311,50 @@ func (b *bundle) traceDeliveryRows() {
 		b.t.Fatal(err)
 	}
 }
+
+// An event whose deliveries the database refuses to log (a trigger an operator added) does
+// not drag the other events of its batch back after their lease: they are delivered and
+// logged once, while its own deliveries become rows of the queue, settled (or, refused again,
+// left to their lease) one by one like any row.
+func TestInMemoryRefusedEventStaysAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(context.Background(), `
+		CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'poison delivery'; END $$;
+		CREATE TRIGGER refuse_poison BEFORE INSERT ON webhook_delivery_log
+			FOR EACH ROW WHEN (NEW.event_type = 'poison' AND NEW.endpoint_id IS NOT NULL) EXECUTE FUNCTION refuse_poison();`); err != nil {
+		t.Fatal(err)
+	}
+	c1, c2 := newConsumer(t, nil), newConsumer(t, nil)
+	b.addEndpoint(endpoints.New{URL: c1.URL()})
+	b.addEndpoint(endpoints.New{URL: c2.URL()})
+	evs := []outbox.Event{{EventType: "poison", Payload: map[string]any{}}}
+	for i := range 5 {
+		evs = append(evs, outbox.Event{EventType: "good", Payload: map[string]any{"n": i}})
+	}
+	if n, err := outbox.EnqueueMany(context.Background(), b.pool, evs); err != nil || n != int64(len(evs)) {
+		t.Fatalf("EnqueueMany = %d, %v", n, err)
+	}
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	d := b.start(cfg)
+	eventually(t, 15*time.Second, "the good events logged and the poison event's deliveries made rows", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_delivery_log WHERE event_type = 'good' AND endpoint_id IS NOT NULL`) == 10 &&
+			b.count(`SELECT count(*) FROM webhook_outbox WHERE event_type = 'poison' AND endpoint_id IS NOT NULL`) == 2 &&
+			b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id IS NULL`) == 0
+	})
+	for i, c := range []*consumer{c1, c2} {
+		for id, as := range c.byDelivery() {
+			if len(as) != 1 {
+				t.Errorf("endpoint %d got event %s (%s) %d times, want once", i, id, as[0].Event, len(as))
+			}
+		}
+		if c.received() != len(evs) {
+			t.Errorf("endpoint %d got %d requests, want %d", i, c.received(), len(evs))
+		}
+	}
+	if s := d.Stats().Stale.Load(); s != 0 {
+		t.Errorf("%d stale outcomes, want none", s)
+	}
+}

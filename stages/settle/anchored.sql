@@ -14,19 +14,20 @@
 -- the event's N deliveries cost N log rows and no queue rows; a delivery row cost an insert
 -- and a delete more each (BenchmarkRouteSettle in stages/claim).
 --   $1 the events' ids, $2 their lease tokens, $3 this dispatcher's instance id, $4 each
---   delivery's event id, $5 its endpoint id, $6 1 when it is delivered (to the log), 0 when it
---   becomes a row, $7 its HTTP status (0 none), $8 each event's token for its new rows (one
---   per event, so that a new row names its event), $9 the lease in milliseconds, $10 each
---   delivery's attempt duration in ms, $11 its error text ('' none), $12 each event's number
---   of endpoints.
--- Returns one row per event written ('e', its id) and one per new delivery row ('d', its
--- lease token, its endpoint id, its row id). An event whose lease this instance lost returns
--- nothing and nothing of it is written: its holder delivers it again.
+--   delivery's event, by the event's new token, $5 its endpoint id, $6 1 when it is delivered
+--   (to the log), 0 when it becomes a row, $7 its HTTP status (0 none), $8 each event's new
+--   token, unique per call (its new rows' lease token, and the key of its deliveries: one
+--   event may come twice, claimed again after its lease ran out, each claim with deliveries
+--   of its own), $9 the lease in milliseconds, $10 each delivery's attempt duration in ms,
+--   $11 its error text ('' none), $12 each event's number of endpoints.
+-- Returns one row per event written ('e', its new token) and one per new delivery row ('d',
+-- its lease token, its endpoint id, its row id). An event whose lease this instance lost
+-- returns nothing and nothing of it is written: its holder delivers it again.
 WITH input AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $8::bigint[], $12::int[]) AS t(id, token, new_token, n)
 ), deliveries AS (
     SELECT * FROM unnest($4::bigint[], $5::uuid[], $6::smallint[], $7::int[], $10::int[], $11::text[])
-        AS t(event_id, endpoint_id, delivered, status, duration_ms, error)
+        AS t(new_token, endpoint_id, delivered, status, duration_ms, error)
 ), ev AS (
     DELETE FROM webhook_outbox o
     USING input i
@@ -45,18 +46,18 @@ WITH input AS (
     SELECT nextval(pg_get_serial_sequence('webhook_outbox', 'id')), e.stream_id, e.event_type, e.payload,
            e.created_at, e.delivery_id, 1, e.enqueued_at, $3, e.lease_token, NULL, now(),
            nullif(d.status, 0), nullif(d.error, ''), d.duration_ms, e.tenant, d.endpoint_id, now()
-    FROM deliveries d JOIN ev e ON e.id = d.event_id
+    FROM deliveries d JOIN ev e ON e.new_token = d.new_token
     WHERE d.delivered = 1
 ), made AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at,
                                 tenant, endpoint_id, routed_at, lease_until, leased_by, lease_token)
     SELECT e.stream_id, e.event_type, e.payload, e.created_at, e.delivery_id, 1, e.enqueued_at,
            e.tenant, d.endpoint_id, now(), now() + $9::bigint * interval '1 millisecond', $3, e.new_token
-    FROM deliveries d JOIN ev e ON e.id = d.event_id
+    FROM deliveries d JOIN ev e ON e.new_token = d.new_token
     WHERE d.delivered = 0
     ORDER BY e.id, d.endpoint_id
     RETURNING id, lease_token, endpoint_id
 )
-SELECT 'e', id, '', 0::bigint FROM ev
+SELECT 'e', new_token, '', 0::bigint FROM ev
 UNION ALL
 SELECT 'd', lease_token, endpoint_id::text, id FROM made

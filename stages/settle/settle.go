@@ -22,7 +22,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -427,10 +429,21 @@ type Anchored struct {
 
 // AnchoredResult is what SettleAnchored wrote.
 type AnchoredResult struct {
-	// Written holds the ids of the events written; the others' leases were lost.
+	// Written holds the NewToken of each event written; the others' leases were lost, or
+	// (Failed) the database refused them.
 	Written map[int64]bool
+	// AsRows holds the NewToken of each written event whose deliveries all became rows,
+	// delivered ones included, because logging them was refused (see SettleAnchored): the
+	// caller settles those through Settle like the others.
+	AsRows map[int64]bool
+	// Failed holds, by NewToken, the events the database refused even as rows alone: they
+	// stay leased and come back, whole, after their lease.
+	Failed map[int64]error
 	// Rows maps each new delivery row, by its event's NewToken and its endpoint id, to its id.
 	Rows map[AnchoredRow]int64
+	// Refused is why the database refused the batch's statement, when it did (each event
+	// was then written on its own).
+	Refused error
 }
 
 // AnchoredRow names a delivery row SettleAnchored made: its event's NewToken and its endpoint.
@@ -442,13 +455,55 @@ type AnchoredRow struct {
 // SettleAnchored writes, in one statement, the events of batch that were routed in memory:
 // each leaves the queue for the delivery log, its delivered deliveries are logged, and its
 // other deliveries become leased rows of the queue (see anchored.sql). lease is the new rows'
-// lease. An event whose lease was lost is left alone (not in Written).
+// lease. An event whose lease was lost is left alone (its NewToken not in Written).
+//
+// One bad event must not hold back the rest, nor come back for ever with the whole batch:
+// when the database refuses the statement (not a lost connection), each event is written on
+// its own, and an event refused alone has all its deliveries made rows (AsRows), which Settle
+// then writes or dead-letters one by one like any row. The returned error is the batch's
+// when nothing could be tried alone.
 func (s *Settler) SettleAnchored(ctx context.Context, batch []Anchored, lease time.Duration) (AnchoredResult, error) {
+	res := AnchoredResult{Written: make(map[int64]bool, len(batch)), AsRows: map[int64]bool{}, Failed: map[int64]error{},
+		Rows: map[AnchoredRow]int64{}}
+	err := s.settleAnchored(ctx, batch, lease, &res)
+	if err == nil || !isStatementError(err) || len(batch) == 1 && ctx.Err() != nil {
+		return res, err
+	}
+	res.Refused = err
+	for _, a := range batch {
+		if err := s.settleAnchored(ctx, []Anchored{a}, lease, &res); err == nil {
+			continue
+		} else if !isStatementError(err) {
+			res.Failed[a.NewToken] = err
+			continue
+		}
+		rows := a
+		rows.Delivered, rows.Rows = nil, slices.Concat(a.Rows, endpointIDs(a.Delivered))
+		if err := s.settleAnchored(ctx, []Anchored{rows}, lease, &res); err != nil {
+			res.Failed[a.NewToken] = err
+			continue
+		}
+		res.AsRows[a.NewToken] = true
+	}
+	return res, nil
+}
+
+// endpointIDs returns the endpoint ids of ds.
+func endpointIDs(ds []*delivery.Delivery) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.EndpointID
+	}
+	return out
+}
+
+// settleAnchored runs anchored.sql for batch, adding what it wrote to res.
+func (s *Settler) settleAnchored(ctx context.Context, batch []Anchored, lease time.Duration, res *AnchoredResult) error {
 	ids := make([]int64, len(batch))
 	tokens := make([]int64, len(batch))
 	newTokens := make([]int64, len(batch))
 	counts := make([]int32, len(batch))
-	var evIDs []int64
+	var evTokens []int64
 	var eps []string
 	var delivered []int16
 	var statuses, durations []int32
@@ -456,37 +511,41 @@ func (s *Settler) SettleAnchored(ctx context.Context, batch []Anchored, lease ti
 	for i, a := range batch {
 		ids[i], tokens[i], newTokens[i], counts[i] = a.EventID, a.LeaseToken, a.NewToken, int32(a.Endpoints)
 		for _, d := range a.Delivered {
-			evIDs, eps, delivered = append(evIDs, a.EventID), append(eps, d.EndpointID), append(delivered, 1)
+			evTokens, eps, delivered = append(evTokens, a.NewToken), append(eps, d.EndpointID), append(delivered, 1)
 			statuses = append(statuses, int32(d.Outcome.Status))
 			durations = append(durations, int32(d.Outcome.Duration.Milliseconds()))
 			errs = append(errs, d.Outcome.Error)
 		}
 		for _, ep := range a.Rows {
-			evIDs, eps, delivered = append(evIDs, a.EventID), append(eps, ep), append(delivered, 0)
+			evTokens, eps, delivered = append(evTokens, a.NewToken), append(eps, ep), append(delivered, 0)
 			statuses, durations, errs = append(statuses, 0), append(durations, 0), append(errs, "")
 		}
 	}
-	rows, err := s.pool.Query(ctx, anchoredSQL, ids, tokens, s.instance, evIDs, eps, delivered, statuses,
+	rows, err := s.pool.Query(ctx, anchoredSQL, ids, tokens, s.instance, evTokens, eps, delivered, statuses,
 		newTokens, lease.Milliseconds(), durations, errs, counts)
 	if err != nil {
-		return AnchoredResult{}, fmt.Errorf("settle of events routed in memory: %w", err)
+		return fmt.Errorf("settle of events routed in memory: %w", err)
 	}
 	defer rows.Close()
-	res := AnchoredResult{Written: make(map[int64]bool, len(batch)), Rows: map[AnchoredRow]int64{}}
+	written := map[int64]bool{}
+	made := map[AnchoredRow]int64{}
 	var kind, ep string
 	var key, id int64
 	for rows.Next() {
 		if err := rows.Scan(&kind, &key, &ep, &id); err != nil {
-			return AnchoredResult{}, fmt.Errorf("settle of events routed in memory: scanning: %w", err)
+			return fmt.Errorf("settle of events routed in memory: scanning: %w", err)
 		}
 		if kind == "e" {
-			res.Written[key] = true
+			written[key] = true
 		} else {
-			res.Rows[AnchoredRow{Token: key, Endpoint: ep}] = id
+			made[AnchoredRow{Token: key, Endpoint: ep}] = id
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return AnchoredResult{}, fmt.Errorf("settle of events routed in memory: %w", err)
+		return fmt.Errorf("settle of events routed in memory: %w", err)
 	}
-	return res, nil
+	// Only a statement that committed counts: its rows were all read without error.
+	maps.Copy(res.Written, written)
+	maps.Copy(res.Rows, made)
+	return nil
 }
