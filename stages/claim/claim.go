@@ -387,6 +387,9 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 		}
 		switch {
 		case kind == "d":
+			if payload != nil { // its delivery id is shared by several events: its own
+				d.Payload = compact(payload)
+			}
 			out.Deliveries = append(out.Deliveries, d)
 		case kind == "q":
 			out.Queued++
@@ -406,6 +409,9 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 		return Routed{}, fmt.Errorf("routing events to endpoints: %w", err)
 	}
 	for _, d := range out.Deliveries {
+		if d.Payload != nil {
+			continue
+		}
 		p, ok := payloads[d.DeliveryID]
 		if !ok {
 			return Routed{}, fmt.Errorf("routing events to endpoints: delivery %d of event %s came without its event's payload", d.ID, d.DeliveryID)

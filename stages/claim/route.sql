@@ -25,7 +25,8 @@
 -- 'r': kept, and left for a claim). An event the statement did not route (its lease was lost)
 -- returns nothing. The payload comes once per event that matched an endpoint, on its 'e' or
 -- 'r' row, and its deliveries (by delivery id) share it: returned with every delivery, it
--- was turned into text and sent 10 times per event of the fan-out bench.
+-- was turned into text and sent 10 times per event of the fan-out bench. Deliveries of a
+-- delivery id that several events of the batch carry bring their own.
 WITH input AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token)
 ), src AS (
@@ -34,6 +35,10 @@ WITH input AS (
            $7::boolean AND o.stream_id IS NOT NULL AS ordered
     FROM webhook_outbox o JOIN input i ON o.id = i.id
     WHERE o.leased_by = $3 AND o.lease_token = i.token AND o.processed IS NOT TRUE AND o.routed_at IS NULL
+), shared AS (
+    -- Delivery ids that more than one event of the batch carries (a producer may set its own):
+    -- their deliveries bring their payload themselves, since an id cannot tell the events apart.
+    SELECT delivery_id FROM src GROUP BY delivery_id HAVING count(*) > 1
 ), matched AS (
     SELECT src.*, e.id AS endpoint_id,
            CASE WHEN e.ordering = 'stream' AND src.stream_id IS NOT NULL THEN src.id END AS order_key
@@ -88,11 +93,12 @@ WITH input AS (
     FROM matched
     ORDER BY id, endpoint_id
     RETURNING id, delivery_id::text AS delivery_id, coalesce(stream_id, '') AS stream_id, event_type,
+              CASE WHEN delivery_id IN (SELECT delivery_id FROM shared) THEN payload::text END AS payload,
               attempt, enqueued_at, created_at, endpoint_id::text AS endpoint_id,
               coalesce(tenant, '') AS tenant, order_key
 )
 SELECT CASE WHEN f.order_key IS NULL THEN 'd' ELSE 'q' END, f.id, f.delivery_id, f.stream_id, f.event_type,
-       NULL, f.attempt, f.enqueued_at, f.created_at, f.endpoint_id, f.tenant, false, 0::bigint
+       f.payload, f.attempt, f.enqueued_at, f.created_at, f.endpoint_id, f.tenant, false, 0::bigint
 FROM fan f
 UNION ALL
 SELECT CASE WHEN e.keep AND e.ordered THEN 'r' ELSE 'e' END, e.id, e.delivery_id::text, '', '',

@@ -2,6 +2,7 @@ package claim_test
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -131,5 +132,35 @@ func TestRouteProperty(t *testing.T) {
 				t.Errorf("second Route = %+v, %v; want nothing", again, err)
 			}
 		})
+	}
+}
+
+// Two events of one batch may carry the same delivery id (a producer may set its own): each
+// delivery still carries its own event's payload, never the other's.
+func TestRouteKeepsPayloadsApartUnderOneDeliveryID(t *testing.T) {
+	t.Parallel()
+	db, c := newRegistered(t, "a")
+	ctx := deadline(t)
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO webhook_endpoints (url, secret, created_at)
+		SELECT 'http://127.0.0.1:1/ep/' || i, 's', now() - interval '1 minute' FROM generate_series(1, 2) i;
+		INSERT INTO webhook_outbox (event_type, payload, delivery_id, enqueued_at)
+		SELECT 'e', jsonb_build_object('n', i), '6f1c2b4e-0000-4000-8000-000000000001', now() FROM generate_series(1, 2) i`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
+	if err != nil || len(res.Rows) != 2 {
+		t.Fatalf("claimed %d events: %v", len(res.Rows), err)
+	}
+	routed, err := c.Route(ctx, res.Rows, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, d := range routed.Deliveries {
+		got[string(d.Payload)]++
+	}
+	if want := map[string]int{`{"n":1}`: 2, `{"n":2}`: 2}; !maps.Equal(got, want) {
+		t.Errorf("payloads of the deliveries %v, want %v: each event's own, to both endpoints", got, want)
 	}
 }
