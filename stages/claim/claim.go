@@ -469,6 +469,10 @@ func (s Snapshot) Sees(xid uint64) bool {
 	return !slices.Contains(s.xip, xid)
 }
 
+// Xmin returns the oldest transaction still in progress when the snapshot was taken (every
+// transaction below it had ended); 0 for the zero Snapshot.
+func (s Snapshot) Xmin() uint64 { return s.xmin }
+
 // InProgress returns the transactions in progress when the snapshot was taken (do not modify
 // it). After the claim that confirms the dispatcher is armed, these are the only producers
 // that may have read the NOTIFY switch before it was set and may still commit without a

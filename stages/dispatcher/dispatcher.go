@@ -609,6 +609,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		backoff = 0
 		d.stats.Claims.Add(1)
 		d.endpoints.version.Store(res.EndpointsVersion)
+		d.endpoints.xmin.Store(res.Snapshot.Xmin())
 		d.afterClaim(&ordering, res)
 		d.metrics.claimRows.Observe(float64(len(rows)))
 		full := len(rows) == limit

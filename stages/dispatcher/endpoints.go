@@ -50,12 +50,22 @@ type managed struct {
 // CLI, bumps it) or when a previous secret's grace ends.
 type endpointCache struct {
 	// version is the endpoints' version the claiming loop saw last; loaded the one the
-	// cache holds.
+	// cache holds. xmin is the last claim's snapshot's xmin (claim.Snapshot.Xmin).
 	version atomic.Int64
+	xmin    atomic.Uint64
 	mu      sync.Mutex
 	loaded  int64
-	reload  time.Time // when a grace ends; zero: none pending
-	byID    map[string]*managed
+	// confirmed says the cache holds every change up to the version loaded, so that events
+	// may be routed by it (routeInMemory). The version is a sequence, bumped by the changing
+	// transaction before it commits: a load may see the new version and the old rows, and
+	// would keep them until the next change. So after a load for a new version the cache is
+	// loaded once more, confirming it, as soon as a claim's snapshot shows that every
+	// transaction that could have bumped the version has ended (its xmin has reached
+	// confirmAfter, the xmax of a snapshot taken after the version was read).
+	confirmed    bool
+	confirmAfter uint64
+	reload       time.Time // when a grace ends; zero: none pending
+	byID         map[string]*managed
 	// ordered: some enabled endpoint orders its streams.
 	ordered bool
 	// enabledAt remembers which endpoints were enabled at the previous load, to dead-letter
@@ -70,10 +80,21 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 	c := &d.endpoints
 	want := c.version.Load()
 	c.mu.Lock()
-	stale := want != c.loaded || !c.reload.IsZero() && time.Now().After(c.reload)
+	moved := want != c.loaded
+	confirming := !moved && !c.confirmed && c.confirmAfter != 0 && c.xmin.Load() >= c.confirmAfter
+	stale := moved || confirming || !c.reload.IsZero() && time.Now().After(c.reload)
 	c.mu.Unlock()
 	if !stale {
 		return
+	}
+	var after uint64
+	if moved {
+		// Taken after the claim read want: every transaction that bumped the version up to
+		// want had its id by then, below this xmax.
+		if err := d.pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`).Scan(&after); err != nil {
+			d.log.Warn("loading endpoints failed; deliveries to them wait", zap.Error(err))
+			return
+		}
 	}
 	list, errs, err := endpoints.LoadAll(ctx, d.pool, d.cipher)
 	if err != nil {
@@ -127,11 +148,26 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 	}
 	c.mu.Lock()
 	c.byID, c.loaded, c.reload, c.ordered = byID, want, reload, ordered
+	switch {
+	case moved:
+		c.confirmed, c.confirmAfter = false, after
+	case confirming:
+		c.confirmed = true
+	}
 	c.enabledAt = make(map[string]bool, len(byID))
 	for id, m := range byID {
 		c.enabledAt[id] = m.ep.Enabled
 	}
 	c.mu.Unlock()
+	if moved {
+		// Usually every transaction that could have bumped the version has ended by now:
+		// confirm at once rather than route the next batches by statement.
+		var xmin uint64
+		if err := d.pool.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&xmin); err == nil && xmin >= after {
+			storeMax(&c.xmin, xmin)
+			defer d.refreshEndpoints(ctx)
+		}
+	}
 	// Changes of state this instance observed, whoever made them (the CLI, SQL, a 410 seen by
 	// any instance): each logged and counted once per instance that sees it.
 	for _, m := range disabled {
@@ -237,7 +273,7 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 // stages/claim against the anchored settle: 20 → 10 µs of PostgreSQL CPU per delivery).
 //
 // Left to the statement, whose rules cover them: every event when the cache is not at the
-// version the claim saw; an event WEBHOOK_URL keeps; one that matches no endpoint (it is
+// version the claim saw, or not yet confirmed at it (see endpointCache.confirmed); an event WEBHOOK_URL keeps; one that matches no endpoint (it is
 // recorded as such); one going to an endpoint that orders streams; and a tenant or
 // endpoint tenant stored as the empty string rather than NULL.
 func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest []*delivery.Delivery, routed int) {
@@ -246,7 +282,7 @@ func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest [
 	}
 	c := &d.endpoints
 	c.mu.Lock()
-	fresh := c.loaded == c.version.Load() && (c.reload.IsZero() || time.Now().Before(c.reload))
+	fresh := c.confirmed && c.loaded == c.version.Load() && (c.reload.IsZero() || time.Now().Before(c.reload))
 	eps := make([]*managed, 0, len(c.byID))
 	for _, m := range c.byID {
 		if m.ep.Enabled {
@@ -559,4 +595,13 @@ func (d *Dispatcher) deadLetterPending(ctx context.Context, id, reason string) {
 func isInsufficientPrivilege(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "42501"
+}
+
+// storeMax sets a to v unless it already holds more.
+func storeMax(a *atomic.Uint64, v uint64) {
+	for old := a.Load(); old < v; old = a.Load() {
+		if a.CompareAndSwap(old, v) {
+			return
+		}
+	}
 }

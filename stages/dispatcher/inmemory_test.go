@@ -358,3 +358,43 @@ func TestInMemoryRefusedEventStaysAlone(t *testing.T) {
 		t.Errorf("%d stale outcomes, want none", s)
 	}
 }
+
+// The endpoints' version is a sequence, bumped by a changing transaction before it commits: a
+// dispatcher that reloads its endpoints meanwhile sees the new version with the old rows. It
+// must not route by them once the change has committed: here an endpoint moves from tenant
+// acme to globex in a transaction that stays open while the dispatcher routes an event (and
+// reloads); after the commit, acme's events no longer reach it, and globex's do.
+func TestInMemoryRoutingWaitsForTheEndpointChangeToCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Tenant: "acme"})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET tenant = 'globex' WHERE id = $1`, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	before := b.enqueue(outbox.Event{Tenant: "acme"}) // the change is not committed: still acme's
+	eventually(t, 10*time.Second, "acme's event before the change commits", func() bool { return c.received() == 1 })
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := b.enqueue(outbox.Event{Tenant: "acme"})
+	globex := b.enqueue(outbox.Event{Tenant: "globex"})
+	b.waitSettled(10 * time.Second)
+	got := c.byDelivery()
+	if len(got[before]) != 1 || len(got[after]) != 0 || len(got[globex]) != 1 {
+		t.Errorf("the endpoint got acme's event before the commit %d times (want 1), acme's after it %d (want 0), globex's %d (want 1)",
+			len(got[before]), len(got[after]), len(got[globex]))
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1 AND error = 'no endpoint matched'`, after); n != 1 {
+		t.Errorf("acme's event after the change is not recorded as matching no endpoint")
+	}
+}
