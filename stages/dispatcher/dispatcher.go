@@ -102,6 +102,8 @@ type Stats struct {
 	// Stale counts outcomes settle refused: the lease had run out and another claim held
 	// the row.
 	Stale atomic.Int64
+	// RoutedInMemory counts the events routed from the endpoint cache (routeInMemory).
+	RoutedInMemory atomic.Int64
 }
 
 // New validates cfg and builds the stages. Nothing touches the database until Start.

@@ -228,6 +228,8 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 		d.slots.Take(len(virtual))
 		d.slots.Release(routed)
 		d.stats.Claimed.Add(int64(len(virtual)))
+		d.stats.RoutedInMemory.Add(int64(routed))
+		d.metrics.routed.WithLabelValues("memory").Add(float64(routed))
 	}
 	if len(events) == 0 {
 		return out
@@ -250,6 +252,7 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 			out = append(out, del)
 		}
 	}
+	d.metrics.routed.WithLabelValues("statement").Add(float64(len(events) - res.Unrouted))
 	d.stampSendBy(res.Deliveries, start) // the routing statement leased the new rows
 	out = append(out, res.Deliveries...)
 	d.slots.Take(len(res.Deliveries))

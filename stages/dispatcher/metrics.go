@@ -41,6 +41,7 @@ type metrics struct {
 	claimErrors      prometheus.Counter
 	staleSettles     prometheus.Counter
 	unrouted         prometheus.Counter
+	routed           *prometheus.CounterVec
 	endpointChanges  *prometheus.CounterVec
 	alreadyDelivered prometheus.Counter
 }
@@ -91,6 +92,8 @@ func newMetrics(d *Dispatcher) *metrics {
 		Help: "Deliveries settled delivered because the consumer answered 409 Conflict to a delivery id it already had (WEBHOOK_409_DELIVERED); also counted in deliveries_total{outcome=\"delivered\"}."})
 	m.unrouted = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "unrouted_total",
 		Help: "Events that matched no endpoint and had no default consumer (recorded in the delivery log as 'no endpoint matched')."})
+	m.routed = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "events_routed_total",
+		Help: "Events routed to managed endpoints, by how: memory (from the endpoint cache, no statement; the event's row holds its deliveries until their first settle) or statement (route.sql, a row per delivery)."}, []string{"by"})
 	m.endpointChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "endpoint_lifecycle_total",
 		Help: "Managed endpoints' changes of state this instance observed, by change: disabled (a 410 Gone, failing for WEBHOOK_ENDPOINT_DISABLE_AFTER, or an operator), enabled."}, []string{"change"})
 	m.staleSettles = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "stale_settles_total",
@@ -101,7 +104,7 @@ func newMetrics(d *Dispatcher) *metrics {
 		Help: "The most rows this instance holds in flight (WEBHOOK_MAX_IN_FLIGHT)."}, func() float64 { return float64(d.slots.Size()) })
 	m.reg.MustRegister(m.deliveries, m.attemptSeconds, m.endToEndSeconds, m.retries, m.deadLetters, m.deferrals,
 		m.released, m.failOpen, m.storeRoundTrips, m.transitions, m.reconnects, m.wakeups, m.claimRows, m.settleRows, m.settleErrors,
-		m.claimErrors, m.staleSettles, m.unrouted, m.endpointChanges, m.alreadyDelivered, inFlight, capacity, &backlogCollector{d: d},
+		m.claimErrors, m.staleSettles, m.unrouted, m.routed, m.endpointChanges, m.alreadyDelivered, inFlight, capacity, &backlogCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.preinitialise()
 	return m

@@ -26,7 +26,10 @@
 WITH input AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $8::bigint[], $12::int[]) AS t(id, token, new_token, n)
 ), deliveries AS (
-    SELECT * FROM unnest($4::bigint[], $5::uuid[], $6::smallint[], $7::int[], $10::int[], $11::text[])
+    -- The endpoint ids come as text and are cast here: pgx parsing them into uuids on the
+    -- client was 3% of the dispatcher's CPU in the fanout bench.
+    SELECT new_token, endpoint_id::uuid AS endpoint_id, delivered, status, duration_ms, error
+    FROM unnest($4::bigint[], $5::text[], $6::smallint[], $7::int[], $10::int[], $11::text[])
         AS t(new_token, endpoint_id, delivered, status, duration_ms, error)
 ), ev AS (
     DELETE FROM webhook_outbox o
