@@ -277,7 +277,8 @@ func (d *Dispatcher) route(ctx context.Context, batch []*delivery.Delivery) []*d
 //
 // Left to the statement, whose rules cover them: every event when the cache is not at the
 // version the claim saw, or not yet confirmed at it (see endpointCache.confirmed); an event WEBHOOK_URL keeps; one that matches no endpoint (it is
-// recorded as such); one going to an endpoint that orders streams; and a tenant or
+// recorded as such); every event while an enabled endpoint (or WEBHOOK_ORDERING) orders
+// streams; and a tenant or
 // endpoint tenant stored as the empty string rather than NULL.
 func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest []*delivery.Delivery, routed int) {
 	if !d.inMemory.Load() {
@@ -285,7 +286,11 @@ func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest [
 	}
 	c := &d.endpoints
 	c.mu.Lock()
-	fresh := c.confirmed && c.loaded == c.version.Load() && (c.reload.IsZero() || time.Now().Before(c.reload))
+	// With an ordering endpoint (or WEBHOOK_ORDERING=stream), every event goes by statement:
+	// an event routed in memory keeps its row until its first settle, and the claim's head
+	// check takes such a row for an event not yet routed, which would hold its stream's
+	// ordered deliveries back meanwhile.
+	fresh := c.confirmed && !c.ordered && !d.cfg.Ordering && c.loaded == c.version.Load() && (c.reload.IsZero() || time.Now().Before(c.reload))
 	eps := make([]*managed, 0, len(c.byID))
 	for _, m := range c.byID {
 		if m.ep.Enabled {
@@ -307,21 +312,14 @@ func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest [
 			continue
 		}
 		matched = matched[:0]
-		ordered := false
 		for _, m := range eps {
 			if m.ep.EmptyTenant || m.ep.Tenant != ev.Tenant || m.ep.CreatedAt.After(ev.EnqueuedAt) ||
 				!endpoints.Matches(m.ep.EventTypes, ev.EventType) {
 				continue
 			}
-			// route.sql orders an event with any stream_id, the empty string included,
-			// which the claim does not tell from NULL: the statement routes them all.
-			if m.ep.Ordering == "stream" {
-				ordered = true
-				break
-			}
 			matched = append(matched, m)
 		}
-		if ordered || len(matched) == 0 {
+		if len(matched) == 0 {
 			rest = append(rest, ev)
 			continue
 		}
