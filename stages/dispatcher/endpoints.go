@@ -68,6 +68,9 @@ type endpointCache struct {
 	byID         map[string]*managed
 	// ordered: some enabled endpoint orders its streams.
 	ordered bool
+	// enabled are the enabled endpoints by id, in route.sql's order of an event's deliveries
+	// (routeInMemory's list, built once per load).
+	enabled []*managed
 	// enabledAt remembers which endpoints were enabled at the previous load, to dead-letter
 	// the pending deliveries of one that has just been disabled.
 	enabledAt map[string]bool
@@ -146,8 +149,15 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 	if ordered {
 		d.ensureStreamIndex()
 	}
+	routable := make([]*managed, 0, len(byID))
+	for _, m := range byID {
+		if m.ep.Enabled {
+			routable = append(routable, m)
+		}
+	}
+	slices.SortFunc(routable, func(a, b *managed) int { return strings.Compare(a.ep.ID, b.ep.ID) })
 	c.mu.Lock()
-	c.byID, c.loaded, c.reload, c.ordered = byID, want, reload, ordered
+	c.byID, c.loaded, c.reload, c.ordered, c.enabled = byID, want, reload, ordered, routable
 	switch {
 	case moved:
 		c.confirmed, c.confirmAfter = false, after
@@ -291,18 +301,11 @@ func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest [
 	// check takes such a row for an event not yet routed, which would hold its stream's
 	// ordered deliveries back meanwhile.
 	fresh := c.confirmed && !c.ordered && !d.cfg.Ordering && c.loaded == c.version.Load() && (c.reload.IsZero() || time.Now().Before(c.reload))
-	eps := make([]*managed, 0, len(c.byID))
-	for _, m := range c.byID {
-		if m.ep.Enabled {
-			eps = append(eps, m)
-		}
-	}
+	eps := c.enabled // replaced, never modified, by a load
 	c.mu.Unlock()
 	if !fresh {
 		return nil, events, 0
 	}
-	// route.sql's order: an event's deliveries by endpoint id.
-	slices.SortFunc(eps, func(a, b *managed) int { return strings.Compare(a.ep.ID, b.ep.ID) })
 	keepDefault := d.cfg.DefaultURL != ""
 	rest = events[:0:0]
 	var matched []*managed

@@ -62,11 +62,7 @@ func TestInMemoryRoutingProperty(t *testing.T) {
 				WHERE id = $1`, lateEP.ID); err != nil {
 				t.Fatal(err)
 			}
-			b.addWarmUp()
-			cfg := b.config("")
-			cfg.EncryptionKey = testKey
-			d := b.start(cfg)
-			b.warmUp(d)
+			d := b.startInMemory()
 			inMemory := d.Stats().RoutedInMemory.Load()
 			type ev struct{ tenant, typ string }
 			events := map[string]ev{}
@@ -144,10 +140,7 @@ func TestInMemorySlowDeliveryGetsARow(t *testing.T) {
 	slowEP := b.addEndpoint(endpoints.New{URL: slow.URL()})
 	b.addEndpoint(endpoints.New{URL: fast1.URL()})
 	b.addEndpoint(endpoints.New{URL: fast2.URL()})
-	b.addWarmUp()
-	cfg := b.config("")
-	cfg.EncryptionKey = testKey
-	b.warmUp(b.start(cfg))
+	b.startInMemory()
 	id := b.enqueue(outbox.Event{})
 	eventually(t, 10*time.Second, "the slow delivery to get a leased row of its own, the event's row gone", func() bool {
 		return b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND endpoint_id = $2 AND leased_by IS NOT NULL`, id, slowEP.ID) == 1 &&
@@ -182,10 +175,7 @@ func TestInMemoryFailedDeliveryIsRetried(t *testing.T) {
 	ok := newConsumer(t, nil)
 	b.addEndpoint(endpoints.New{URL: flaky.URL()})
 	b.addEndpoint(endpoints.New{URL: ok.URL()})
-	b.addWarmUp()
-	cfg := b.config("")
-	cfg.EncryptionKey = testKey
-	b.warmUp(b.start(cfg))
+	b.startInMemory()
 	id := b.enqueue(outbox.Event{})
 	eventually(t, 10*time.Second, "the retry's success", func() bool { return flaky.received() == 2 })
 	b.waitSettled(10 * time.Second)
@@ -336,13 +326,7 @@ func (b *bundle) traceDeliveryRows() {
 func TestInMemoryRefusedEventStaysAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	if _, err := b.pool.Exec(context.Background(), `
-		CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'poison delivery'; END $$;
-		CREATE TRIGGER refuse_poison BEFORE INSERT ON webhook_delivery_log
-			FOR EACH ROW WHEN (NEW.event_type = 'poison' AND NEW.endpoint_id IS NOT NULL) EXECUTE FUNCTION refuse_poison();`); err != nil {
-		t.Fatal(err)
-	}
+	sqltest.RefuseSettles(t, b.db, "NEW.event_type = 'poison' AND NEW.endpoint_id IS NOT NULL")
 	c1, c2 := newConsumer(t, nil), newConsumer(t, nil)
 	b.addEndpoint(endpoints.New{URL: c1.URL()})
 	b.addEndpoint(endpoints.New{URL: c2.URL()})
@@ -350,11 +334,7 @@ func TestInMemoryRefusedEventStaysAlone(t *testing.T) {
 	for i := range 5 {
 		evs = append(evs, outbox.Event{EventType: "good", Payload: map[string]any{"n": i}})
 	}
-	b.addWarmUp()
-	cfg := b.config("")
-	cfg.EncryptionKey = testKey
-	d := b.start(cfg)
-	b.warmUp(d)
+	d := b.startInMemory()
 	if n, err := outbox.EnqueueMany(context.Background(), b.pool, evs); err != nil || n != int64(len(evs)) {
 		t.Fatalf("EnqueueMany = %d, %v", n, err)
 	}
@@ -416,6 +396,18 @@ func TestInMemoryRoutingWaitsForTheEndpointChangeToCommit(t *testing.T) {
 	if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1 AND error = 'no endpoint matched'`, after); n != 1 {
 		t.Errorf("acme's event after the change is not recorded as matching no endpoint")
 	}
+}
+
+// startInMemory starts a dispatcher without WEBHOOK_URL, the endpoints' secrets sealed with
+// testKey, and returns once it routes events in memory (addWarmUp, then warmUp).
+func (b *bundle) startInMemory() *dispatcher.Dispatcher {
+	b.t.Helper()
+	b.addWarmUp()
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	d := b.start(cfg)
+	b.warmUp(d)
+	return d
 }
 
 // addWarmUp adds an endpoint of the tenant "warm-up" for warmUp; before the dispatcher starts,

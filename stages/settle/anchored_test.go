@@ -100,13 +100,7 @@ func TestSettleAnchoredTellsTwoClaimsOfOneEventApart(t *testing.T) {
 func TestSettleAnchoredRefusedEventBecomesRows(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
-	if _, err := db.Pool.Exec(context.Background(), `
-		CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'poison delivery'; END $$;
-		CREATE TRIGGER refuse_poison BEFORE INSERT ON webhook_delivery_log
-			FOR EACH ROW WHEN (NEW.event_type = 'poison' AND NEW.endpoint_id IS NOT NULL) EXECUTE FUNCTION refuse_poison();`); err != nil {
-		t.Fatal(err)
-	}
+	sqltest.RefuseSettles(t, db, "NEW.event_type = 'poison' AND NEW.endpoint_id IS NOT NULL")
 	s := settle.New(db.Pool, settle.Config{InstanceID: "me"})
 	good := leased(t, db, "good", 1)[0]
 	bad := leased(t, db, "poison", 1)[0]
