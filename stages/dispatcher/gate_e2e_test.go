@@ -455,8 +455,10 @@ func TestRestartedDispatcherSeesTheBreaker(t *testing.T) {
 		}
 	})
 	// Long enough for A to stop and B to start and claim well before the reset on a loaded
-	// machine; the assertions below depend on B acting while the circuit is still open.
-	const reset = 4 * time.Second
+	// machine; the assertions below depend on B acting while the circuit is still open. (4 s
+	// was not always enough under a full `.ci/run`: B's first claim came after the reset, its
+	// backlog went out as the probe, and no row was ever deferred for the open circuit.)
+	const reset = 8 * time.Second
 	newDispatcher := func(trans *transitions) (*dispatcher.Dispatcher, *observedGate) {
 		cfg := b.config(c.URL())
 		cfg.RetrySchedule = slices.Repeat([]time.Duration{100 * time.Millisecond}, 6)
@@ -498,7 +500,7 @@ func TestRestartedDispatcherSeesTheBreaker(t *testing.T) {
 	ids = append(ids, backlog...)
 	// B learns the open state from Redis with its first deferral; rows it claims afterwards
 	// are skipped by its claims until the reset rather than deferred one by one.
-	eventually(t, 10*time.Second, "dispatcher B to defer a new row for the open circuit", func() bool {
+	eventually(t, time.Until(opened.Add(reset)), "dispatcher B to defer a new row for the open circuit before the reset", func() bool {
 		for _, d := range gb.deferrals() {
 			if d.reason == gate.DeferOpen.String() && contains(backlog, d.deliveryID) {
 				return true

@@ -432,3 +432,48 @@ func (b *bundle) warmUp(d *dispatcher.Dispatcher) {
 		b.waitSettled(10 * time.Second)
 	}
 }
+
+// An endpoint removed while one of its deliveries, routed in memory, is in flight: the
+// delivery has no row yet, so removal (refusing while deliveries are pending) sees nothing
+// pending and goes ahead; the delivery, failed, gets its row at the settle and is
+// dead-lettered at its next attempt, "endpoint ... was removed", instead of retried for the
+// schedule's days; the event's other endpoint gets it once.
+func TestInMemoryDeliveryOfARemovedEndpoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	answer := make(chan struct{})
+	doomed := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		select {
+		case <-answer:
+		case <-a.Ctx.Done():
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	ok := newConsumer(t, nil)
+	doomedEP := b.addEndpoint(endpoints.New{URL: doomed.URL()})
+	b.addEndpoint(endpoints.New{URL: ok.URL()})
+	d := b.startInMemory()
+	routed := d.Stats().RoutedInMemory.Load()
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the request to the endpoint being removed", func() bool { return doomed.received() == 1 })
+	if got := d.Stats().RoutedInMemory.Load(); got != routed+1 {
+		t.Fatalf("%d events routed in memory since the warm-up, want the one", got-routed)
+	}
+	removed, err := endpoints.Remove(context.Background(), b.pool, doomedEP.ID, endpoints.PendingRefuse)
+	if err != nil {
+		t.Fatalf("removing the endpoint while its delivery is in memory: %v", err)
+	}
+	if removed != (endpoints.Removed{}) {
+		t.Errorf("removal found %+v pending, want nothing: the delivery has no row yet", removed)
+	}
+	close(answer)
+	b.waitSettled(10 * time.Second)
+	_, attempts, reason := b.deadLetter(id)
+	// Attempts is the attempt the row was due for (2), which was never made.
+	if want := "endpoint " + doomedEP.ID + " was removed"; reason != want || attempts != 2 {
+		t.Errorf("dead letter at attempt %d, reason %q; want attempt 2, %q", attempts, reason, want)
+	}
+	if doomed.received() != 1 || ok.received() != 1 {
+		t.Errorf("arrivals: removed endpoint %d, other %d; want one each", doomed.received(), ok.received())
+	}
+}

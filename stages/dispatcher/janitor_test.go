@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/fluxora/fluxhook/sql/outbox"
 )
 
 // TestJanitorPrunesOldProcessedRows checks the janitor's wiring in a running dispatcher: the
@@ -52,5 +54,30 @@ func TestJanitorPrunesOldProcessedRows(t *testing.T) {
 	}
 	if c.received() != 0 {
 		t.Errorf("the consumer got %d requests, want none", c.received())
+	}
+}
+
+// TestFirstSettleLandsInADatedPartition: a dispatcher started on a database whose delivery log
+// has no partition for now yet (a fresh install) creates it before its first settle: nothing
+// is written to the default partition, which the next maintenance would have to empty again.
+func TestFirstSettleLandsInADatedPartition(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if n := b.count(`SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = 'webhook_delivery_log'::regclass AND c.relname <> 'webhook_delivery_log_default'`); n != 0 {
+		t.Fatalf("the fresh database has %d dated partitions of the log, want none", n)
+	}
+	const events = 20
+	for range events {
+		b.enqueue(outbox.Event{})
+	}
+	c := newConsumer(t, nil)
+	b.start(b.config(c.URL()))
+	b.waitSettled(15 * time.Second)
+	if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE status_code = 200`); n != events {
+		t.Fatalf("%d delivered rows in the log, want %d", n, events)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_delivery_log_default`); n != 0 {
+		t.Errorf("%d rows settled into the default partition, want none", n)
 	}
 }
