@@ -441,21 +441,26 @@ func (b *bundle) warmUp(d *dispatcher.Dispatcher) {
 func TestInMemoryDeliveryOfARemovedEndpoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	// Both endpoints answer only after the removal: the first settle of any of the event's
+	// deliveries gives the others still in flight rows of their own.
 	answer := make(chan struct{})
-	doomed := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+	wait := func(a arrival) {
 		select {
 		case <-answer:
 		case <-a.Ctx.Done():
 		}
+	}
+	doomed := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		wait(a)
 		w.WriteHeader(http.StatusServiceUnavailable)
 	})
-	ok := newConsumer(t, nil)
+	ok := newConsumer(t, func(a arrival, w http.ResponseWriter) { wait(a) })
 	doomedEP := b.addEndpoint(endpoints.New{URL: doomed.URL()})
 	b.addEndpoint(endpoints.New{URL: ok.URL()})
 	d := b.startInMemory()
 	routed := d.Stats().RoutedInMemory.Load()
 	id := b.enqueue(outbox.Event{})
-	eventually(t, 10*time.Second, "the request to the endpoint being removed", func() bool { return doomed.received() == 1 })
+	eventually(t, 10*time.Second, "both requests", func() bool { return doomed.received() == 1 && ok.received() == 1 })
 	if got := d.Stats().RoutedInMemory.Load(); got != routed+1 {
 		t.Fatalf("%d events routed in memory since the warm-up, want the one", got-routed)
 	}
