@@ -14,7 +14,8 @@ package main
 // 3 min 43 s, about 4,500 events/s, on a 2-core machine; 4 min 20 s in all).
 //
 // Redis stopped and restarted under load is a case of its own, in fault_redis_test.go
-// (TestFaultRedisRestartUnderLoad).
+// (TestFaultRedisRestartUnderLoad); so is SIGKILL under a fan-out to managed endpoints routed
+// in memory, in fault_fanout_test.go (TestFaultSIGKILLUnderLoadFanOut).
 
 import (
 	"context"

@@ -190,8 +190,11 @@ func TestOpenCircuitRowsAreNotClaimed(t *testing.T) {
 	// The failure opens the circuit; its retry, due 50 ms later, is deferred for it: from
 	// then on the instance skips the endpoint.
 	b.enqueue(outbox.Event{})
+	// The counter too: it moves after the instance noted the gated endpoint, which the
+	// database's row precedes (on a loaded machine, long enough for a claim in between).
 	eventually(t, 10*time.Second, "the retry deferred for the open circuit", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE deferred_reason = 'circuit breaker open'`) == 1
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE deferred_reason = 'circuit breaker open'`) == 1 &&
+			d.Stats().Deferred.Load() == 1
 	})
 	deferred := d.Stats().Deferred.Load()
 	claims := d.Stats().Claims.Load()

@@ -73,24 +73,31 @@ func TestSteadyTrafficStopsTheNotifications(t *testing.T) {
 	// A window is steady when the producer ran at half its rate or more and the dispatcher
 	// kept up (less than 100 ms of events behind at its end): a dispatcher behind claims
 	// full batches, busy, and does not pace.
-	steady := false
+	// A claim that finds half a batch or more is a drain's and keeps pacing from starting
+	// (trickleRate.observe): on a machine loaded enough that the dispatcher falls tens of
+	// milliseconds behind now and then, steady windows come only here and there, and pacing
+	// may never start. Ten seconds of them without a single paced claim is a failure.
+	const enoughSteady = 20
+	steady := 0
 	for {
 		n0, p0, c0 := notifies(), produced.Load(), paces()
 		time.Sleep(500 * time.Millisecond) // a measurement window, not a wait for a condition
 		n1, p1, c1 := notifies(), produced.Load(), paces()
 		ok := p1-p0 >= rate/4 && p1-int64(c.received()) < rate/10
-		steady = steady || ok
+		if ok {
+			steady++
+		}
 		if ok && n1 == n0 && c1-c0 >= 50 {
 			break
 		}
 		if time.Now().After(deadline) {
-			if !steady {
-				// The premise, steady traffic at pacing rates that the dispatcher keeps up
-				// with, never held: a machine this loaded says nothing about pacing.
-				t.Skipf("in 60 s the machine never let the producer reach %d events/s with the dispatcher keeping up; nothing to judge", rate/2)
+			if c1 == 0 && steady >= enoughSteady {
+				t.Fatalf("after %d steady half seconds the dispatcher never paced a claim (in the last half second %v NOTIFYs for %d events)", steady, n1-n0, p1-p0)
 			}
 			if c1 == 0 {
-				t.Fatalf("after 60 s of steady traffic the dispatcher never paced a claim (in the last half second %v NOTIFYs for %d events)", n1-n0, p1-p0)
+				// The premise, steady traffic at pacing rates that the dispatcher keeps up
+				// with, held too rarely: a machine this loaded says nothing about pacing.
+				t.Skipf("in 60 s the machine let the producer reach %d events/s with the dispatcher keeping up in %d half seconds of 120; nothing to judge", rate/2, steady)
 			}
 			// It paced, but pauses of a loaded machine (the suite under -race) kept ending
 			// it, and each end sets the switch for 3 s: the quiet half second is a quiet
