@@ -482,3 +482,32 @@ func TestInMemoryDeliveryOfARemovedEndpoint(t *testing.T) {
 		t.Errorf("arrivals: removed endpoint %d, other %d; want one each", doomed.received(), ok.received())
 	}
 }
+
+// Start warms the settle statements up (see warmSettle) without a warning, with endpoints
+// routed in memory and without endpoints, and the warm-up delivers nothing by itself.
+func TestStartWarmsTheSettleStatementsUp(t *testing.T) {
+	t.Parallel()
+	for _, withEndpoints := range []bool{true, false} {
+		t.Run(fmt.Sprint("endpoints ", withEndpoints), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			c := newConsumer(t, nil)
+			url := c.URL()
+			if withEndpoints {
+				b.addEndpoint(endpoints.New{URL: c.URL()})
+				url = ""
+			}
+			cfg, logs := b.observedConfig(url, zapcore.WarnLevel)
+			cfg.EncryptionKey = testKey
+			b.start(cfg)
+			id := b.enqueue(outbox.Event{})
+			b.waitSettled(10 * time.Second)
+			if got := c.arrivals(); len(got) != 1 || got[0].DeliveryID != id {
+				t.Errorf("the consumer got %d requests, want the one event", len(got))
+			}
+			for _, e := range logs.All() {
+				t.Errorf("logged at %s: %s %v", e.Level, e.Message, e.ContextMap())
+			}
+		})
+	}
+}

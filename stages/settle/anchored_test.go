@@ -122,3 +122,37 @@ func TestSettleAnchoredRefusedEventBecomesRows(t *testing.T) {
 		t.Errorf("new rows %v, want the poison event's 2", res.Rows)
 	}
 }
+
+// Warm runs both settle statements with nothing to settle: no error, nothing written, the
+// leased rows of this instance untouched; and afterwards they settle as usual.
+func TestWarmWritesNothing(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	s := settle.New(db.Pool, settle.Config{InstanceID: "me"})
+	rows := leased(t, db, "e", 3)
+	anchoredEndpoints(t, db, 2)
+	snapshot := func() string {
+		var got string
+		if err := db.Pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(id || ':' || leased_by || ':' || lease_token || ':' ||
+			lease_until || ':' || attempt || ':' || created_at, ',' ORDER BY id), '') FROM webhook_outbox`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	before := snapshot()
+	for _, anchored := range []bool{true, false} {
+		if err := s.Warm(context.Background(), anchored); err != nil {
+			t.Fatalf("Warm(anchored %v): %v", anchored, err)
+		}
+	}
+	if after := snapshot(); after != before {
+		t.Errorf("the queue changed:\n%s\nwant\n%s", after, before)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_delivery_log`) + count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Errorf("%d rows written to the log or the dead letters", n)
+	}
+	rows[0].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+	if res, err := s.Settle(context.Background(), rows[:1]); err != nil || res.Settled != 1 {
+		t.Errorf("Settle after Warm = %+v, %v; want the row settled", res, err)
+	}
+}
