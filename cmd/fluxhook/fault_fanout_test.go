@@ -17,7 +17,7 @@ import (
 // events the victim held may reach an endpoint twice.
 func TestFaultSIGKILLUnderLoadFanOut(t *testing.T) {
 	t.Parallel()
-	const events = 3 * faultRate // 3 s of load, 1,800 deliveries
+	const events = 5 * faultRate // 5 s of load, 3,000 deliveries
 	db := sqltest.NewMigrated(t)
 	var consumers []*hookConsumer
 	var endpointIDs []string
@@ -40,23 +40,37 @@ func TestFaultSIGKILLUnderLoadFanOut(t *testing.T) {
 	}
 	victim := startServe(t, "victim serve", env("fluxhook-victim"))
 	survivor := startServe(t, "survivor serve", env("fluxhook-survivor"))
-	victimID := victim.instanceID()
+	victimID, victimMetrics := victim.instanceID(), victim.metricsAddr()
 	both := []*serveProc{victim, survivor}
 
 	prod := startProducer(t, db.Pool, events, faultRate, loadEvent)
-	// Events the victim routed in memory and has not settled any delivery of: their rows are
-	// still the events' own (no endpoint), leased to it.
+	// Events the victim claimed (and routed in memory, or is about to) and has not settled
+	// any delivery of: their rows are still the events' own (no endpoint), leased to it.
 	heldInMemory := func() int {
 		return queryInt(t, db, `SELECT count(*) FROM webhook_outbox WHERE leased_by = $1 AND endpoint_id IS NULL
 			AND routed_at IS NULL AND lease_until > now() + interval '1 second'`, victimID)
 	}
-	waitAll(t, faultWait, "the victim to deliver under load and hold events routed in memory", both, func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM webhook_delivery_log WHERE leased_by = $1 AND endpoint_id IS NOT NULL`, victimID) >= 30 &&
-			heldInMemory() >= 2
+	waitAll(t, faultWait, "the victim to deliver under load", both, func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM webhook_delivery_log WHERE leased_by = $1 AND endpoint_id IS NOT NULL`, victimID) >= 30
 	})
 	if n := prod.produced(); n >= events {
 		t.Fatalf("the producer had finished (%d events) before the kill; the kill must strike under load", n)
 	}
+	if n := scrapeMetric(t, victimMetrics, `fluxora_webhook_events_routed_total{by="memory"}`); n == 0 {
+		t.Fatal("the victim routed no event in memory before the kill")
+	}
+	// What it holds, taken before the kill as well as after: after, its leases may have run
+	// out (the survivor claims them again) by the time its sessions are gone.
+	leasedByVictim := func() []string {
+		return queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_outbox WHERE leased_by = $1`, victimID)
+	}
+	// Struck the moment it holds some (they settle within about 50 ms).
+	var inMemoryAtKill int
+	pollUntil(t, faultWait, "the victim to hold events routed in memory", func() bool {
+		inMemoryAtKill = heldInMemory()
+		return inMemoryAtKill > 0
+	})
+	inFlight := idSet(leasedByVictim())
 	victim.kill()
 	if code := victim.waitExit(5 * time.Second); code != -1 {
 		t.Fatalf("victim exited with %d after SIGKILL, want death by signal", code)
@@ -66,10 +80,8 @@ func TestFaultSIGKILLUnderLoadFanOut(t *testing.T) {
 			WHERE datname = current_database() AND application_name = 'fluxhook-victim'`) == 0
 	})
 	// The events it held, routed in memory or as delivery rows: the only ones that may arrive twice.
-	inFlight := idSet(queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_outbox WHERE leased_by = $1`, victimID))
-	inMemoryAtKill := heldInMemory()
-	if inMemoryAtKill == 0 {
-		t.Errorf("the killed instance held no event routed in memory: the kill struck nothing this case is about")
+	for id := range idSet(leasedByVictim()) {
+		inFlight[id] = true
 	}
 
 	ids := prod.wait(t, faultWait)

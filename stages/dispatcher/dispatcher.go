@@ -300,10 +300,11 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 			zap.String("grant", "GRANT USAGE ON SEQUENCE webhook_outbox_id_seq TO <the dispatcher's role>"))
 	}
 	d.refreshEndpoints(ctx)
-	d.warmSettle(ctx)
 	// The log's partitions for the next minutes exist before the first settle, so that it
 	// does not land in the default partition.
 	d.maintainLog(ctx)
+	// After the partitions: creating one invalidates what the warm-up leaves.
+	d.warmSettle(ctx)
 	var connects atomic.Int64
 	d.waker = wake.New(wake.Config{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, listenCfg) },
@@ -1040,31 +1041,33 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 	}
 }
 
-// warmSettle plans the statements of the first settle before the first claim. Cold, on a
-// machine busy with the first batch's requests, the first settle of the fan-out bench took
-// 111-142 ms, every slot of the pipeline waiting for it; warmed, 26-27 ms, for 17-23 ms more
-// before the first claim (`fluxhook bench --workload fanout`, timed in the process). Over
-// the first 2,000 deliveries (`--fanout-events 200`, six runs each, interleaved) the rate
-// after the first arrival rose from 6,500-8,300 to 7,200-9,500 deliveries/s, the whole
-// run's median from 4,700 to 4,800. A failure here changes nothing but that: the settles
-// report their own errors.
+// warmSettle runs the statements of the first settle, with nothing to settle, before the
+// first claim (see settle.Settler.Warm). Cold, on a machine busy with the first batch's
+// requests, the first settle of the fan-out bench took 111-142 ms, every slot of the pipeline
+// waiting for it; warmed, 26-27 ms, for 17-23 ms more before the first claim (`fluxhook bench
+// --workload fanout`, timed in the process). Over the first 2,000 deliveries
+// (`--fanout-events 200`, six runs each, interleaved) the rate after the first arrival rose
+// from 6,500-8,300 to 7,200-9,500 deliveries/s, the whole run's median from 4,700 to 4,800.
+// A failure changes nothing but that, and is logged: the settles report their own errors.
 func (d *Dispatcher) warmSettle(ctx context.Context) {
+	start := time.Now()
 	routes := d.endpoints.any()
-	if err := d.settler.Warm(ctx, routes && d.inMemory.Load()); err != nil {
-		d.log.Warn("warming up the settle statements failed", zap.Error(err))
-		return
-	}
-	if !routes {
-		return
-	}
-	rows, err := d.pool.Query(ctx, endpointOutcomesSQL, []string{}, []int16{})
-	if err == nil {
-		rows.Close()
-		err = rows.Err()
+	anchored := routes && d.inMemory.Load()
+	err := d.settler.Warm(ctx, anchored)
+	if routes {
+		rows, qErr := d.pool.Query(ctx, endpointOutcomesSQL, []string{}, []int16{})
+		if qErr == nil {
+			rows.Close()
+			qErr = rows.Err()
+		}
+		err = errors.Join(err, qErr)
 	}
 	if err != nil {
 		d.log.Warn("warming up the settle statements failed", zap.Error(err))
+		return
 	}
+	d.log.Debug("settle statements warmed up", zap.Bool("anchored", anchored), zap.Bool("endpoint_outcomes", routes),
+		zap.Int64("duration_ms", time.Since(start).Milliseconds()))
 }
 
 // maintainLog runs the delivery log's partition maintenance and logs what it did. A failure

@@ -454,10 +454,10 @@ func TestRestartedDispatcherSeesTheBreaker(t *testing.T) {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 	})
-	// Long enough for A to stop and B to start and claim well before the reset on a loaded
-	// machine; the assertions below depend on B acting while the circuit is still open. (4 s
-	// was not always enough under a full `.ci/run`: B's first claim came after the reset, its
-	// backlog went out as the probe, and no row was ever deferred for the open circuit.)
+	// Long enough for A to stop and B to start and claim well before the reset even when that
+	// takes seconds (a loaded machine running the whole suite): the assertions below depend on
+	// B acting while the circuit is still open, or its backlog goes out as the probe and no
+	// row is ever deferred for the open circuit.
 	const reset = 8 * time.Second
 	newDispatcher := func(trans *transitions) (*dispatcher.Dispatcher, *observedGate) {
 		cfg := b.config(c.URL())

@@ -435,56 +435,69 @@ func (b *bundle) warmUp(d *dispatcher.Dispatcher) {
 
 // An endpoint removed while one of its deliveries, routed in memory, is in flight: the
 // delivery has no row yet, so removal (refusing while deliveries are pending) sees nothing
-// pending and goes ahead; the delivery, failed, gets its row at the settle and is
-// dead-lettered at its next attempt, "endpoint ... was removed", instead of retried for the
-// schedule's days; the event's other endpoint gets it once.
+// pending and goes ahead. Answered 2xx, the delivery is logged delivered; failed, it gets its
+// row at the settle and is dead-lettered at its next attempt, "endpoint ... was removed",
+// instead of retried for the schedule's days. The event's other endpoint gets it once.
 func TestInMemoryDeliveryOfARemovedEndpoint(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	// Both endpoints answer only after the removal: the first settle of any of the event's
-	// deliveries gives the others still in flight rows of their own.
-	answer := make(chan struct{})
-	wait := func(a arrival) {
-		select {
-		case <-answer:
-		case <-a.Ctx.Done():
-		}
-	}
-	doomed := newConsumer(t, func(a arrival, w http.ResponseWriter) {
-		wait(a)
-		w.WriteHeader(http.StatusServiceUnavailable)
-	})
-	ok := newConsumer(t, func(a arrival, w http.ResponseWriter) { wait(a) })
-	doomedEP := b.addEndpoint(endpoints.New{URL: doomed.URL()})
-	b.addEndpoint(endpoints.New{URL: ok.URL()})
-	d := b.startInMemory()
-	routed := d.Stats().RoutedInMemory.Load()
-	id := b.enqueue(outbox.Event{})
-	eventually(t, 10*time.Second, "both requests", func() bool { return doomed.received() == 1 && ok.received() == 1 })
-	if got := d.Stats().RoutedInMemory.Load(); got != routed+1 {
-		t.Fatalf("%d events routed in memory since the warm-up, want the one", got-routed)
-	}
-	removed, err := endpoints.Remove(context.Background(), b.pool, doomedEP.ID, endpoints.PendingRefuse)
-	if err != nil {
-		t.Fatalf("removing the endpoint while its delivery is in memory: %v", err)
-	}
-	if removed != (endpoints.Removed{}) {
-		t.Errorf("removal found %+v pending, want nothing: the delivery has no row yet", removed)
-	}
-	close(answer)
-	b.waitSettled(10 * time.Second)
-	_, attempts, reason := b.deadLetter(id)
-	// Attempts is the attempt the row was due for (2), which was never made.
-	if want := "endpoint " + doomedEP.ID + " was removed"; reason != want || attempts != 2 {
-		t.Errorf("dead letter at attempt %d, reason %q; want attempt 2, %q", attempts, reason, want)
-	}
-	if doomed.received() != 1 || ok.received() != 1 {
-		t.Errorf("arrivals: removed endpoint %d, other %d; want one each", doomed.received(), ok.received())
+	for _, status := range []int{http.StatusOK, http.StatusServiceUnavailable} {
+		t.Run(fmt.Sprint("answered ", status), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			// Both endpoints answer only after the removal: the first settle of any of the
+			// event's deliveries gives the others still in flight rows of their own.
+			answer := make(chan struct{})
+			wait := func(a arrival) {
+				select {
+				case <-answer:
+				case <-a.Ctx.Done():
+				}
+			}
+			doomed := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+				wait(a)
+				w.WriteHeader(status)
+			})
+			ok := newConsumer(t, func(a arrival, w http.ResponseWriter) { wait(a) })
+			doomedEP := b.addEndpoint(endpoints.New{URL: doomed.URL()})
+			b.addEndpoint(endpoints.New{URL: ok.URL()})
+			d := b.startInMemory()
+			routed := d.Stats().RoutedInMemory.Load()
+			id := b.enqueue(outbox.Event{})
+			eventually(t, 10*time.Second, "both requests", func() bool { return doomed.received() == 1 && ok.received() == 1 })
+			if got := d.Stats().RoutedInMemory.Load(); got != routed+1 {
+				t.Fatalf("%d events routed in memory since the warm-up, want the one", got-routed)
+			}
+			removed, err := endpoints.Remove(context.Background(), b.pool, doomedEP.ID, endpoints.PendingRefuse)
+			if err != nil {
+				t.Fatalf("removing the endpoint while its delivery is in memory: %v", err)
+			}
+			if removed != (endpoints.Removed{}) {
+				t.Errorf("removal found %+v pending, want nothing: the delivery has no row yet", removed)
+			}
+			close(answer)
+			b.waitSettled(10 * time.Second)
+			deadLetters := b.count(`SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1`, id)
+			if status == http.StatusOK {
+				if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1 AND endpoint_id = $2 AND status_code = 200`, id, doomedEP.ID); n != 1 || deadLetters != 0 {
+					t.Errorf("the removed endpoint's delivery: %d delivered log rows, %d dead letters; want it logged delivered once", n, deadLetters)
+				}
+			} else {
+				// Attempts is the attempt the row was due for (2), which was never made.
+				_, attempts, reason := b.deadLetter(id)
+				if want := "endpoint " + doomedEP.ID + " was removed"; reason != want || attempts != 2 || deadLetters != 1 {
+					t.Errorf("%d dead letters, at attempt %d, reason %q; want one at attempt 2, %q", deadLetters, attempts, reason, want)
+				}
+			}
+			if doomed.received() != 1 || ok.received() != 1 {
+				t.Errorf("arrivals: removed endpoint %d, other %d; want one each", doomed.received(), ok.received())
+			}
+		})
 	}
 }
 
-// Start warms the settle statements up (see warmSettle) without a warning, with endpoints
-// routed in memory and without endpoints, and the warm-up delivers nothing by itself.
+// Start warms the settle statements up (see warmSettle), with endpoints routed in memory
+// (the anchored settle and the endpoints' outcomes too) and without endpoints, without a
+// warning; the warm-up delivers nothing by itself.
 func TestStartWarmsTheSettleStatementsUp(t *testing.T) {
 	t.Parallel()
 	for _, withEndpoints := range []bool{true, false} {
@@ -497,16 +510,25 @@ func TestStartWarmsTheSettleStatementsUp(t *testing.T) {
 				b.addEndpoint(endpoints.New{URL: c.URL()})
 				url = ""
 			}
-			cfg, logs := b.observedConfig(url, zapcore.WarnLevel)
+			cfg, logs := b.observedConfig(url, zapcore.DebugLevel)
 			cfg.EncryptionKey = testKey
 			b.start(cfg)
+			warmed := logs.FilterMessage("settle statements warmed up").All()
+			if len(warmed) != 1 {
+				t.Fatalf("%d warm-up lines at start, want 1", len(warmed))
+			}
+			if f := warmed[0].ContextMap(); f["anchored"] != withEndpoints || f["endpoint_outcomes"] != withEndpoints {
+				t.Errorf("warm-up %v; want the anchored settle and the endpoints' outcomes warmed: %v", f, withEndpoints)
+			}
 			id := b.enqueue(outbox.Event{})
 			b.waitSettled(10 * time.Second)
 			if got := c.arrivals(); len(got) != 1 || got[0].DeliveryID != id {
 				t.Errorf("the consumer got %d requests, want the one event", len(got))
 			}
 			for _, e := range logs.All() {
-				t.Errorf("logged at %s: %s %v", e.Level, e.Message, e.ContextMap())
+				if e.Level >= zapcore.WarnLevel {
+					t.Errorf("logged at %s: %s %v", e.Level, e.Message, e.ContextMap())
+				}
 			}
 		})
 	}

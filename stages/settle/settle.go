@@ -551,27 +551,29 @@ func (s *Settler) settleAnchored(ctx context.Context, batch []Anchored, lease ti
 }
 
 // Warm runs the settle statement, and with anchored the statement that settles events routed
-// in memory (which needs USAGE on the outbox's sequence), with nothing to settle: it writes
-// nothing, and leaves them parsed and planned on one of the pool's connections, whose catalog
-// caches it fills too. A dispatcher calls it before its first claim, because the first settle
-// after a start otherwise pays for all of that while every slot of the pipeline waits for it,
-// on a machine busy with the first batch's requests.
+// in memory, with nothing to settle. That writes nothing and takes no grant a settle does not
+// (an empty run calls no nextval), and leaves on one of the pool's connections the statements
+// parsed and described (pgx keeps them) and the backend's catalog caches filled: what the
+// first settle after a start otherwise pays for while every slot of the pipeline waits for
+// it, on a machine busy with the first batch's requests. PostgreSQL plans a prepared
+// statement afresh on each of its first runs either way.
 func (s *Settler) Warm(ctx context.Context, anchored bool) error {
+	var errs []error
 	if anchored {
 		rows, err := s.pool.Query(ctx, anchoredSQL, []int64{}, []int64{}, s.instance, []int64{}, []string{}, []int16{},
 			[]int32{}, []int64{}, int64(0), []int32{}, []string{}, []int32{})
-		if err != nil {
-			return fmt.Errorf("settle of events routed in memory: %w", err)
+		if err == nil {
+			rows.Close()
+			err = rows.Err()
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("settle of events routed in memory: %w", err)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("settle of events routed in memory: %w", err))
 		}
 	}
 	var r Result
 	var written []int64
 	if err := s.pool.QueryRow(ctx, settleSQL, s.columns(nil)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
-		return fmt.Errorf("settle: %w", err)
+		errs = append(errs, fmt.Errorf("settle: %w", err))
 	}
-	return nil
+	return errors.Join(errs...)
 }
