@@ -1044,11 +1044,11 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 // warmSettle runs the statements of the first settle, with nothing to settle, before the
 // first claim (see settle.Settler.Warm). Cold, on a machine busy with the first batch's
 // requests, the first settle of the fan-out bench took 111-142 ms, every slot of the pipeline
-// waiting for it; warmed, 26-27 ms, for 17-23 ms more before the first claim (`fluxhook bench
-// --workload fanout`, timed in the process). Over the first 2,000 deliveries
-// (`--fanout-events 200`, six runs each, interleaved) the rate after the first arrival rose
-// from 6,500-8,300 to 7,200-9,500 deliveries/s, the whole run's median from 4,700 to 4,800.
-// A failure changes nothing but that, and is logged: the settles report their own errors.
+// waiting for it; warmed, 16-90 ms, for 13-19 ms more before the first claim (`fluxhook bench
+// --workload fanout`, timed in the process, two and three runs). End to end, over the first
+// 2,000 deliveries (`--fanout-events 200`, six runs each, interleaved), the difference was
+// within that machine's noise. A failure changes nothing but that, and is logged: the
+// settles report their own errors.
 func (d *Dispatcher) warmSettle(ctx context.Context) {
 	start := time.Now()
 	routes := d.endpoints.any()
