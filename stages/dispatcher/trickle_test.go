@@ -15,8 +15,10 @@ import (
 // notifying once the switch lapses, and every event is still delivered. When the traffic
 // stops it arms again: the next isolated event arrives on its NOTIFY, not at the poll (an
 // hour here).
+//
+// Not parallel: it runs before this package's parallel tests, so that only other packages
+// load the machine while it judges pacing, which a loaded machine keeps from starting.
 func TestSteadyTrafficStopsTheNotifications(t *testing.T) {
-	t.Parallel()
 	b := setup(t)
 	c := newConsumer(t, nil)
 	d := b.start(b.config(c.URL()))
