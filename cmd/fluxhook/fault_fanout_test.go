@@ -20,7 +20,6 @@ func TestFaultSIGKILLUnderLoadFanOut(t *testing.T) {
 	const events = 5 * faultRate // 5 s of load, 3,000 deliveries
 	db := sqltest.NewMigrated(t)
 	var consumers []*hookConsumer
-	var endpointIDs []string
 	for i := range 3 {
 		c := newHookConsumer(t, respondAfter(50*time.Millisecond))
 		r := runCLI(t, db.URL, "endpoints", "add", "--url", c.URL(), "--secret", serveSecret, "--description", fmt.Sprint("fault ", i), "--json")
@@ -29,12 +28,10 @@ func TestFaultSIGKILLUnderLoadFanOut(t *testing.T) {
 		}
 		consumers = append(consumers, c)
 	}
-	endpointIDs = queryStrings(t, db, `SELECT id::text FROM webhook_endpoints ORDER BY description`)
+	endpointIDs := queryStrings(t, db, `SELECT id::text FROM webhook_endpoints ORDER BY description`)
 	env := func(app string) map[string]string {
-		e := faultEnv(withURLParam(t, db.URL, "application_name", app), "")
+		e := killableEnv(t, db.URL, "", app)
 		delete(e, "WEBHOOK_URL") // the endpoints only: events are routed in memory
-		e["WEBHOOK_TIMEOUT_MS"] = "2000"
-		e["WEBHOOK_LEASE_MS"] = "4000"
 		e["METRICS_ADDR"] = "127.0.0.1:0"
 		return e
 	}
@@ -71,14 +68,7 @@ func TestFaultSIGKILLUnderLoadFanOut(t *testing.T) {
 		return inMemoryAtKill > 0
 	})
 	inFlight := idSet(leasedByVictim())
-	victim.kill()
-	if code := victim.waitExit(5 * time.Second); code != -1 {
-		t.Fatalf("victim exited with %d after SIGKILL, want death by signal", code)
-	}
-	pollUntil(t, 15*time.Second, "the killed instance's sessions to end", func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = 'fluxhook-victim'`) == 0
-	})
+	killInstance(t, db, victim, "fluxhook-victim")
 	// The events it held, routed in memory or as delivery rows: the only ones that may arrive twice.
 	for id := range idSet(leasedByVictim()) {
 		inFlight[id] = true

@@ -39,6 +39,33 @@ func faultEnv(databaseURL, hookURL string) map[string]string {
 	return env
 }
 
+// killableEnv is faultEnv for an instance a case may kill: its sessions carry app as their
+// application_name, so that the case can tell when the killed one's sessions are gone, and
+// its rows come back 4 s after their claim (a 2 s request timeout within that lease).
+func killableEnv(t *testing.T, databaseURL, hookURL, app string) map[string]string {
+	t.Helper()
+	e := faultEnv(withURLParam(t, databaseURL, "application_name", app), hookURL)
+	e["WEBHOOK_TIMEOUT_MS"] = "2000"
+	e["WEBHOOK_LEASE_MS"] = "4000"
+	return e
+}
+
+// killInstance kills p (started with killableEnv's app) with SIGKILL, checks that it died by
+// the signal, and waits until its sessions are gone: a statement the killed process had sent
+// may still be finishing on the server, and only then are its leases exactly the rows it left
+// in flight.
+func killInstance(t *testing.T, db *sqltest.DB, p *serveProc, app string) {
+	t.Helper()
+	p.kill()
+	if code := p.waitExit(5 * time.Second); code != -1 {
+		t.Fatalf("%s exited with %d after SIGKILL, want death by signal", p.name, code)
+	}
+	pollUntil(t, 15*time.Second, "the killed instance's sessions to end", func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = $1`, app) == 0
+	})
+}
+
 // withURLParam returns the connection URL raw with the query parameter key set to value
 // (application_name, to tell instances' sessions apart in pg_stat_activity).
 func withURLParam(t *testing.T, raw, key, value string) string {

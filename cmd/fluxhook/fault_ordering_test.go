@@ -46,10 +46,8 @@ func TestFaultOrderedStreams(t *testing.T) {
 		return http.StatusOK
 	})
 	env := func(app string) map[string]string {
-		e := faultEnv(withURLParam(t, db.URL, "application_name", app), c.URL())
+		e := killableEnv(t, db.URL, c.URL(), app)
 		e["WEBHOOK_ORDERING"] = "stream"
-		e["WEBHOOK_TIMEOUT_MS"] = "2000"
-		e["WEBHOOK_LEASE_MS"] = "4000"
 		e["WEBHOOK_RETRY_SCHEDULE"] = "250ms,250ms,250ms,250ms,250ms,250ms,250ms,250ms,250ms,250ms"
 		return e
 	}

@@ -57,16 +57,8 @@ func TestFaultSIGKILLUnderLoad(t *testing.T) {
 	const events = 4 * faultRate // 4 s of load
 	db := sqltest.NewMigrated(t)
 	c := newHookConsumer(t, respondAfter(100*time.Millisecond)) // ~20 requests in flight
-	env := func(app string) map[string]string {
-		// Each instance's sessions carry their own application_name, so that the test can
-		// tell when the killed one's sessions are gone.
-		e := faultEnv(withURLParam(t, db.URL, "application_name", app), c.URL())
-		e["WEBHOOK_TIMEOUT_MS"] = "2000"
-		e["WEBHOOK_LEASE_MS"] = "4000" // the killed instance's rows come back 4 s after their claim
-		return e
-	}
-	victim := startServe(t, "victim serve", env("fluxhook-victim"))
-	survivor := startServe(t, "survivor serve", env("fluxhook-survivor"))
+	victim := startServe(t, "victim serve", killableEnv(t, db.URL, c.URL(), "fluxhook-victim"))
+	survivor := startServe(t, "survivor serve", killableEnv(t, db.URL, c.URL(), "fluxhook-survivor"))
 	victimID, survivorID := victim.instanceID(), survivor.instanceID()
 	both := []*serveProc{victim, survivor}
 
@@ -83,16 +75,7 @@ func TestFaultSIGKILLUnderLoad(t *testing.T) {
 		t.Fatalf("the producer had finished (%d events) before the kill; the kill must strike under load", n)
 	}
 	_, inFlightAtKill, _ := c.counts()
-	victim.kill()
-	if code := victim.waitExit(5 * time.Second); code != -1 {
-		t.Fatalf("victim exited with %d after SIGKILL, want death by signal", code)
-	}
-	// A statement the killed process had sent may still be finishing on the server; once its
-	// sessions are gone, its leases are exactly the rows it left in flight.
-	pollUntil(t, 15*time.Second, "the killed instance's sessions to end", func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = 'fluxhook-victim'`) == 0
-	})
+	killInstance(t, db, victim, "fluxhook-victim")
 	inFlight := idSet(queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_deliveries
 		WHERE NOT processed AND leased_by = $1`, victimID))
 	producedAtKill := prod.produced()
