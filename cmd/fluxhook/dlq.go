@@ -66,7 +66,9 @@ endpoint; one whose endpoint was removed is skipped, since it would only fail ag
 dead letter there instead of to its own destination, each event once, and only those of the
 endpoint's tenant (events never cross tenants); the order key is kept if that endpoint orders
 streams. A stream stopped at such a dead letter stays stopped: purge the dead letter to let
-it go on.
+it go on. A dead letter without an order key (its endpoint did not order streams) that goes to
+an endpoint ordering them now joins its stream there at the end, after the events already
+waiting.
 Bulk replay needs at least one filter; bulk purge needs a
 filter or --replayed-only. Dead letters stay until purged; the janitor never deletes them.
 DURATION is a Go duration (90m, 36h) or a number of days (7d).

@@ -1016,18 +1016,20 @@ func TestDLQReplayOrdinaryDeadLetters(t *testing.T) {
 	ctx := context.Background()
 	stopped := insertStoppedStream(t, db, "order-1", 1000)
 
-	// As the dispatcher leaves a dead letter of an unordered row, and of an ordered one whose
-	// stream skipped it: the outbox row processed, with its error.
+	// As the dispatcher leaves a dead letter of an unordered row (at an endpoint that orders
+	// streams, an event without a stream), and of an ordered one whose stream skipped it: the
+	// outbox row processed, with its error.
 	var unorderedRow, skippedRow int64
 	for _, r := range []struct {
-		id  *int64
-		key *int64
-	}{{&unorderedRow, nil}, {&skippedRow, ptr(int64(500))}} {
+		id     *int64
+		stream *string
+		key    *int64
+	}{{&unorderedRow, nil, nil}, {&skippedRow, ptr("order-9"), ptr(int64(500))}} {
 		if err := db.Pool.QueryRow(ctx, `
 			INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, routed_at, attempt, order_key,
 			                            processed, processed_at, status_code, error)
-			VALUES ('order-9', 'order.created', '{}', $1::uuid, now(), 2, $2, true, now(), 404, 'HTTP 404')
-			RETURNING id`, stoppedEndpoint, r.key).Scan(r.id); err != nil {
+			VALUES ($3, 'order.created', '{}', $1::uuid, now(), 2, $2, true, now(), 404, 'HTTP 404')
+			RETURNING id`, stoppedEndpoint, r.key, r.stream).Scan(r.id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -1258,5 +1260,95 @@ func TestDLQReplayToEndpointOfAStoppedStream(t *testing.T) {
 	}
 	if head, due := streamHead(t, db, s.stream); head != s.parked || due {
 		t.Errorf("the head of %s is %d (due %v), want its parked row %d, not due", s.stream, head, due, s.parked)
+	}
+}
+
+// TestDLQReplayWithoutAKeyToAnOrderedEndpoint: a dead letter that has no place in its stream
+// (its endpoint did not order streams when it failed) and goes to an endpoint that orders them
+// now, named by --to-endpoint or its own endpoint switched to ordering since, gets a key after
+// every id drawn before the replay: it waits behind the stream's pending events there instead
+// of overtaking them, and several such events of one stream keep their enqueue order. One
+// without a stream stays unordered.
+func TestDLQReplayWithoutAKeyToAnOrderedEndpoint(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	const (
+		ordered  = "abababab-0000-4000-8000-00000000000a"
+		switched = "cdcdcdcd-0000-4000-8000-00000000000c"
+		gone     = "efefefef-0000-4000-8000-00000000000e"
+	)
+	ensureEndpoint(t, db, ordered, "acme", "stream")
+	ensureEndpoint(t, db, switched, "acme", "none")
+	// The stream's event still pending at the ordered endpoint, with its key.
+	var pending int64
+	if err := db.Pool.QueryRow(context.Background(), `
+		INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, tenant, routed_at)
+		VALUES ('cart-1', 'cart.updated', '{"step": 1}', $1::uuid, 'acme', now())
+		RETURNING id`, ordered).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `UPDATE webhook_outbox SET order_key = id WHERE id = $1`, pending) // as routing keys it: the event's id
+	deadLetter := func(stream any, endpoint string, enqueuedAgo string) int64 {
+		t.Helper()
+		var id int64
+		if err := db.Pool.QueryRow(context.Background(), `
+			INSERT INTO webhook_dead_letter (delivery_id, stream_id, event_type, payload, attempts, reason, enqueued_at, tenant, endpoint_id)
+			VALUES (gen_random_uuid(), $1, 'cart.updated', '{}', 3, 'attempts exhausted', now() - $3::interval, 'acme', $2::uuid)
+			RETURNING id`, stream, endpoint, enqueuedAgo).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	// Dead-lettered in the reverse of their enqueue order: the later event failed first.
+	later := deadLetter("cart-1", gone, "1 minute")
+	earlier := deadLetter("cart-1", gone, "2 minutes")
+	streamless := deadLetter(nil, gone, "3 minutes")
+	own := deadLetter("cart-2", switched, "1 minute")
+	var drawnBefore int64
+	if err := db.Pool.QueryRow(context.Background(),
+		`SELECT last_value FROM webhook_outbox_id_seq`).Scan(&drawnBefore); err != nil {
+		t.Fatal(err)
+	}
+
+	r := runCLI(t, db.URL, "dlq", "replay", "--to-endpoint", ordered, itoa(later), itoa(earlier), itoa(streamless))
+	if r.code != 0 || !strings.Contains(r.stdout, "replayed 3") {
+		t.Fatalf("replay to the ordered endpoint: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	mustExec(t, db, `UPDATE webhook_endpoints SET ordering = 'stream' WHERE id = $1::uuid`, switched)
+	if r := runCLI(t, db.URL, "dlq", "replay", itoa(own)); r.code != 0 || !strings.Contains(r.stdout, "replayed 1") {
+		t.Fatalf("replay to its own endpoint, ordered since: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	keyOf := func(deadLetter int64) *int64 {
+		t.Helper()
+		var key *int64
+		if err := db.Pool.QueryRow(context.Background(), `
+			SELECT o.order_key FROM webhook_outbox o JOIN webhook_dead_letter d USING (delivery_id)
+			WHERE d.id = $1`, deadLetter).Scan(&key); err != nil {
+			t.Fatalf("the replayed row of dead letter %d: %v", deadLetter, err)
+		}
+		return key
+	}
+	kEarlier, kLater, kOwn := keyOf(earlier), keyOf(later), keyOf(own)
+	switch {
+	case kEarlier == nil || kLater == nil || kOwn == nil:
+		t.Fatalf("order keys: earlier %v, later %v, own endpoint %v; want every one set", kEarlier, kLater, kOwn)
+	case *kEarlier <= drawnBefore || *kOwn <= drawnBefore:
+		t.Errorf("order keys %d and %d, want both after %d, the last id drawn before the replay", *kEarlier, *kOwn, drawnBefore)
+	case *kEarlier >= *kLater:
+		t.Errorf("order keys: the earlier event %d, the later %d; want the enqueue order kept", *kEarlier, *kLater)
+	}
+	if k := keyOf(streamless); k != nil {
+		t.Errorf("the event without a stream got order key %d, want none", *k)
+	}
+	// The claim's head check orders by key: the stream's pending event stays its head.
+	var head int64
+	if err := db.Pool.QueryRow(context.Background(), `
+		SELECT id FROM webhook_outbox WHERE stream_id = 'cart-1' AND endpoint_id = $1::uuid
+		ORDER BY order_key LIMIT 1`, ordered).Scan(&head); err != nil {
+		t.Fatal(err)
+	}
+	if head != pending {
+		t.Errorf("the head of cart-1 at the ordered endpoint is row %d, want the pending event's row %d", head, pending)
 	}
 }

@@ -8,6 +8,10 @@
 -- $3 whether that endpoint orders streams: the order key is kept only if it does. Returns the
 -- number of outbox rows written.
 --
+-- A dead letter without an order key whose destination orders streams (--to-endpoint names one
+-- that does, or its own endpoint was switched to ordering since) gets a new key from the
+-- outbox's id sequence: it goes after the stream's events enqueued before the replay.
+--
 -- Ordered delivery (schema 6). The new row keeps the dead letter's order_key, so that a
 -- replayed event of an ordered stream takes its place in the stream again instead of going
 -- after the events that followed it. A dead letter whose stream stopped (ordering_failure
@@ -49,13 +53,24 @@ WITH replayed AS (
     SELECT delivery_id, stream_id, event_type, payload, CASE WHEN $2::uuid IS NULL THEN endpoint_url END,
            enqueued_at, 1, now(), tenant, coalesce($2::uuid, endpoint_id),
            CASE WHEN $2::uuid IS NOT NULL OR endpoint_id IS NOT NULL OR endpoint_url IS NULL THEN now() END,
-           CASE WHEN $2::uuid IS NULL OR $3::boolean THEN order_key END
-    FROM replayed
+           CASE
+               WHEN order_key IS NOT NULL AND ($2::uuid IS NULL OR $3::boolean) THEN order_key
+               -- No place in the stream to go back to (its endpoint did not order streams
+               -- when it failed), but its destination orders them now: it takes its place at
+               -- the end of its stream there, as an event enqueued now would, instead of
+               -- overtaking the stream's pending events.
+               WHEN r.stream_id IS NOT NULL
+                AND (SELECT e.ordering = 'stream' FROM webhook_endpoints e
+                     WHERE e.id = coalesce($2::uuid, r.endpoint_id))
+                   THEN nextval((SELECT pg_get_serial_sequence('webhook_outbox', 'id')::regclass))
+           END
+    -- Rows are numbered, and new keys drawn, in the order of the events' enqueue times: several
+    -- events of one stream replayed together keep their order.
+    FROM (SELECT * FROM replayed ORDER BY enqueued_at, id) r
     -- Never across tenants, --to-endpoint included (the command checks it too; a row refused
     -- here makes the count differ, and the command rolls back).
     WHERE $2::uuid IS NULL
        OR tenant IS NOT DISTINCT FROM (SELECT e.tenant FROM webhook_endpoints e WHERE e.id = $2::uuid)
-    ORDER BY id
     RETURNING 1
 )
 SELECT count(*) FROM inserted
