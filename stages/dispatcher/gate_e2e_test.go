@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/stages/delivery"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
@@ -613,5 +615,87 @@ func checkOnlyTheProbe(t *testing.T, c *consumer, since, opened time.Time, reset
 	}
 	if probes != 1 {
 		t.Errorf("%d requests between the reset and the closing, want exactly one probe", probes)
+	}
+}
+
+// stallingProbe holds the first batch that holds the half-open probe until just past the
+// batch's send-by time, as a dispatcher paused between its gate check and its request would
+// be, and otherwise decides as its gate does.
+type stallingProbe struct {
+	gate.Gate
+	once sync.Once
+}
+
+func (g *stallingProbe) Check(ctx context.Context, batch []*delivery.Delivery) {
+	g.Gate.Check(ctx, batch)
+	for _, d := range batch {
+		if d.GateToken != "" {
+			g.once.Do(func() { time.Sleep(time.Until(d.SendBy) + 50*time.Millisecond) }) // the pause under test
+		}
+	}
+}
+
+// TestProbeReleasedUnsentGivesTheProbeBack: the half-open probe row reaches its request after
+// its lease ran out, and is released unsent. The probe it held is given back with the release,
+// so the row probes again at its next claim and closes the circuit, instead of being deferred
+// behind its own unsent attempt until the probe times out (a minute here, longer than the test
+// waits).
+func TestProbeReleasedUnsentGivesTheProbeBack(t *testing.T) {
+	t.Parallel()
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		testProbeReleasedUnsent(t, redistest.Open(t, redistest.Prefix(t)))
+	})
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		testProbeReleasedUnsent(t, memstore.New(memstore.Options{}))
+	})
+}
+
+func testProbeReleasedUnsent(t *testing.T, store gate.Store) {
+	b := setup(t)
+	var healthy atomic.Bool
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) {
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	cfg, logs := b.observedConfig(c.URL(), zap.InfoLevel)
+	cfg.Timeout = time.Second
+	cfg.Lease = cfg.Timeout + dispatcher.LeaseAllowance // may send until 2.5 s after the claim
+	cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, 100 * time.Millisecond, 100 * time.Millisecond}
+	trans := &transitions{}
+	bg, err := gate.NewBreakerGate(store, gate.Params{Threshold: 1, Reset: time.Second, RetryRPS: 100, ProbeTimeout: time.Minute},
+		gate.Hooks{OnTransition: trans.add, OnFailOpen: func() { t.Error("gate failed open") }, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	og := &observedGate{Gate: &stallingProbe{Gate: bg}}
+	cfg.Gate = og
+	b.start(cfg)
+
+	id := b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the circuit to open", func() bool { _, ok := trans.first("closed>open"); return ok })
+	healthy.Store(true)
+	eventually(t, 30*time.Second, "the row delivered", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
+	})
+
+	if n := logs.FilterMessageSnippet("released unsent").FilterField(zap.String("delivery_id", id)).Len(); n != 1 {
+		t.Fatalf("%d 'released unsent' lines for the probe row, want 1: the test did not hold the probe up", n)
+	}
+	for _, d := range og.deferrals() {
+		if d.reason == gate.DeferProbe.String() {
+			t.Errorf("row %s deferred behind a probe in flight for %s: the released probe was not given back", d.deliveryID, d.delay)
+		}
+	}
+	if got := trans.names(); fmt.Sprint(got) != "[closed>open open>half_open half_open>closed]" {
+		t.Errorf("transitions %v, want the circuit opened, probed and closed, once each", got)
+	}
+	if got := c.byDelivery()[id]; len(got) != 2 {
+		t.Errorf("the consumer received the row %d times, want twice (the 503, then the probe)", len(got))
+	}
+	if n := b.count(`SELECT max(attempt) FROM webhook_deliveries WHERE delivery_id = $1`, id); n != 2 {
+		t.Errorf("the delivered row is attempt %d, want 2: the probe released unsent used no attempt", n)
 	}
 }
