@@ -13,7 +13,9 @@
 --   Ordered delivery (schema 6): $10 whether any consumer orders its streams (false: none of
 --   what follows is evaluated, and ordering costs nothing), $11 the hold-back horizon: the
 --   largest id below which every row that will ever commit is visible to this claim (see
---   Horizon in horizon.go), $12 whether WEBHOOK_ORDERING=stream orders the rows without a
+--   Horizon in horizon.go), or the setting fluxhook.horizon_now when larger: the reading that
+--   Claim takes just before this statement, in its transaction, when it found no holders
+--   (horizonNowSQL in claim.go), $12 whether WEBHOOK_ORDERING=stream orders the rows without a
 --   managed endpoint (by their own id), $13 whether events are routed to endpoints (some
 --   endpoint exists), so that an event not routed yet may still become an ordered delivery.
 --   An ordered row is claimed only when its key is within the horizon and it is its stream's
@@ -57,7 +59,8 @@ WITH claimed AS (
                OR NOT (order_key IS NOT NULL
                        OR ($12::boolean AND stream_id IS NOT NULL AND endpoint_id IS NULL
                            AND NOT ($13::boolean AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)))
-               OR (coalesce(order_key, id) <= $11::bigint
+               OR (coalesce(order_key, id) <= greatest($11::bigint,
+                       (SELECT coalesce(nullif(current_setting('fluxhook.horizon_now', true), ''), '0')::bigint))
                    AND NOT EXISTS (
                        SELECT 1 FROM webhook_outbox p
                        WHERE p.stream_id = webhook_outbox.stream_id AND NOT p.processed

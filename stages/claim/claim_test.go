@@ -1,9 +1,12 @@
 package claim_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/claim"
@@ -409,5 +412,69 @@ func TestClaimSkipsRetriesOnly(t *testing.T) {
 	}
 	if strings.Join(got, ",") != "first,other" {
 		t.Fatalf("claimed %v; want the default endpoint's first attempt and the other endpoint's retry", got)
+	}
+}
+
+// TestOrderedClaimReadsTheHorizonFirst: a claim that orders takes a committed ordered row the
+// horizon it was given does not cover yet, when the reading it takes just before its statement
+// finds no producer transaction open: an event alone goes with the first claim, not with the
+// claim after the one that read a horizon covering it. A producer transaction still open
+// (it could commit a smaller id of the stream) holds the row back, however late the reading.
+func TestOrderedClaimReadsTheHorizonFirst(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := deadline(t)
+	c := claim.New(db.Pool, "a", time.Minute)
+	if err := c.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// WEBHOOK_ORDERING=stream, with the horizon of a dispatcher that has read nothing yet.
+	c.SetOrdering(claim.Ordering{Active: true, Default: true})
+	claimed := func() []int64 {
+		t.Helper()
+		res, err := c.Claim(ctx, 10, claim.Skip{}, true, claim.Cursor{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int64
+		for _, d := range res.Rows {
+			ids = append(ids, d.ID)
+		}
+		return ids
+	}
+	insert := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}, stream string) int64 {
+		t.Helper()
+		var id int64
+		if err := q.QueryRow(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+			VALUES ($1, 'stream.updated', '{}') RETURNING id`, stream).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+
+	alone := insert(db.Pool, "s-1")
+	if got := claimed(); len(got) != 1 || got[0] != alone {
+		t.Fatalf("the first claim took %v, want the event alone (%d)", got, alone)
+	}
+
+	// An open producer transaction that drew an id holds back a later committed event of any
+	// stream.
+	open, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback(ctx)
+	insert(open, "s-2")
+	later := insert(db.Pool, "s-3")
+	if got := claimed(); len(got) != 0 {
+		t.Fatalf("a claim took %v while a producer transaction with a smaller id was open", got)
+	}
+	if err := open.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimed(); len(got) != 1 || got[0] != later {
+		t.Fatalf("once the producer transaction ended, the claim took %v, want %d", got, later)
 	}
 }

@@ -53,8 +53,11 @@ func (d *Dispatcher) beforeClaim(s *orderingState) {
 }
 
 // afterClaim takes the claim's hold-back reading and sets the timer for the next look: at once
-// when the horizon moved (rows it held back may go now), soon while a producer transaction
-// that could still commit an older event is open.
+// when the horizon moved and the claim left ordered rows waiting (rows it held back may go
+// now), soon while a producer transaction that could still commit an older event is open. A
+// claim that left no ordered row waiting calls for no other: the rows it could not see arrive
+// with their own wake-ups, and an event alone was sent by the claim that moved the horizon
+// (the reading before it, see claim.Claimer.Claim).
 func (d *Dispatcher) afterClaim(s *orderingState, res claim.Result) {
 	if res.Horizon == "" {
 		return
@@ -70,9 +73,11 @@ func (d *Dispatcher) afterClaim(s *orderingState, res claim.Result) {
 		d.log.Warn("ordered delivery: unreadable hold-back reading; ordered rows wait", zap.Error(err))
 		return
 	}
-	switch {
-	case moved:
+	if moved {
 		s.wait = 0
+	}
+	switch {
+	case moved && res.OrderedWaiting:
 		d.waker.DueIn(0)
 	case s.horizon.Waiting():
 		s.wait = min(max(2*s.wait, minHoldbackLook), maxHoldbackLook)

@@ -348,30 +348,22 @@ func (o *orderedResult) writeRows(tw io.Writer, spacing time.Duration, verdict f
 type namedCost struct {
 	name string
 	cost *costReport
-	// unmarked: its per-batch figures are not marked against the budget's 1 per batch (see
-	// orderedIdleNote).
-	unmarked bool
 }
-
-// orderedIdleNote is the cost table's footnote to the ordered idle row, which is marked with
-// a dagger: that its two claims per batch are by design, not a miss.
-const orderedIdleNote = "† ordered idle: an event alone takes two claims, the first reading the hold-back horizon that the second sends it\n" +
-	"  under (docs/ordering.md): the budget's 1 per batch is not checked there; its latency is (p50 ordered − unordered ≤ 1 ms)."
 
 // costs are the workload's rows of the cost table: per event of each run.
 func (o *orderedResult) costs() []namedCost {
 	var rows []namedCost
 	if o.Ordered != nil {
-		rows = append(rows, namedCost{name: "ordered", cost: o.Ordered.Cost})
+		rows = append(rows, namedCost{"ordered", o.Ordered.Cost})
 	}
 	if o.Unordered != nil {
-		rows = append(rows, namedCost{name: "ordered: off", cost: o.Unordered.Cost})
+		rows = append(rows, namedCost{"ordered: off", o.Unordered.Cost})
 	}
 	if o.IdleOrdered != nil {
-		rows = append(rows, namedCost{"ordered idle†", o.IdleOrdered.Cost, true})
+		rows = append(rows, namedCost{"ordered idle", o.IdleOrdered.Cost})
 	}
 	if o.IdleUnordered != nil {
-		rows = append(rows, namedCost{name: "ordered idle: off", cost: o.IdleUnordered.Cost})
+		rows = append(rows, namedCost{"ordered idle: off", o.IdleUnordered.Cost})
 	}
 	return rows
 }

@@ -783,8 +783,8 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		name string
 		c    *costReport
 		// unmarked: the row's per-batch figures are not marked against the budget's "1 per
-		// batch", which is not fanout's (a batch of events becomes endpoints × as many
-		// deliveries, settled in several transactions), nor ordered idle's (orderedIdleNote).
+		// batch", which is not fanout's: a batch of events becomes endpoints × as many
+		// deliveries, settled in several transactions.
 		unmarked bool
 	}
 	var rows []costRow
@@ -805,7 +805,7 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 	}
 	if r.Ordered != nil {
 		for _, c := range r.Ordered.costs() {
-			rows = append(rows, costRow{c.name, c.cost, c.unmarked})
+			rows = append(rows, costRow{name: c.name, c: c.cost})
 		}
 	}
 	if r.Backlog != nil {
@@ -846,9 +846,6 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		if r.Fanout != nil {
 			fmt.Fprintln(w, "* fanout: per delivery, one (event, endpoint) pair; a batch is a claim (of events, or of deliveries released")
 			fmt.Fprintln(w, "  back), and a batch of events is settled in several transactions: the budget's 1 per batch is not checked there.")
-		}
-		if o := r.Ordered; o != nil && o.IdleOrdered != nil {
-			fmt.Fprintln(w, orderedIdleNote)
 		}
 	}
 	if statements {
