@@ -66,9 +66,9 @@ endpoint; one whose endpoint was removed is skipped, since it would only fail ag
 dead letter there instead of to its own destination, each event once, and only those of the
 endpoint's tenant (events never cross tenants); the order key is kept if that endpoint orders
 streams. A stream stopped at such a dead letter stays stopped: purge the dead letter to let
-it go on. A dead letter without an order key (its endpoint did not order streams) that goes to
-an endpoint ordering them now joins its stream there at the end, after the events already
-waiting.
+it go on. A dead letter of a stream without an order key (its endpoint did not order streams)
+that goes to an endpoint ordering them now joins its stream there at the end, after the events
+already waiting.
 Bulk replay needs at least one filter; bulk purge needs a
 filter or --replayed-only. Dead letters stay until purged; the janitor never deletes them.
 DURATION is a Go duration (90m, 36h) or a number of days (7d).
@@ -585,11 +585,19 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 		if target != nil {
 			targetID, ordered = target.id, target.ordered
 		}
-		if err := tx.QueryRow(ctx, dlqReplaySQL, replayIDs, targetID, ordered).Scan(&n); err != nil {
+		var keyless []int64
+		if err := tx.QueryRow(ctx, dlqReplaySQL, replayIDs, targetID, ordered).Scan(&n, &keyless); err != nil {
 			return fmt.Errorf("replaying: %w", err)
 		}
 		if n != int64(len(out.replay)) {
 			return fmt.Errorf("replaying: wrote %d outbox rows for %d dead letters; rolled back", n, len(out.replay))
+		}
+		if len(keyless) > 0 {
+			// Rows of this transaction, which no claim sees before it commits: none can be
+			// taken without its key.
+			if _, err := tx.Exec(ctx, `UPDATE webhook_outbox SET order_key = id WHERE id = ANY($1)`, keyless); err != nil {
+				return fmt.Errorf("replaying: keying the events that join an ordered stream: %w", err)
+			}
 		}
 		return nil
 	})

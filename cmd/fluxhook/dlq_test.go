@@ -1265,21 +1265,24 @@ func TestDLQReplayToEndpointOfAStoppedStream(t *testing.T) {
 
 // TestDLQReplayWithoutAKeyToAnOrderedEndpoint: a dead letter that has no place in its stream
 // (its endpoint did not order streams when it failed) and goes to an endpoint that orders them
-// now, named by --to-endpoint or its own endpoint switched to ordering since, gets a key after
-// every id drawn before the replay: it waits behind the stream's pending events there instead
-// of overtaking them, and several such events of one stream keep their enqueue order. One
-// without a stream stays unordered.
+// now, named by --to-endpoint or its own endpoint switched to ordering since, gets its new
+// row's id as its key, after every id drawn before the replay: it waits behind the stream's
+// pending events there instead of overtaking them, and several such events of one stream keep
+// their enqueue order. One without a stream, and one going to an endpoint that does not order,
+// stay unordered.
 func TestDLQReplayWithoutAKeyToAnOrderedEndpoint(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 	const (
 		ordered  = "abababab-0000-4000-8000-00000000000a"
 		switched = "cdcdcdcd-0000-4000-8000-00000000000c"
+		plain    = "dededede-0000-4000-8000-00000000000d"
 		gone     = "efefefef-0000-4000-8000-00000000000e"
 	)
 	ensureEndpoint(t, db, ordered, "acme", "stream")
 	ensureEndpoint(t, db, switched, "acme", "none")
-	// The stream's event still pending at the ordered endpoint, with its key.
+	ensureEndpoint(t, db, plain, "acme", "none")
+	// The stream's event still pending at the ordered endpoint, keyed as routing keys it.
 	var pending int64
 	if err := db.Pool.QueryRow(context.Background(), `
 		INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, tenant, routed_at)
@@ -1287,7 +1290,7 @@ func TestDLQReplayWithoutAKeyToAnOrderedEndpoint(t *testing.T) {
 		RETURNING id`, ordered).Scan(&pending); err != nil {
 		t.Fatal(err)
 	}
-	mustExec(t, db, `UPDATE webhook_outbox SET order_key = id WHERE id = $1`, pending) // as routing keys it: the event's id
+	mustExec(t, db, `UPDATE webhook_outbox SET order_key = id WHERE id = $1`, pending)
 	deadLetter := func(stream any, endpoint string, enqueuedAgo string) int64 {
 		t.Helper()
 		var id int64
@@ -1299,47 +1302,60 @@ func TestDLQReplayWithoutAKeyToAnOrderedEndpoint(t *testing.T) {
 		}
 		return id
 	}
-	// Dead-lettered in the reverse of their enqueue order: the later event failed first.
-	later := deadLetter("cart-1", gone, "1 minute")
-	earlier := deadLetter("cart-1", gone, "2 minutes")
-	streamless := deadLetter(nil, gone, "3 minutes")
+	// Dead-lettered in an order that is neither their enqueue order nor its reverse.
+	third := deadLetter("cart-1", gone, "1 minute")
+	first := deadLetter("cart-1", gone, "3 minutes")
+	second := deadLetter("cart-1", gone, "2 minutes")
+	streamless := deadLetter(nil, gone, "4 minutes")
 	own := deadLetter("cart-2", switched, "1 minute")
+	unordered := deadLetter("cart-3", plain, "1 minute")
 	var drawnBefore int64
 	if err := db.Pool.QueryRow(context.Background(),
 		`SELECT last_value FROM webhook_outbox_id_seq`).Scan(&drawnBefore); err != nil {
 		t.Fatal(err)
 	}
 
-	r := runCLI(t, db.URL, "dlq", "replay", "--to-endpoint", ordered, itoa(later), itoa(earlier), itoa(streamless))
-	if r.code != 0 || !strings.Contains(r.stdout, "replayed 3") {
+	r := runCLI(t, db.URL, "dlq", "replay", "--to-endpoint", ordered, itoa(third), itoa(first), itoa(second), itoa(streamless))
+	if r.code != 0 || !strings.Contains(r.stdout, "replayed 4") {
 		t.Fatalf("replay to the ordered endpoint: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	mustExec(t, db, `UPDATE webhook_endpoints SET ordering = 'stream' WHERE id = $1::uuid`, switched)
-	if r := runCLI(t, db.URL, "dlq", "replay", itoa(own)); r.code != 0 || !strings.Contains(r.stdout, "replayed 1") {
-		t.Fatalf("replay to its own endpoint, ordered since: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	if r := runCLI(t, db.URL, "dlq", "replay", itoa(own), itoa(unordered)); r.code != 0 || !strings.Contains(r.stdout, "replayed 2") {
+		t.Fatalf("replay to their own endpoints: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
-	keyOf := func(deadLetter int64) *int64 {
+	type row struct {
+		id  int64
+		key *int64
+	}
+	rowOf := func(deadLetter int64) row {
 		t.Helper()
-		var key *int64
+		var r row
 		if err := db.Pool.QueryRow(context.Background(), `
-			SELECT o.order_key FROM webhook_outbox o JOIN webhook_dead_letter d USING (delivery_id)
-			WHERE d.id = $1`, deadLetter).Scan(&key); err != nil {
+			SELECT o.id, o.order_key FROM webhook_outbox o JOIN webhook_dead_letter d USING (delivery_id)
+			WHERE d.id = $1`, deadLetter).Scan(&r.id, &r.key); err != nil {
 			t.Fatalf("the replayed row of dead letter %d: %v", deadLetter, err)
 		}
-		return key
+		return r
 	}
-	kEarlier, kLater, kOwn := keyOf(earlier), keyOf(later), keyOf(own)
-	switch {
-	case kEarlier == nil || kLater == nil || kOwn == nil:
-		t.Fatalf("order keys: earlier %v, later %v, own endpoint %v; want every one set", kEarlier, kLater, kOwn)
-	case *kEarlier <= drawnBefore || *kOwn <= drawnBefore:
-		t.Errorf("order keys %d and %d, want both after %d, the last id drawn before the replay", *kEarlier, *kOwn, drawnBefore)
-	case *kEarlier >= *kLater:
-		t.Errorf("order keys: the earlier event %d, the later %d; want the enqueue order kept", *kEarlier, *kLater)
+	var keys []int64
+	for _, dl := range []int64{first, second, third, own} {
+		r := rowOf(dl)
+		switch {
+		case r.key == nil:
+			t.Fatalf("dead letter %d was replayed without an order key; want its row's id %d", dl, r.id)
+		case *r.key != r.id || *r.key <= drawnBefore:
+			t.Errorf("dead letter %d: order key %d, want its row's id %d, after %d (the last id drawn before the replay)", dl, *r.key, r.id, drawnBefore)
+		}
+		keys = append(keys, *r.key)
 	}
-	if k := keyOf(streamless); k != nil {
-		t.Errorf("the event without a stream got order key %d, want none", *k)
+	if !(keys[0] < keys[1] && keys[1] < keys[2]) {
+		t.Errorf("order keys of the events enqueued first, second, third: %v; want their enqueue order", keys[:3])
+	}
+	for _, dl := range []int64{streamless, unordered} {
+		if k := rowOf(dl).key; k != nil {
+			t.Errorf("dead letter %d (no stream, or an endpoint that does not order) got order key %d, want none", dl, *k)
+		}
 	}
 	// The claim's head check orders by key: the stream's pending event stays its head.
 	var head int64

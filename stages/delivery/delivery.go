@@ -48,7 +48,8 @@ type Delivery struct {
 	// lease ran out and whose row another claim took has its outcome refused (Outcome.Stale).
 	LeaseToken int64
 	// OrderKey is the row's place in its stream when its consumer orders streams (schema 6):
-	// its event's id, kept by every retry and replay. 0: unordered.
+	// its event's id (an event replayed into a stream it had no place in: its new row's id),
+	// kept by every retry and replay. 0: unordered.
 	OrderKey int64
 	// SendBy is the latest moment an attempt may start: just before the row's lease ends
 	// (by the wall clock); zero means no limit. A dispatcher that was paused past it (a

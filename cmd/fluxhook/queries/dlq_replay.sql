@@ -5,12 +5,12 @@
 -- routed so that it is not fanned out again; so does an event that went to WEBHOOK_URL after
 -- being routed. $2, when set, is the managed endpoint the dead letters go to instead
 -- (--to-endpoint: the command checked it exists, is enabled and has each event's tenant), and
--- $3 whether that endpoint orders streams: the order key is kept only if it does. Returns the
--- number of outbox rows written.
+-- $3 whether that endpoint orders streams: the order key is kept only if it does.
 --
 -- A dead letter without an order key whose destination orders streams (--to-endpoint names one
--- that does, or its own endpoint was switched to ordering since) gets a new key from the
--- outbox's id sequence: it goes after the stream's events enqueued before the replay.
+-- that does, or its own endpoint was switched to ordering since) gets its new row's id as its
+-- key: it goes after the stream's events enqueued before the replay. Returns the number of
+-- outbox rows written and the ids of those that need that key.
 --
 -- Ordered delivery (schema 6). The new row keeps the dead letter's order_key, so that a
 -- replayed event of an ordered stream takes its place in the stream again instead of going
@@ -53,24 +53,25 @@ WITH replayed AS (
     SELECT delivery_id, stream_id, event_type, payload, CASE WHEN $2::uuid IS NULL THEN endpoint_url END,
            enqueued_at, 1, now(), tenant, coalesce($2::uuid, endpoint_id),
            CASE WHEN $2::uuid IS NOT NULL OR endpoint_id IS NOT NULL OR endpoint_url IS NULL THEN now() END,
-           CASE
-               WHEN order_key IS NOT NULL AND ($2::uuid IS NULL OR $3::boolean) THEN order_key
-               -- No place in the stream to go back to (its endpoint did not order streams
-               -- when it failed), but its destination orders them now: it takes its place at
-               -- the end of its stream there, as an event enqueued now would, instead of
-               -- overtaking the stream's pending events.
-               WHEN r.stream_id IS NOT NULL
-                AND (SELECT e.ordering = 'stream' FROM webhook_endpoints e
-                     WHERE e.id = coalesce($2::uuid, r.endpoint_id))
-                   THEN nextval((SELECT pg_get_serial_sequence('webhook_outbox', 'id')::regclass))
-           END
-    -- Rows are numbered, and new keys drawn, in the order of the events' enqueue times: several
-    -- events of one stream replayed together keep their order.
+           CASE WHEN order_key IS NOT NULL AND ($2::uuid IS NULL OR $3::boolean) THEN order_key END
+    -- Rows are numbered in the order of the events' enqueue times (then of their dead letters):
+    -- several events of one stream replayed together keep that order when their ids become
+    -- their keys (below).
     FROM (SELECT * FROM replayed ORDER BY enqueued_at, id) r
     -- Never across tenants, --to-endpoint included (the command checks it too; a row refused
     -- here makes the count differ, and the command rolls back).
     WHERE $2::uuid IS NULL
        OR tenant IS NOT DISTINCT FROM (SELECT e.tenant FROM webhook_endpoints e WHERE e.id = $2::uuid)
-    RETURNING 1
+    RETURNING id, order_key, stream_id, endpoint_id
 )
-SELECT count(*) FROM inserted
+-- The rows that need a key: no place in their stream to go back to (their endpoint did not
+-- order streams when they failed), but a destination that orders streams now. Each takes its
+-- own id as its key, set by the command in the same transaction (a statement cannot update
+-- the rows it inserts): it joins its stream at the end there, as an event enqueued now would,
+-- instead of overtaking the stream's waiting events. An id, not a nextval of its own, so that
+-- replaying needs no grant on the sequence.
+SELECT count(*),
+       coalesce(array_agg(i.id ORDER BY i.id) FILTER (
+           WHERE i.order_key IS NULL AND i.stream_id IS NOT NULL
+             AND (SELECT e.ordering = 'stream' FROM webhook_endpoints e WHERE e.id = i.endpoint_id)), '{}')
+FROM inserted i
