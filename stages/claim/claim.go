@@ -125,8 +125,12 @@ type Result struct {
 	Horizon string
 	// OrderedWaiting: ordered rows may wait behind their streams' heads (or the horizon), so
 	// that settling a head calls for another claim. False only when this claim looked (it
-	// armed, ordering on) and found none among the first 1,000 due rows it did not take.
+	// armed, ordering on) and found none among the due rows it did not take (fewer than
+	// 1,000 of them).
 	OrderedWaiting bool
+	// HorizonNow is the horizon the reading just before the claim gave it (horizonNowSQL): 0
+	// when there was none, or when it found sessions holding the outbox's lock.
+	HorizonNow int64
 	// Last is the position of the last row claimed (the zero Cursor when none was): where
 	// the next claim may start while a backlog is being drained.
 	Last Cursor
@@ -184,7 +188,7 @@ var claimUnorderedSQL = func() string {
 	if begin < 0 || end < begin {
 		panic("fluxhook: claim.sql lost its ordering markers")
 	}
-	return claimSQL[:begin] + "AND ($11::bigint IS NULL OR true) -- no ordered rows\n" + claimSQL[end+len("-- ordering:end"):]
+	return claimSQL[:begin] + "AND ($11::bigint IS NULL OR $14::boolean IS NULL OR true) -- no ordered rows\n" + claimSQL[end+len("-- ordering:end"):]
 }()
 
 // statement is the claim statement for the ordering the claim was told about.
@@ -205,8 +209,9 @@ func (c *Claimer) statement() string {
 // back with the claim's lease token (delivery.Delivery.LeaseToken), which settle presents.
 func (c *Claimer) Claim(ctx context.Context, limit int, skip Skip, arm bool, after Cursor) (Result, error) {
 	token := c.nextToken()
-	if !c.ordered() || !arm {
-		rows, err := c.pool.Query(ctx, c.statement(), c.args(limit, skip, arm, after, token)...)
+	pre := c.ordered() && arm
+	if !pre {
+		rows, err := c.pool.Query(ctx, c.statement(), c.args(limit, skip, arm, after, token, false)...)
 		if err != nil {
 			return Result{}, fmt.Errorf("claim: %w", err)
 		}
@@ -214,9 +219,13 @@ func (c *Claimer) Claim(ctx context.Context, limit int, skip Skip, arm bool, aft
 	}
 	b := &pgx.Batch{}
 	var res Result
-	var readErr error
-	b.Queue(horizonNowSQL)
-	b.Queue(c.statement(), c.args(limit, skip, arm, after, token)...).Query(func(rows pgx.Rows) error {
+	var readingErr, readErr error
+	var horizonNow int64
+	b.Queue(horizonNowSQL).QueryRow(func(row pgx.Row) error {
+		readingErr = row.Scan(&horizonNow)
+		return readingErr
+	})
+	b.Queue(c.statement(), c.args(limit, skip, arm, after, token, true)...).Query(func(rows pgx.Rows) error {
 		res, readErr = read(rows, token)
 		return readErr
 	})
@@ -224,8 +233,12 @@ func (c *Claimer) Claim(ctx context.Context, limit int, skip Skip, arm bool, aft
 		if readErr != nil {
 			return Result{}, readErr
 		}
+		if readingErr != nil {
+			return Result{}, fmt.Errorf("claim: reading the hold-back horizon: %w", readingErr)
+		}
 		return Result{}, fmt.Errorf("claim: %w", err)
 	}
+	res.HorizonNow = horizonNow
 	return res, nil
 }
 
@@ -240,8 +253,15 @@ func (c *Claimer) Claim(ctx context.Context, limit int, skip Skip, arm bool, aft
 // arms takes it, the one that follows a wake-up: a busy dispatcher's claims follow each other
 // closely, each with the reading of the one before, and taking it there too raised the
 // ordered drain's statements per event from 0.021 to 0.035 with no throughput to show for it.
+//
+// The argument needs READ COMMITTED: under REPEATABLE READ the claim would reuse a snapshot
+// taken before this reading, and the reading is then not used (it sets 0). Any session
+// holding the lock at that moment (a producer, older or newer, or a claim, settle or janitor
+// statement of any instance) makes it 0 too, and the event waits for the claim after, as
+// before. It returns what it set, for Result.HorizonNow.
 const horizonNowSQL = `SELECT set_config('fluxhook.horizon_now',
-	CASE WHEN split_part(r, ':', 2) = '' THEN split_part(r, ':', 1) ELSE '0' END, true)
+	CASE WHEN split_part(r, ':', 2) = '' AND current_setting('transaction_isolation') = 'read committed'
+	     THEN split_part(r, ':', 1) ELSE '0' END, true)::bigint
 FROM webhook_outbox_horizon() r`
 
 // ordered reports whether the next claim orders (the statement with the head check).
@@ -256,11 +276,14 @@ func (c *Claimer) ordered() bool {
 // any of them undoes them all.
 func (c *Claimer) Queue(b *pgx.Batch, limit int, skip Skip, arm bool, after Cursor, res *Result) {
 	token := c.nextToken()
-	if c.ordered() && arm {
-		b.Queue(horizonNowSQL)
+	pre := c.ordered() && arm
+	var horizonNow int64
+	if pre {
+		b.Queue(horizonNowSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&horizonNow) })
 	}
-	b.Queue(c.statement(), c.args(limit, skip, arm, after, token)...).Query(func(rows pgx.Rows) (err error) {
+	b.Queue(c.statement(), c.args(limit, skip, arm, after, token, pre)...).Query(func(rows pgx.Rows) (err error) {
 		*res, err = read(rows, token)
+		res.HorizonNow = horizonNow
 		return err
 	})
 }
@@ -275,7 +298,10 @@ func (c *Claimer) nextToken() int64 { return c.tokens.Add(1) }
 // dispatcher leases itself (the delivery rows of an event routed in memory).
 func (c *Claimer) NextToken() int64 { return c.nextToken() }
 
-func (c *Claimer) args(limit int, skip Skip, arm bool, after Cursor, token int64) []any {
+// args are the claim statement's parameters; pre says whether a horizonNowSQL reading precedes
+// it in its transaction ($14: only then does the statement consult the setting, which a role's
+// or database's own setting of the same name could otherwise feed).
+func (c *Claimer) args(limit int, skip Skip, arm bool, after Cursor, token int64, pre bool) []any {
 	all, retries := skip.Endpoints, skip.Retries
 	if all == nil {
 		all = []string{}
@@ -292,7 +318,7 @@ func (c *Claimer) args(limit int, skip Skip, arm bool, after Cursor, token int64
 		o = *p
 	}
 	return []any{limit, c.lease.Milliseconds(), all, c.instance, arm, from, after.ID, token, retries,
-		o.Active, o.Horizon, o.Default, o.Routed}
+		o.Active, o.Horizon, o.Default, o.Routed, pre}
 }
 
 // read decodes the claim statement's rows, closing them.

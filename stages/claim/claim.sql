@@ -13,9 +13,9 @@
 --   Ordered delivery (schema 6): $10 whether any consumer orders its streams (false: none of
 --   what follows is evaluated, and ordering costs nothing), $11 the hold-back horizon: the
 --   largest id below which every row that will ever commit is visible to this claim (see
---   Horizon in horizon.go), or the setting fluxhook.horizon_now when larger: the reading that
---   Claim takes just before this statement, in its transaction, when it found no holders
---   (horizonNowSQL in claim.go), $12 whether WEBHOOK_ORDERING=stream orders the rows without a
+--   Horizon in horizon.go), or, with $14 (Claim took a reading just before this statement, in
+--   its transaction: horizonNowSQL in claim.go), the setting fluxhook.horizon_now that reading
+--   left when larger, $12 whether WEBHOOK_ORDERING=stream orders the rows without a
 --   managed endpoint (by their own id), $13 whether events are routed to endpoints (some
 --   endpoint exists), so that an event not routed yet may still become an ordered delivery.
 --   An ordered row is claimed only when its key is within the horizon and it is its stream's
@@ -59,8 +59,8 @@ WITH claimed AS (
                OR NOT (order_key IS NOT NULL
                        OR ($12::boolean AND stream_id IS NOT NULL AND endpoint_id IS NULL
                            AND NOT ($13::boolean AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)))
-               OR (coalesce(order_key, id) <= greatest($11::bigint,
-                       (SELECT coalesce(nullif(current_setting('fluxhook.horizon_now', true), ''), '0')::bigint))
+               OR (coalesce(order_key, id) <= greatest($11::bigint, CASE WHEN $14::boolean THEN
+                       (SELECT coalesce(nullif(current_setting('fluxhook.horizon_now', true), ''), '0')::bigint) END)
                    AND NOT EXISTS (
                        SELECT 1 FROM webhook_outbox p
                        WHERE p.stream_id = webhook_outbox.stream_id AND NOT p.processed
@@ -129,9 +129,11 @@ WITH claimed AS (
     -- Read after this statement's snapshot was taken, as Horizon requires.
     CASE WHEN $10::boolean THEN webhook_outbox_horizon() END AS horizon,
     -- Whether ordered rows wait behind their streams' heads (or the horizon) among those
-    -- rows: only then does settling a head call for another claim. NULL: not looked at.
+    -- rows: only then does settling a head, or the horizon moving, call for another claim.
+    -- NULL: not looked at. A look cut short at its 1,000 rows cannot tell: true.
     CASE WHEN $10::boolean AND $5::boolean AND (SELECT count(*) FROM claimed) < $1
-         THEN coalesce((SELECT bool_or(ordered AND (lease_until IS NULL OR lease_until < now())) FROM head), false)
+         THEN coalesce((SELECT count(*) >= 1000 OR bool_or(ordered AND (lease_until IS NULL OR lease_until < now()))
+                        FROM head), false)
     END AS held
 )
 SELECT c.*, NULL::interval, NULL::text, NULL::bigint, NULL::text, NULL::boolean FROM claimed c

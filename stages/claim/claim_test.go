@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/claim"
@@ -477,4 +478,111 @@ func TestOrderedClaimReadsTheHorizonFirst(t *testing.T) {
 	if got := claimed(); len(got) != 1 || got[0] != later {
 		t.Fatalf("once the producer transaction ended, the claim took %v, want %d", got, later)
 	}
+}
+
+// TestOrderedClaimReadingGuards: the reading before a claim is used only when it can be
+// trusted. Under REPEATABLE READ the claim's snapshot would predate it: unused. A session
+// setting of the same name (a role's, a database's, a connection string's) never stands in
+// for it. And a claim whose look at the rows it left was cut short at 1,000 reports ordered
+// rows as possibly waiting, so that a moved horizon still brings another claim.
+func TestOrderedClaimReadingGuards(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := deadline(t)
+	poolWith := func(params map[string]string) *pgxpool.Pool {
+		t.Helper()
+		cfg, err := pgxpool.ParseConfig(db.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range params {
+			cfg.ConnConfig.RuntimeParams[k] = v
+		}
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p
+	}
+	claimer := func(p *pgxpool.Pool, instance string) *claim.Claimer {
+		t.Helper()
+		c := claim.New(p, instance, time.Minute)
+		if err := c.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+		c.SetOrdering(claim.Ordering{Active: true, Default: true})
+		return c
+	}
+	claimOnce := func(c *claim.Claimer, arm bool) claim.Result {
+		t.Helper()
+		res, err := c.Claim(ctx, 10, claim.Skip{}, arm, claim.Cursor{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	insert := func() {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+			VALUES ('s', 'stream.updated', '{}')`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert()
+
+	t.Run("repeatable read", func(t *testing.T) {
+		c := claimer(poolWith(map[string]string{"default_transaction_isolation": "repeatable read"}), "rr")
+		if res := claimOnce(c, true); len(res.Rows) != 0 || res.HorizonNow != 0 {
+			t.Fatalf("under REPEATABLE READ the claim took %d rows with horizon %d from its reading, want 0 and 0",
+				len(res.Rows), res.HorizonNow)
+		}
+	})
+	t.Run("a session setting of the same name", func(t *testing.T) {
+		c := claimer(poolWith(map[string]string{"fluxhook.horizon_now": "9223372036854775807"}), "set")
+		for _, arm := range []bool{false, true} {
+			open, err := db.Pool.Begin(ctx) // a holder: the reading gives nothing
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := open.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload) VALUES ('other', '{}')`); err != nil {
+				t.Fatal(err)
+			}
+			res := claimOnce(c, arm)
+			_ = open.Rollback(ctx)
+			for _, d := range res.Rows {
+				if d.StreamID == "s" {
+					t.Fatalf("arm %v: the claim took the ordered row past its horizon, on the session's own setting", arm)
+				}
+			}
+		}
+	})
+	t.Run("a look cut short", func(t *testing.T) {
+		// 1,000 unordered rows leased by another instance stand before the ordered one.
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, created_at)
+			SELECT 'bulk', '{}', now() - interval '1 hour' FROM generate_series(1, 1000)`); err != nil {
+			t.Fatal(err)
+		}
+		other := claim.New(db.Pool, "other", time.Minute)
+		if err := other.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := other.Claim(ctx, 1000, claim.Skip{}, false, claim.Cursor{}); err != nil || len(res.Rows) != 1000 {
+			t.Fatalf("leasing the 1,000 rows: %d, %v", len(res.Rows), err)
+		}
+		// A horizon of 0 and a holder open: the ordered row waits, behind 1,000 leased rows.
+		open, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer open.Rollback(ctx)
+		if _, err := open.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload) VALUES ('other', '{}')`); err != nil {
+			t.Fatal(err)
+		}
+		res := claimOnce(claimer(db.Pool, "cut"), true)
+		if len(res.Rows) != 0 || !res.OrderedWaiting {
+			t.Fatalf("claim took %d rows, ordered waiting %v; want 0 and true (its look stopped at 1,000 rows)",
+				len(res.Rows), res.OrderedWaiting)
+		}
+	})
 }

@@ -18,9 +18,9 @@ import (
 // to L that was not visible belongs to one of those holders. When a later reading no longer
 // lists any of them, all have ended, and every claim from the next one on (its snapshot is
 // taken after that reading) sees every committed id up to L. A reading with no holders at all
-// settles its own L for the next claim. The claim itself also takes a reading just before its
+// settles its own L for the next claim. A claim that arms also takes a reading just before its
 // statement (Claimer.Claim), which it may use at once when it finds no holders: an event alone
-// goes with the first claim, and waits only while an older producer transaction is open.
+// usually goes with the first claim, and otherwise with the one after, as it did before.
 //
 // The zero value is ready to use; one claiming loop owns it (not safe for concurrent use).
 type Horizon struct {

@@ -53,11 +53,11 @@ func (d *Dispatcher) beforeClaim(s *orderingState) {
 }
 
 // afterClaim takes the claim's hold-back reading and sets the timer for the next look: at once
-// when the horizon moved and the claim left ordered rows waiting (rows it held back may go
-// now), soon while a producer transaction that could still commit an older event is open. A
-// claim that left no ordered row waiting calls for no other: the rows it could not see arrive
-// with their own wake-ups, and an event alone was sent by the claim that moved the horizon
-// (the reading before it, see claim.Claimer.Claim).
+// when the horizon moved (rows it held back may go now), soon while a producer transaction
+// that could still commit an older event is open. A claim whose own reading just before it
+// found nothing open (claim.Result.HorizonNow) and that left no ordered row waiting calls for
+// no other: it could send every ordered row it saw, and the rows it could not see arrive with
+// their own wake-ups. That is the claim an event alone goes with.
 func (d *Dispatcher) afterClaim(s *orderingState, res claim.Result) {
 	if res.Horizon == "" {
 		return
@@ -77,7 +77,7 @@ func (d *Dispatcher) afterClaim(s *orderingState, res claim.Result) {
 		s.wait = 0
 	}
 	switch {
-	case moved && res.OrderedWaiting:
+	case moved && (res.OrderedWaiting || res.HorizonNow == 0):
 		d.waker.DueIn(0)
 	case s.horizon.Waiting():
 		s.wait = min(max(2*s.wait, minHoldbackLook), maxHoldbackLook)
