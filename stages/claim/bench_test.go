@@ -172,22 +172,12 @@ func benchDatabase(b *testing.B, rows int, maxConns int32, params map[string]str
 	if _, err := db.Pool.Exec(ctx, `VACUUM ANALYZE webhook_outbox`); err != nil {
 		b.Fatal(err)
 	}
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for k, v := range params {
-		cfg.ConnConfig.RuntimeParams[k] = v
-	}
-	dispatcher.SessionParams(cfg.ConnConfig.RuntimeParams, false)
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(pool.Close)
+	pool := poolWith(b, db.URL, params, func(cfg *pgxpool.Config) {
+		dispatcher.SessionParams(cfg.ConnConfig.RuntimeParams, false)
+		if maxConns > 0 {
+			cfg.MaxConns = maxConns
+		}
+	})
 	c := claim.New(pool, "bench", time.Minute)
 	if err := c.Register(ctx); err != nil {
 		b.Fatal(err)

@@ -489,22 +489,6 @@ func TestOrderedClaimReadingGuards(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 	ctx := deadline(t)
-	poolWith := func(params map[string]string) *pgxpool.Pool {
-		t.Helper()
-		cfg, err := pgxpool.ParseConfig(db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for k, v := range params {
-			cfg.ConnConfig.RuntimeParams[k] = v
-		}
-		p, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		return p
-	}
 	claimer := func(p *pgxpool.Pool, instance string) *claim.Claimer {
 		t.Helper()
 		c := claim.New(p, instance, time.Minute)
@@ -532,22 +516,16 @@ func TestOrderedClaimReadingGuards(t *testing.T) {
 	insert()
 
 	t.Run("repeatable read", func(t *testing.T) {
-		c := claimer(poolWith(map[string]string{"default_transaction_isolation": "repeatable read"}), "rr")
+		c := claimer(poolWith(t, db.URL, map[string]string{"default_transaction_isolation": "repeatable read"}, nil), "rr")
 		if res := claimOnce(c, true); len(res.Rows) != 0 || res.HorizonNow != 0 {
 			t.Fatalf("under REPEATABLE READ the claim took %d rows with horizon %d from its reading, want 0 and 0",
 				len(res.Rows), res.HorizonNow)
 		}
 	})
 	t.Run("a session setting of the same name", func(t *testing.T) {
-		c := claimer(poolWith(map[string]string{"fluxhook.horizon_now": "9223372036854775807"}), "set")
+		c := claimer(poolWith(t, db.URL, map[string]string{"fluxhook.horizon_now": "9223372036854775807"}, nil), "set")
 		for _, arm := range []bool{false, true} {
-			open, err := db.Pool.Begin(ctx) // a holder: the reading gives nothing
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := open.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload) VALUES ('other', '{}')`); err != nil {
-				t.Fatal(err)
-			}
+			open := openProducer(t, ctx, db.Pool) // a holder: the reading gives nothing
 			res := claimOnce(c, arm)
 			_ = open.Rollback(ctx)
 			for _, d := range res.Rows {
@@ -571,14 +549,7 @@ func TestOrderedClaimReadingGuards(t *testing.T) {
 			t.Fatalf("leasing the 1,000 rows: %d, %v", len(res.Rows), err)
 		}
 		// A horizon of 0 and a holder open: the ordered row waits, behind 1,000 leased rows.
-		open, err := db.Pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer open.Rollback(ctx)
-		if _, err := open.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload) VALUES ('other', '{}')`); err != nil {
-			t.Fatal(err)
-		}
+		openProducer(t, ctx, db.Pool)
 		res := claimOnce(claimer(db.Pool, "cut"), true)
 		if len(res.Rows) != 0 || !res.OrderedWaiting {
 			t.Fatalf("claim took %d rows, ordered waiting %v; want 0 and true (its look stopped at 1,000 rows)",

@@ -307,13 +307,19 @@ func TestGateSurvivesRedisOutage(t *testing.T) {
 // retries than the limit within one window.
 func TestRateLimitEndToEnd(t *testing.T) {
 	t.Parallel()
+	onEachStore(t, testRateLimitEndToEnd)
+}
+
+// onEachStore runs test in parallel subtests, once on Redis (a prefix of its own) and once on
+// the in-process store: the gate's behaviour through the dispatcher is the same on both.
+func onEachStore(t *testing.T, test func(*testing.T, gate.Store)) {
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
-		testRateLimitEndToEnd(t, redistest.Open(t, redistest.Prefix(t)))
+		test(t, redistest.Open(t, redistest.Prefix(t)))
 	})
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
-		testRateLimitEndToEnd(t, memstore.New(memstore.Options{}))
+		test(t, memstore.New(memstore.Options{}))
 	})
 }
 
@@ -644,14 +650,7 @@ func (g *stallingProbe) Check(ctx context.Context, batch []*delivery.Delivery) {
 // waits).
 func TestProbeReleasedUnsentGivesTheProbeBack(t *testing.T) {
 	t.Parallel()
-	t.Run("redis", func(t *testing.T) {
-		t.Parallel()
-		testProbeReleasedUnsent(t, redistest.Open(t, redistest.Prefix(t)))
-	})
-	t.Run("memory", func(t *testing.T) {
-		t.Parallel()
-		testProbeReleasedUnsent(t, memstore.New(memstore.Options{}))
-	})
+	onEachStore(t, testProbeReleasedUnsent)
 }
 
 func testProbeReleasedUnsent(t *testing.T, store gate.Store) {
