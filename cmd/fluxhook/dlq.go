@@ -487,6 +487,11 @@ type lockedDeadLetter struct {
 	// EndpointRemoved: its managed endpoint no longer exists; replayed to it, the event would
 	// only be dead-lettered again, so it is replayed only with --to-endpoint.
 	EndpointRemoved bool
+	// EndpointOtherTenant: its managed endpoint now belongs to another tenant (EndpointTenant,
+	// nil for none); the event goes back there never, only with --to-endpoint to an endpoint
+	// of its own tenant.
+	EndpointOtherTenant bool
+	EndpointTenant      *string
 }
 
 // replayTarget is the endpoint --to-endpoint names.
@@ -531,7 +536,7 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 		locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lockedDeadLetter, error) {
 			var l lockedDeadLetter
 			return l, r.Scan(&l.ID, &l.DeliveryID, &l.EventType, &l.ReplayedAt, &l.EndpointID, &l.SupersededBy,
-				&l.Tenant, &l.EndpointRemoved)
+				&l.Tenant, &l.EndpointRemoved, &l.EndpointOtherTenant, &l.EndpointTenant)
 		})
 		if err != nil {
 			return fmt.Errorf("reading dead letters: %w", err)
@@ -556,6 +561,8 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 				out.skip = append(out.skip, l)
 			case target == nil && l.EndpointRemoved:
 				out.removed = append(out.removed, l)
+			case target == nil && l.EndpointOtherTenant:
+				out.ownOtherTenant = append(out.ownOtherTenant, l)
 			case target != nil && !sameTenant(l.Tenant, target.tenant):
 				out.otherTenant = append(out.otherTenant, l)
 			case target != nil && toTarget[l.DeliveryID]:
@@ -642,10 +649,12 @@ type replayOutcome struct {
 	selected                                                  []string
 	target                                                    *replayTarget
 	replay, skip, superseded, removed, otherTenant, sameEvent []lockedDeadLetter
+	// ownOtherTenant: replayed to their own endpoint, whose tenant has changed since.
+	ownOtherTenant []lockedDeadLetter
 }
 
 func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
-	if all && len(o.replay)+len(o.skip)+len(o.superseded)+len(o.removed)+len(o.otherTenant)+len(o.sameEvent) == 0 {
+	if all && len(o.replay)+len(o.skip)+len(o.superseded)+len(o.removed)+len(o.otherTenant)+len(o.ownOtherTenant)+len(o.sameEvent) == 0 {
 		_, err := fmt.Fprintln(w, "no dead letters match")
 		return err
 	}
@@ -686,6 +695,10 @@ func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
 		fmt.Fprintf(tw, "skipped\t%d\t%s\tits tenant (%s) is not endpoint %s's (%s): events never cross tenants\n",
 			l.ID, printable(l.EventType), tenantName(l.Tenant), o.target.id, tenantName(o.target.tenant))
 	}
+	for _, l := range o.ownOtherTenant {
+		fmt.Fprintf(tw, "skipped\t%d\t%s\tits endpoint %s now belongs to %s, not to the event's tenant (%s): events never cross tenants; --to-endpoint ID replays it to an endpoint of its tenant\n",
+			l.ID, printable(l.EventType), *l.EndpointID, tenantName(l.EndpointTenant), tenantName(l.Tenant))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -699,8 +712,8 @@ func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
 	if len(o.removed) > 0 {
 		summary += fmt.Sprintf(", skipped %d of removed endpoints", len(o.removed))
 	}
-	if len(o.otherTenant) > 0 {
-		summary += fmt.Sprintf(", skipped %d of other tenants", len(o.otherTenant))
+	if n := len(o.otherTenant) + len(o.ownOtherTenant); n > 0 {
+		summary += fmt.Sprintf(", skipped %d of other tenants", n)
 	}
 	if len(o.sameEvent) > 0 {
 		summary += fmt.Sprintf(", skipped %d of events already going there", len(o.sameEvent))

@@ -1026,9 +1026,9 @@ func TestDLQReplayOrdinaryDeadLetters(t *testing.T) {
 		key    *int64
 	}{{&unorderedRow, nil, nil}, {&skippedRow, ptr("order-9"), ptr(int64(500))}} {
 		if err := db.Pool.QueryRow(ctx, `
-			INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, routed_at, attempt, order_key,
+			INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, tenant, routed_at, attempt, order_key,
 			                            processed, processed_at, status_code, error)
-			VALUES ($3, 'order.created', '{}', $1::uuid, now(), 2, $2, true, now(), 404, 'HTTP 404')
+			VALUES ($3, 'order.created', '{}', $1::uuid, 'acme', now(), 2, $2, true, now(), 404, 'HTTP 404')
 			RETURNING id`, stoppedEndpoint, r.key, r.stream).Scan(r.id); err != nil {
 			t.Fatal(err)
 		}
@@ -1038,9 +1038,9 @@ func TestDLQReplayOrdinaryDeadLetters(t *testing.T) {
 		var id int64
 		if err := db.Pool.QueryRow(ctx, `
 			INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, attempts, reason,
-			                                 enqueued_at, endpoint_id, order_key)
+			                                 enqueued_at, endpoint_id, order_key, tenant)
 			SELECT id, delivery_id, stream_id, event_type, payload, attempt, 'permanent: HTTP 404', enqueued_at,
-			       endpoint_id, order_key
+			       endpoint_id, order_key, tenant
 			FROM webhook_deliveries WHERE id = $1
 			RETURNING id`, outboxID).Scan(&id); err != nil {
 			t.Fatal(err)
@@ -1366,5 +1366,47 @@ func TestDLQReplayWithoutAKeyToAnOrderedEndpoint(t *testing.T) {
 	}
 	if head != pending {
 		t.Errorf("the head of cart-1 at the ordered endpoint is row %d, want the pending event's row %d", head, pending)
+	}
+}
+
+// TestDLQReplayToItsEndpointOfAnotherTenantNow: a dead letter of an acme event whose endpoint
+// has since been given to globex is not replayed to it (by id or in bulk): the replay names
+// both tenants and points at --to-endpoint, and writes nothing. One of an endpoint still of its
+// tenant goes as before.
+func TestDLQReplayToItsEndpointOfAnotherTenantNow(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	const (
+		moved = "abababab-0000-4000-8000-000000000001"
+		kept  = "cdcdcdcd-0000-4000-8000-000000000002"
+	)
+	ensureEndpoint(t, db, moved, "acme", "none")
+	ensureEndpoint(t, db, kept, "acme", "none")
+	var toMoved, toKept int64
+	for _, d := range []struct {
+		id       *int64
+		endpoint string
+	}{{&toMoved, moved}, {&toKept, kept}} {
+		if err := db.Pool.QueryRow(context.Background(), `
+			INSERT INTO webhook_dead_letter (delivery_id, event_type, payload, attempts, reason, enqueued_at, tenant, endpoint_id)
+			VALUES (gen_random_uuid(), 'invoice.paid', '{"n": 1}', 3, 'attempts exhausted', now(), 'acme', $1::uuid)
+			RETURNING id`, d.endpoint).Scan(d.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustExec(t, db, `UPDATE webhook_endpoints SET tenant = 'globex' WHERE id = $1::uuid`, moved)
+
+	for _, args := range [][]string{{itoa(toMoved)}, {"--all-matching", "--endpoint-id", moved}} {
+		r := runCLI(t, db.URL, append([]string{"dlq", "replay"}, args...)...)
+		if r.code != 0 || !strings.Contains(r.stdout, "its endpoint "+moved+" now belongs to globex, not to the event's tenant (acme)") ||
+			!strings.Contains(r.stdout, "replayed 0, skipped 1 of other tenants\n") {
+			t.Errorf("dlq replay %v: exit %d:\n%s%s", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox`); n != 0 {
+		t.Errorf("a replay to an endpoint now of another tenant wrote %d outbox rows", n)
+	}
+	if r := runCLI(t, db.URL, "dlq", "replay", itoa(toKept)); r.code != 0 || !strings.Contains(r.stdout, "replayed 1\n") {
+		t.Errorf("replay to an endpoint of its tenant: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

@@ -613,9 +613,9 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 		!scheme.set && !ordering.set && !orderingFailure.set {
 		return usageError("endpoints update needs something to change: --url, --event-types, --tenant, --description, --retry-rps, --max-concurrency, --header, --clear-headers, --ordering, --ordering-failure or --scheme")
 	}
-	var newSecret string
+	var res endpoints.Updated
 	d, c, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, c *endpoints.Cipher) (err error) {
-		if newSecret, err = endpoints.Update(ctx, pool, c, id, p); err == nil && ordering.set && *p.Ordering == endpoints.OrderingStream {
+		if res, err = endpoints.Update(ctx, pool, c, id, p); err == nil && ordering.set && *p.Ordering == endpoints.OrderingStream {
 			ensureStreamIndex(ctx, env, pool)
 		}
 		return err
@@ -623,6 +623,7 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	if err != nil {
 		return err
 	}
+	newSecret := res.NewSecret
 	if newSecret != "" {
 		warnClear(env, c)
 	}
@@ -630,6 +631,10 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 		return writeJSON(env.stdout, endpointReport{Details: d, Secret: newSecret})
 	}
 	fmt.Fprintf(env.stdout, "updated endpoint %s\n", d.ID)
+	if res.DeadLettered > 0 {
+		fmt.Fprintf(env.stdout, "Its tenant changed: its %d pending deliveries, routed under the old tenant, were dead-lettered (%q); `fluxhook dlq replay --to-endpoint ID` sends them to an endpoint of their tenant.\n",
+			res.DeadLettered, endpoints.TenantChangedReason)
+	}
 	if newSecret != "" {
 		fmt.Fprintf(env.stdout, "The scheme is now %s, with a new secret; the old one no longer signs.\n", d.Scheme)
 		printSecret(env.stdout, d.ID, newSecret)

@@ -397,38 +397,54 @@ func readState(ctx context.Context, q Querier, id string) (state, error) {
 // command meets once in a blue moon; a loop that keeps losing reports it rather than spinning.
 const casAttempts = 5
 
-// Update applies p to the endpoint with that id, validating it as Add does. It returns the
-// new secret in plain text when p changed the scheme (the caller shows it once, as after
-// Add), "" otherwise. An empty patch changes nothing and only checks that the endpoint exists.
-func Update(ctx context.Context, q Querier, c *Cipher, id string, p Patch) (newSecret string, err error) {
+// Updated is what Update did besides writing the patch.
+type Updated struct {
+	// NewSecret is the new secret in plain text when the patch changed the scheme (the
+	// caller shows it once, as after Add), "" otherwise.
+	NewSecret string
+	// DeadLettered counts the pending deliveries a tenant change moved to the dead-letter
+	// table (reason TenantChangedReason): they were routed under the old tenant, and an
+	// event never goes to an endpoint of another tenant.
+	DeadLettered int64
+}
+
+// TenantChangedReason is the dead-letter reason of the deliveries pending for an endpoint
+// when its tenant was changed.
+const TenantChangedReason = "endpoint tenant changed"
+
+// Update applies p to the endpoint with that id, validating it as Add does, in one statement:
+// a tenant change dead-letters the deliveries pending for the endpoint at the same time (see
+// Updated). An empty patch changes nothing and only checks that the endpoint exists.
+func Update(ctx context.Context, q Querier, c *Cipher, id string, p Patch) (Updated, error) {
 	key, err := parseID(id)
 	if err != nil {
-		return "", err
+		return Updated{}, err
 	}
 	if err := p.validate(); err != nil {
-		return "", err
+		return Updated{}, err
 	}
 	for range casAttempts {
 		s, err := readState(ctx, q, key)
 		if err != nil || p.empty() {
-			return "", err
+			return Updated{}, err
 		}
 		w, err := p.write(s, c)
 		if err != nil {
-			return "", err
+			return Updated{}, err
 		}
 		var got string
+		var dead int64
 		err = q.QueryRow(ctx, updateSQL, key, w.set, s.scheme, string(s.headers), w.url, w.description, w.tenant,
-			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed, w.ordering, w.orderingFailure).Scan(&got)
+			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed, w.ordering, w.orderingFailure).Scan(&got, &dead)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // its scheme or headers changed (or it was removed) since the read: decide again
 		}
 		if err != nil {
-			return "", fmt.Errorf("updating endpoint %s: %w", key, err)
+			return Updated{}, fmt.Errorf("updating endpoint %s: %w", key, err)
 		}
-		return w.secret, nil
+		return Updated{NewSecret: w.secret, DeadLettered: dead}, nil
 	}
-	return "", fmt.Errorf("updating endpoint %s: it kept changing while being updated; try again", key)
+	return Updated{}, fmt.Errorf("updating endpoint %s: it kept changing while being updated; try again", key)
 }
 
 // write is a Patch turned into update.sql's arguments.

@@ -350,12 +350,12 @@ func TestUpdate(t *testing.T) {
 	ptr := func(s string) *string { return &s }
 	num := func(n int) *int { return &n }
 
-	secret, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{
+	up, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{
 		URL: ptr("https://b.example/"), Description: ptr("moved"), Tenant: ptr(""), EventTypes: &[]string{},
 		RetryRPS: num(0), MaxConcurrency: num(7), Headers: &map[string]string{"x-one": "uno", "X-Three": "3"}, MergeHeaders: true,
 	})
-	if err != nil || secret != "" {
-		t.Fatalf("Update = %q, %v", secret, err)
+	if err != nil || up.NewSecret != "" {
+		t.Fatalf("Update = %+v, %v", up, err)
 	}
 	got := mustGet(t, db, c, e.ID)
 	if got.URL != "https://b.example/" || got.Description != "moved" || got.Tenant != "" || len(got.EventTypes) != 0 ||
@@ -374,14 +374,15 @@ func TestUpdate(t *testing.T) {
 	}
 
 	// Setting the scheme it has changes nothing, the secret included.
-	if secret, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{Scheme: ptr("fluxora")}); err != nil || secret != "" {
-		t.Errorf("Update to the same scheme = %q, %v", secret, err)
+	if up, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{Scheme: ptr("fluxora")}); err != nil || up.NewSecret != "" {
+		t.Errorf("Update to the same scheme = %+v, %v", up, err)
 	}
 	if got := mustGet(t, db, c, e.ID); got.Secret != before.Secret || got.PreviousSecret == "" {
 		t.Errorf("Update to the same scheme changed the secrets")
 	}
 	// A scheme change comes with a new secret in that scheme's form, and drops the previous one.
-	secret, err = endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{Scheme: ptr("standard")})
+	up, err = endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{Scheme: ptr("standard")})
+	secret := up.NewSecret
 	if err != nil || !strings.HasPrefix(secret, "whsec_") {
 		t.Fatalf("Update to standard = %q, %v", secret, err)
 	}
@@ -802,5 +803,61 @@ func TestNotFound(t *testing.T) {
 	_, err = endpoints.Get(ctx, db.Pool, nil, "nope")
 	if err == nil || !strings.Contains(err.Error(), `endpoint "nope" not found`) || !strings.Contains(err.Error(), "UUID") {
 		t.Errorf("malformed id: %v", err)
+	}
+}
+
+// TestUpdateTenantDeadLettersPending: a tenant change moves the deliveries pending for the
+// endpoint (routed under the old tenant, leased or not) to the dead-letter table, reason
+// TenantChangedReason, in the update's statement; a change of anything else, or an update that
+// sets the same tenant, leaves them pending, as it leaves other endpoints' deliveries.
+func TestUpdateTenantDeadLettersPending(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	e := mustAdd(t, db, nil, endpoints.New{URL: "https://a.example/", Tenant: "acme"})
+	other := mustAdd(t, db, nil, endpoints.New{URL: "https://b.example/", Tenant: "acme"})
+	pending := func(id string) int {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, ep := range []string{e.ID, e.ID, other.ID} {
+		if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, tenant, endpoint_id, routed_at, attempt)
+			VALUES ('order.paid', '{}', 'acme', $1, now(), 2)`, ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One of them in flight: leased by a dispatcher.
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET leased_by = 'x', lease_token = 1, lease_until = now() + interval '1 minute'
+		WHERE id = (SELECT min(id) FROM webhook_outbox WHERE endpoint_id = $1)`, e.ID); err != nil {
+		t.Fatal(err)
+	}
+	ptr := func(s string) *string { return &s }
+	for _, p := range []endpoints.Patch{{Description: ptr("renamed")}, {Tenant: ptr("acme")}, {URL: ptr("https://c.example/")}} {
+		up, err := endpoints.Update(ctx, db.Pool, nil, e.ID, p)
+		if err != nil || up.DeadLettered != 0 || pending(e.ID) != 2 {
+			t.Fatalf("Update(%+v) = %+v, %v with %d pending; want nothing dead-lettered, 2 pending", p, up, err, pending(e.ID))
+		}
+	}
+	up, err := endpoints.Update(ctx, db.Pool, nil, e.ID, endpoints.Patch{Tenant: ptr("globex")})
+	if err != nil || up.DeadLettered != 2 {
+		t.Fatalf("Update to tenant globex = %+v, %v; want its 2 pending deliveries dead-lettered", up, err)
+	}
+	if n := pending(e.ID); n != 0 {
+		t.Errorf("%d deliveries still pending for the endpoint after its tenant changed", n)
+	}
+	var dead int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1 AND reason = $2 AND tenant = 'acme'`,
+		e.ID, endpoints.TenantChangedReason).Scan(&dead); err != nil || dead != 2 {
+		t.Errorf("%d dead letters with reason %q (%v), want 2", dead, endpoints.TenantChangedReason, err)
+	}
+	if n := pending(other.ID); n != 1 {
+		t.Errorf("another endpoint of the old tenant has %d pending deliveries, want its 1 untouched", n)
+	}
+	// Back to no tenant: the globex endpoint has nothing pending, and an acme row is not its.
+	if up, err := endpoints.Update(ctx, db.Pool, nil, e.ID, endpoints.Patch{Tenant: ptr("")}); err != nil || up.DeadLettered != 0 {
+		t.Errorf("Update to no tenant = %+v, %v", up, err)
 	}
 }

@@ -436,6 +436,7 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 	var out Routed
 	var kind string
 	var payload []byte
+	var tenant *string
 	var keep bool
 	var n int64
 	// The payload comes once per event, and the event's deliveries share it, compacted once,
@@ -444,10 +445,13 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 	payloads := make(map[string][]byte, len(events))
 	for rows.Next() {
 		d := &delivery.Delivery{LeaseToken: token, Routed: true}
-		payload = nil
+		payload, tenant = nil, nil
 		if err := rows.Scan(&kind, &d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload, &d.Attempt,
-			&d.EnqueuedAt, &d.DueAt, &d.EndpointID, &d.Tenant, &keep, &n); err != nil {
+			&d.EnqueuedAt, &d.DueAt, &d.EndpointID, &tenant, &keep, &n); err != nil {
 			return Routed{}, fmt.Errorf("routing events to endpoints: scanning: %w", err)
+		}
+		if tenant != nil { // NULL and '' are different tenants, as in routing
+			d.Tenant, d.EmptyTenant = *tenant, *tenant == ""
 		}
 		if kind != "d" && payload != nil {
 			payloads[d.DeliveryID] = compact(payload)

@@ -10,7 +10,11 @@
 -- never across tenants), existed when the event was enqueued (an endpoint added later
 -- receives only later events), and whose filter is empty, names the event type, or holds a
 -- "prefix.*" pattern the type starts with (prefix and dot). The event row itself is fenced
--- like a settle: routed only while this claim still holds it, and only once (routed_at).
+-- like a settle: routed only while this claim still holds it, and only once (routed_at). The
+-- writes check the lease again, and deliveries are made only for the events written: src's
+-- read does not lock the row, and a claim that re-leased it after its lease ran out, committed
+-- while this statement waited for the row, must find it untouched (the update and the delete
+-- see that claim's version of the row, and only their own conditions are checked on it).
 -- When WEBHOOK_URL takes the event, the event row stays pending as its delivery; otherwise it
 -- is settled here (moved to the delivery log), its error saying how many endpoints got it, or
 -- 'no endpoint matched': such an event is recorded and counted, never silently dropped.
@@ -30,7 +34,7 @@
 WITH input AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token)
 ), src AS (
-    SELECT o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.created_at, o.enqueued_at, o.tenant,
+    SELECT o.id, i.token, o.delivery_id, o.stream_id, o.event_type, o.payload, o.created_at, o.enqueued_at, o.tenant,
            $4::boolean AND o.tenant IS NULL AS keep,
            $7::boolean AND o.stream_id IS NOT NULL AS ordered
     FROM webhook_outbox o JOIN input i ON o.id = i.id
@@ -51,7 +55,7 @@ WITH input AS (
           OR EXISTS (SELECT 1 FROM unnest(e.event_types) f
                      WHERE f LIKE '%.*' AND starts_with(src.event_type, left(f, -1))))
 ), counted AS (
-    SELECT src.id, src.keep, src.ordered, coalesce(m.n, 0) AS n
+    SELECT src.id, src.token, src.keep, src.ordered, coalesce(m.n, 0) AS n
     FROM src LEFT JOIN (SELECT id, count(*) AS n FROM matched GROUP BY id) m ON m.id = src.id
 ), kept AS (
     -- An event WEBHOOK_URL takes stays in the queue as its delivery.
@@ -61,14 +65,14 @@ WITH input AS (
         leased_by = CASE WHEN c.ordered THEN NULL ELSE o.leased_by END,
         lease_token = CASE WHEN c.ordered THEN NULL ELSE o.lease_token END
     FROM counted c
-    WHERE o.id = c.id AND c.keep
+    WHERE o.id = c.id AND c.keep AND o.leased_by = $3 AND o.lease_token = c.token AND o.routed_at IS NULL
     RETURNING o.id, o.delivery_id, o.payload, c.keep, c.ordered, c.n
 ), gone AS (
     -- Any other event leaves the queue for the delivery log (schema 7), its error saying what
     -- became of it.
     DELETE FROM webhook_outbox o
     USING counted c
-    WHERE o.id = c.id AND NOT c.keep
+    WHERE o.id = c.id AND NOT c.keep AND o.leased_by = $3 AND o.lease_token = c.token AND o.routed_at IS NULL
     RETURNING o.id, o.stream_id, o.event_type, o.payload, o.created_at, o.delivery_id, o.attempt, o.enqueued_at,
               o.endpoint_url, o.tenant, o.lease_token, c.keep, c.ordered, c.n
 ), logged AS (
@@ -91,16 +95,17 @@ WITH input AS (
            CASE WHEN order_key IS NULL THEN now() + $6::bigint * interval '1 millisecond' END,
            CASE WHEN order_key IS NULL THEN $3 END, CASE WHEN order_key IS NULL THEN $5::bigint END, order_key
     FROM matched
+    WHERE id IN (SELECT id FROM events)
     ORDER BY id, endpoint_id
     RETURNING id, delivery_id::text AS delivery_id, coalesce(stream_id, '') AS stream_id, event_type,
               CASE WHEN delivery_id IN (SELECT delivery_id FROM shared) THEN payload::text END AS payload,
               attempt, enqueued_at, created_at, endpoint_id::text AS endpoint_id,
-              coalesce(tenant, '') AS tenant, order_key
+              tenant, order_key
 )
 SELECT CASE WHEN f.order_key IS NULL THEN 'd' ELSE 'q' END, f.id, f.delivery_id, f.stream_id, f.event_type,
        f.payload, f.attempt, f.enqueued_at, f.created_at, f.endpoint_id, f.tenant, false, 0::bigint
 FROM fan f
 UNION ALL
 SELECT CASE WHEN e.keep AND e.ordered THEN 'r' ELSE 'e' END, e.id, e.delivery_id::text, '', '',
-       CASE WHEN e.n > 0 THEN e.payload::text END, 1, now(), now(), '', '', e.keep, e.n
+       CASE WHEN e.n > 0 THEN e.payload::text END, 1, now(), now(), '', NULL, e.keep, e.n
 FROM events e

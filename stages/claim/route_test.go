@@ -6,9 +6,11 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/stages/claim"
+	"github.com/fluxora/fluxhook/stages/delivery"
 )
 
 // TestRouteProperty drives random endpoints (tenants, filters, enabled or not) and random
@@ -162,5 +164,99 @@ func TestRouteKeepsPayloadsApartUnderOneDeliveryID(t *testing.T) {
 	}
 	if want := map[string]int{`{"n":1}`: 2, `{"n":2}`: 2}; !maps.Equal(got, want) {
 		t.Errorf("payloads of the deliveries %v, want %v: each event's own, to both endpoints", got, want)
+	}
+}
+
+// TestRouteIsFencedWhileItWaitsForTheRow: a claim whose lease on an event ran out, and whose
+// event another claim re-leased and committed while the routing statement waited for the row,
+// routes nothing: no delivery is made, and the other claim's row is left as it holds it. The
+// statement's read of the event does not lock it; its write sees the other claim's version of
+// the row, and only the write's own conditions are checked on that version.
+func TestRouteIsFencedWhileItWaitsForTheRow(t *testing.T) {
+	t.Parallel()
+	db, c := newRegistered(t, "a")
+	ctx := deadline(t)
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, created_at)
+		VALUES ('http://127.0.0.1:1/hook', 's', now() - interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, enqueued_at)
+		VALUES ('t.fenced', '{}', now() - interval '1 second')`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
+	if err != nil || len(res.Rows) != 1 {
+		t.Fatalf("claimed %d rows: %v; want the event", len(res.Rows), err)
+	}
+	ev := res.Rows[0]
+
+	// Another instance's claim re-leases the row (as after the lease ran out), uncommitted
+	// while the routing statement starts.
+	other, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Rollback(ctx) }()
+	if _, err := other.Exec(ctx, `UPDATE webhook_outbox SET leased_by = 'b', lease_token = 777,
+		lease_until = now() + interval '1 minute' WHERE id = $1`, ev.ID); err != nil {
+		t.Fatal(err)
+	}
+	var otherPID int
+	if err := other.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&otherPID); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		r   claim.Routed
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := c.Route(ctx, []*delivery.Delivery{ev}, false)
+		done <- result{r, err}
+	}()
+	// Wait until the routing statement waits for the other claim's row lock.
+	deadlineAt := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE $1 = ANY (pg_blocking_pids(pid)))`, otherPID).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the routing statement finished before the other claim committed: %+v, %v", r.r, r.err)
+		default:
+		}
+		if time.Now().After(deadlineAt) {
+			t.Fatal("the routing statement never waited for the other claim's row")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if len(r.r.Deliveries) != 0 || r.r.Queued != 0 || len(r.r.Settled) != 0 || len(r.r.Kept) != 0 {
+		t.Errorf("routing by a claim that lost the event's lease returned %d deliveries, %d queued, settled %v, kept %v; want nothing",
+			len(r.r.Deliveries), r.r.Queued, r.r.Settled, r.r.Kept)
+	}
+	var rows, logged int
+	var leasedBy string
+	var token int64
+	var routed bool
+	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM webhook_outbox), (SELECT count(*) FROM webhook_delivery_log),
+		(SELECT leased_by FROM webhook_outbox WHERE id = $1), (SELECT lease_token FROM webhook_outbox WHERE id = $1),
+		(SELECT routed_at IS NOT NULL FROM webhook_outbox WHERE id = $1)`, ev.ID).Scan(&rows, &logged, &leasedBy, &token, &routed); err != nil {
+		t.Fatalf("the event row is gone (routed by a claim that no longer held it): %v", err)
+	}
+	if rows != 1 || logged != 0 || leasedBy != "b" || token != 777 || routed {
+		t.Errorf("after the fenced routing: %d outbox rows, %d logged, the event leased by %q with token %d, routed %v; want only the event, as the other claim holds it (b, 777, unrouted)",
+			rows, logged, leasedBy, token, routed)
 	}
 }

@@ -119,6 +119,22 @@ type Endpoint struct {
 	// RetryRPS overrides the configured retry rate limit when positive (a managed endpoint's
 	// retry_rps).
 	RetryRPS int
+	// Managed says this is a managed endpoint (webhook_endpoints), which takes only the events
+	// of its tenant: Tenant, with EmptyTenant telling a tenant stored as the empty string from
+	// none (NULL), as routing does. Endpoint values are built per load of the endpoints, so
+	// the URL and the tenant here come from one version of the endpoint.
+	Managed     bool
+	Tenant      string
+	EmptyTenant bool
+}
+
+// Admits reports whether d may be sent to e: always for an endpoint_url or the configured
+// default, and for a managed endpoint only when d's event has the endpoint's tenant (both
+// none, or equal). The send stage asks it where the request is built, so that no path
+// (routing, a retry, a deferral, a replay) can carry an event to another tenant's URL,
+// whatever a stale cache or a changed endpoint made of the row before.
+func (e *Endpoint) Admits(d *Delivery) bool {
+	return !e.Managed || d.Tenant == e.Tenant && d.EmptyTenant == e.EmptyTenant
 }
 
 // Kind is what settle does with a row.

@@ -1120,9 +1120,10 @@ func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
 				continue
 			}
 			d.signer.Sign(del, now)
-		} else if !d.signManaged(del, now) {
-			// Removed between validation and signing: never send it unsigned.
-			del.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: "endpoint " + del.EndpointID + " was removed"}
+		} else if reason := d.signManaged(del, now); reason != "" {
+			// Changed between validation and signing: never send it unsigned, nor by another
+			// version of the endpoint than the one it was checked against.
+			del.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: reason}
 			d.toSettle <- del
 			continue
 		}

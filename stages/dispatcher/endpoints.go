@@ -121,6 +121,7 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 			continue
 		}
 		m.target.RetryRPS = m.ep.RetryRPS
+		m.target.Managed, m.target.Tenant, m.target.EmptyTenant = true, m.ep.Tenant, m.ep.EmptyTenant
 		cfg := sign.Config{Secret: m.ep.Secret, Scheme: sign.Scheme(m.ep.Scheme)}
 		if m.ep.PreviousSecret != "" && now.Before(m.ep.PreviousUntil) {
 			cfg.PreviousSecret = m.ep.PreviousSecret
@@ -463,22 +464,34 @@ func (d *Dispatcher) resolveManaged(del *delivery.Delivery) string {
 		return m.invalid
 	case !m.ep.Enabled:
 		return "endpoint disabled: " + m.ep.DisabledReason
+	case !m.target.Admits(del):
+		return send.TenantMismatch(del, m.target)
 	}
 	del.Endpoint = m.target
 	return ""
 }
 
-// signManaged signs del with its endpoint's own secret and adds its custom headers.
-func (d *Dispatcher) signManaged(del *delivery.Delivery, now time.Time) bool {
+// signManaged signs del with its endpoint's own secret and adds its custom headers, or returns
+// why it cannot. The cache may have been reloaded since resolveManaged: the endpoint is then
+// resolved again, so that the URL, the tenant and the secret all come from one version of it.
+func (d *Dispatcher) signManaged(del *delivery.Delivery, now time.Time) string {
 	m := d.endpoints.lookup(del.EndpointID)
-	if m == nil || m.signer == nil {
-		return false
+	if m == nil || m.target != del.Endpoint {
+		if reason := d.resolveManaged(del); reason != "" {
+			return reason
+		}
+		if m = d.endpoints.lookup(del.EndpointID); m == nil || m.target != del.Endpoint {
+			return "endpoint " + del.EndpointID + " changed while its delivery was being prepared"
+		}
+	}
+	if m.signer == nil {
+		return "endpoint " + del.EndpointID + " was removed"
 	}
 	m.signer.Sign(del, now)
 	for k, v := range m.header {
 		del.Header[k] = v
 	}
-	return true
+	return ""
 }
 
 // noteEndpointOutcomes records, in one statement per settled batch that holds managed

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -263,5 +264,46 @@ func TestNoEndpointsNoRouting(t *testing.T) {
 	}
 	if a := c.arrivals()[0]; a.VerifyErr != nil {
 		t.Errorf("signature: %v", a.VerifyErr)
+	}
+}
+
+// TestTenantChangeNeverCarriesEventsAcross: a retry of an acme event is pending for an acme
+// endpoint when the endpoint is given to globex, URL and all, by SQL (which the store's
+// dead-lettering does not see). The retry is dead-lettered with a reason that names both
+// tenants, and globex's consumer receives nothing: an event goes only to an endpoint of its
+// tenant at the time of the request, whatever was routed before.
+func TestTenantChangeNeverCarriesEventsAcross(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	acme := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusServiceUnavailable) })
+	globex := newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: acme.URL(), Tenant: "acme"})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	cfg.RetrySchedule = []time.Duration{2 * time.Second, 2 * time.Second}
+	b.start(cfg)
+
+	var id string
+	if err := b.pool.QueryRow(context.Background(), `INSERT INTO webhook_outbox (event_type, payload, tenant)
+		VALUES ('order.paid', '{"secret": "acme data"}', 'acme') RETURNING delivery_id::text`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "the first attempt failed and its retry waits", func() bool {
+		return acme.received() == 1 && b.count(`SELECT count(*) FROM webhook_outbox WHERE attempt = 2 AND endpoint_id = $1`, ep.ID) == 1
+	})
+	if _, err := b.pool.Exec(context.Background(), `UPDATE webhook_endpoints SET tenant = 'globex', url = $2 WHERE id = $1`,
+		ep.ID, globex.URL()); err != nil {
+		t.Fatal(err)
+	}
+	b.waitSettled(20 * time.Second)
+	if n := globex.received(); n != 0 {
+		t.Fatalf("globex's consumer received %d requests of an acme event after the endpoint changed tenant", n)
+	}
+	_, _, reason := b.deadLetter(id)
+	if !strings.Contains(reason, `tenant "globex"`) || !strings.Contains(reason, `tenant "acme"`) {
+		t.Errorf("dead-letter reason %q, want one naming the endpoint's tenant (globex) and the event's (acme)", reason)
+	}
+	if n := acme.received(); n != 1 {
+		t.Errorf("acme's old URL received %d requests, want only the first attempt", n)
 	}
 }

@@ -251,6 +251,12 @@ func (s *Sender) Send(ctx context.Context, d *delivery.Delivery) {
 		d.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: "send: row reached the send stage unsigned (no headers)"}
 		return
 	}
+	if !d.Endpoint.Admits(d) {
+		// Never across tenants: the dispatcher checks the tenant when it resolves the
+		// endpoint; this is the last check, at the request itself.
+		d.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: TenantMismatch(d, d.Endpoint)}
+		return
+	}
 	if ctx.Err() != nil {
 		d.Outcome = delivery.Outcome{Kind: delivery.Release, Error: shutdownError}
 		return
@@ -268,6 +274,24 @@ func (s *Sender) Send(ctx context.Context, d *delivery.Delivery) {
 		return
 	}
 	d.Outcome = s.attempt(ctx, d)
+}
+
+// TenantMismatch is the dead-letter reason of a delivery whose event's tenant is not its managed
+// endpoint's (the endpoint's tenant was changed after the event was routed to it). The
+// tenants are named: both are the operator's own labels, and the reason says what to do.
+func TenantMismatch(d *delivery.Delivery, ep *delivery.Endpoint) string {
+	return fmt.Sprintf("endpoint %s now belongs to tenant %s, not to the event's tenant %s: never sent across tenants (replay it to an endpoint of tenant %s)",
+		strings.TrimPrefix(ep.Key, "ep:"), tenantName(ep.Tenant, ep.EmptyTenant), tenantName(d.Tenant, d.EmptyTenant), tenantName(d.Tenant, d.EmptyTenant))
+}
+
+func tenantName(t string, empty bool) string {
+	switch {
+	case empty:
+		return `"" (the empty string)`
+	case t == "":
+		return "(none)"
+	}
+	return strconv.Quote(t)
 }
 
 // attempt performs the HTTP request; the caller holds the endpoint's slot.

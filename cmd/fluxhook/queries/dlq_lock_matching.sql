@@ -9,7 +9,11 @@ SELECT d.id, d.delivery_id::text, d.event_type, d.replayed_at, d.endpoint_id::te
        d.tenant,
        d.endpoint_id IS NOT NULL
          AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = d.endpoint_id) AS endpoint_removed
+       , e.id IS NOT NULL AND e.tenant IS DISTINCT FROM d.tenant AS endpoint_other_tenant, e.tenant
 FROM webhook_dead_letter d
+-- Locked against a tenant change until the replay commits: an event replayed to its own
+-- endpoint goes only while that endpoint is still of the event's tenant.
+LEFT JOIN LATERAL (SELECT id, tenant FROM webhook_endpoints e WHERE e.id = d.endpoint_id FOR SHARE) e ON true
 WHERE ($1::text IS NULL OR d.event_type = $1)
   AND ($2::text IS NULL OR strpos(lower(d.reason), lower($2)) > 0)
   AND ($3::bigint IS NULL OR d.failed_at > now() - $3 * interval '1 microsecond')
