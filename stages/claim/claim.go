@@ -63,6 +63,11 @@ type Ordering struct {
 	Default bool
 	// Routed: events are routed to endpoints (some endpoint exists).
 	Routed bool
+	// Confirmed is the version of webhook_endpoints at which the dispatcher's endpoint cache
+	// is confirmed (it holds every change up to it), -1 when it is not: a claim that orders
+	// nothing takes rows with an order key only while it is the current version. Unused by a
+	// claim that orders (Active).
+	Confirmed int64
 }
 
 // SetOrdering sets what the following claims use for ordered delivery. The claiming loop
@@ -177,7 +182,10 @@ type Skip struct {
 func (s Skip) Empty() bool { return len(s.Endpoints) == 0 && len(s.Retries) == 0 }
 
 // claimUnorderedSQL is claim.sql without its head check (the lines between the ordering
-// markers), for the claims made while nothing is ordered. The check is skipped by its first
+// markers), for the claims made while nothing is ordered. It leaves rows with an order key
+// alone unless the dispatcher's endpoints are confirmed at the current version: an instance
+// whose cache had not yet seen an endpoint turn ordering on sent that endpoint's ordered rows
+// without the head check, out of order (two instances, one stale by 180 ms: 1, 3, 2). The check is skipped by its first
 // condition then, but its presence alone cost the plan dearly: a claim of 100 rows over a
 // 1,000,000-row backlog with three instances took 6–8 s instead of 80 ms (EXPLAIN ANALYZE,
 // the time spent in the update's primary-key scan). $11, used only there, keeps its type
@@ -188,7 +196,12 @@ var claimUnorderedSQL = func() string {
 	if begin < 0 || end < begin {
 		panic("fluxhook: claim.sql lost its ordering markers")
 	}
-	return claimSQL[:begin] + "AND ($11::bigint IS NULL OR $14::boolean IS NULL OR true) -- no ordered rows\n" + claimSQL[end+len("-- ordering:end"):]
+	return claimSQL[:begin] + `AND ($14::boolean IS NULL OR true)
+          -- Rows with an order key only while the dispatcher's endpoints are confirmed at the current
+          -- version ($11, see Ordering.Confirmed): then no endpoint orders, and they are leftovers of
+          -- one that did. Otherwise an endpoint may have turned ordering on since the cache's load.
+          AND (order_key IS NULL OR $11::bigint = coalesce(pg_sequence_last_value('webhook_endpoints_version'), 0))
+` + claimSQL[end+len("-- ordering:end"):]
 }()
 
 // statement is the claim statement for the ordering the claim was told about.
@@ -317,8 +330,14 @@ func (c *Claimer) args(limit int, skip Skip, arm bool, after Cursor, token int64
 	if p := c.order.Load(); p != nil {
 		o = *p
 	}
+	// $11 is the horizon for the statement that orders, the confirmed version for the one that
+	// does not (claimUnorderedSQL): each uses only its own.
+	eleven := o.Horizon
+	if !o.Active {
+		eleven = o.Confirmed
+	}
 	return []any{limit, c.lease.Milliseconds(), all, c.instance, arm, from, after.ID, token, retries,
-		o.Active, o.Horizon, o.Default, o.Routed, pre}
+		o.Active, eleven, o.Default, o.Routed, pre}
 }
 
 // read decodes the claim statement's rows, closing them.

@@ -17,7 +17,14 @@
 --   its transaction: horizonNowSQL in claim.go), the setting fluxhook.horizon_now that reading
 --   left when larger, $12 whether WEBHOOK_ORDERING=stream orders the rows without a
 --   managed endpoint (by their own id), $13 whether events are routed to endpoints (some
---   endpoint exists), so that an event not routed yet may still become an ordered delivery.
+--   endpoint exists), so that an event not routed yet may still become an ordered delivery:
+--   as the dispatcher's endpoint cache saw it, or as this claim's snapshot does (the first
+--   endpoint added, which a cache not yet reloaded does not know of: its unrouted events
+--   still hold their streams' ordered deliveries back). The unordered statement
+--   (claimUnorderedSQL in claim.go) takes rows with an order_key only while $11, then the
+--   version of webhook_endpoints at which the dispatcher's cache is confirmed, is the current
+--   version: a cache that has not seen an endpoint turn ordering on never sends its ordered
+--   rows without the head check.
 --   An ordered row is claimed only when its key is within the horizon and it is its stream's
 --   head for its endpoint: no undelivered row of the same endpoint and stream has a smaller key
 --   (whether in flight, waiting for a retry, deferred or stopped), and no event of the stream
@@ -58,7 +65,7 @@ WITH claimed AS (
           AND ($10::boolean IS NOT TRUE
                OR NOT (order_key IS NOT NULL
                        OR ($12::boolean AND stream_id IS NOT NULL AND endpoint_id IS NULL
-                           AND NOT ($13::boolean AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)))
+                           AND NOT (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)))
                OR (coalesce(order_key, id) <= greatest($11::bigint, CASE WHEN $14::boolean THEN
                        (SELECT coalesce(nullif(current_setting('fluxhook.horizon_now', true), ''), '0')::bigint) END)
                    AND NOT EXISTS (
@@ -67,7 +74,7 @@ WITH claimed AS (
                          AND coalesce(p.order_key, p.id) < coalesce(webhook_outbox.order_key, webhook_outbox.id)
                          AND (coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '')
                                 = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')
-                              OR ($13::boolean AND p.endpoint_id IS NULL AND p.endpoint_url IS NULL
+                              OR (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND p.endpoint_id IS NULL AND p.endpoint_url IS NULL
                                   AND p.routed_at IS NULL AND p.attempt = 1 AND p.created_at <= now())))))
           -- ordering:end
         ORDER BY created_at, id
@@ -94,7 +101,7 @@ WITH claimed AS (
     SELECT lease_until,
            order_key IS NOT NULL
            OR ($12::boolean AND stream_id IS NOT NULL AND endpoint_id IS NULL
-               AND NOT ($13::boolean AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)) AS ordered
+               AND NOT (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)) AS ordered
     FROM webhook_outbox
     WHERE $5::boolean AND (SELECT count(*) FROM claimed) < $1
       AND NOT processed AND created_at <= now()
@@ -123,7 +130,9 @@ WITH claimed AS (
                                                         AND created_at < 'infinity'),
         -- An unleased ordered row waits for its stream's head to settle, or for the horizon,
         -- which wake the dispatcher themselves: it is not a locked row to look at again.
-        (SELECT min(CASE WHEN $10::boolean AND lease_until IS NULL AND ordered THEN NULL
+        -- (A claim that orders nothing takes no such row before its cache is confirmed at the
+        -- endpoints' current version: nor is it one to look at again at once.)
+        (SELECT min(CASE WHEN lease_until IS NULL AND ordered THEN NULL
                          ELSE greatest(coalesce(lease_until, now()), now()) END) FROM head)
     ) - now() END AS wait, pg_current_snapshot()::text AS snapshot,
     -- Read after this statement's snapshot was taken, as Horizon requires.

@@ -557,3 +557,109 @@ func TestOrderedClaimReadingGuards(t *testing.T) {
 		}
 	})
 }
+
+// TestUnorderedClaimLeavesOrderedRowsToAConfirmedCache: a dispatcher whose endpoint cache has
+// not seen an endpoint turn ordering on claims with the statement that orders nothing; that
+// statement takes the endpoint's ordered rows (an order key) only while the cache is confirmed
+// at the endpoints' current version. A stale instance sent keys 2 and 3 of a stream past key 1
+// in flight, and the consumer saw 1, 3, 2.
+func TestUnorderedClaimLeavesOrderedRowsToAConfirmedCache(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := deadline(t)
+	c := claim.New(db.Pool, "a", time.Minute)
+	if err := c.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ep string
+	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret) VALUES ('http://127.0.0.1:1/', 's')
+		RETURNING id::text`).Scan(&ep); err != nil {
+		t.Fatal(err)
+	}
+	version := func() int64 {
+		var v int64
+		if err := db.Pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	stale := version() // the cache loaded (and confirmed) before ordering was turned on
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_endpoints SET ordering = 'stream'`); err != nil {
+		t.Fatal(err)
+	}
+	// Another instance routed three events of one stream, and sends key 1.
+	var keys []int64
+	for i := range 3 {
+		var id int64
+		if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, routed_at, order_key,
+			leased_by, lease_token, lease_until)
+			VALUES ('s', 'order.updated', '{}', $1::uuid, now(), 100 + $2::int,
+			        CASE WHEN $2::int = 0 THEN 'b' END, CASE WHEN $2::int = 0 THEN 1 END,
+			        CASE WHEN $2::int = 0 THEN now() + interval '1 minute' END) RETURNING id`, ep, i).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, id)
+	}
+	claimed := func(o claim.Ordering) int {
+		t.Helper()
+		c.SetOrdering(o)
+		res, err := c.Claim(ctx, 10, claim.Skip{}, true, claim.Cursor{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res.Rows)
+	}
+	for _, o := range []claim.Ordering{{Routed: true, Confirmed: stale}, {Routed: true, Confirmed: -1}} {
+		if n := claimed(o); n != 0 {
+			t.Fatalf("a claim that orders nothing, its cache confirmed at %d (the endpoints are at %d), took %d ordered rows behind the stream's head in flight",
+				o.Confirmed, version(), n)
+		}
+	}
+	// Ordering turned off again, the cache confirmed at that version: the rows left with a key
+	// are leftovers, and go without order, as deliveries routed before a change do.
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_endpoints SET ordering = 'none'`); err != nil {
+		t.Fatal(err)
+	}
+	if n := claimed(claim.Ordering{Routed: true, Confirmed: version()}); n != 2 {
+		t.Fatalf("a claim that orders nothing, its cache confirmed at the current version, took %d of the 2 unleased rows left with a key", n)
+	}
+}
+
+// TestOrderedClaimSeesTheFirstEndpoint: under WEBHOOK_ORDERING=stream, a dispatcher whose
+// cache does not know yet of the first endpoint (Routed false) must still hold an endpoint's
+// ordered delivery behind an earlier event of its stream not routed yet: the claim looks for
+// endpoints itself.
+func TestOrderedClaimSeesTheFirstEndpoint(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := deadline(t)
+	c := claim.New(db.Pool, "a", time.Minute)
+	if err := c.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ep string
+	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, ordering) VALUES ('http://127.0.0.1:1/', 's', 'stream')
+		RETURNING id::text`).Scan(&ep); err != nil {
+		t.Fatal(err)
+	}
+	// Event 1 of the stream, not routed yet and leased by another instance; event 2 routed by
+	// that instance to the endpoint, waiting for its turn.
+	var first, second int64
+	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload, leased_by, lease_token, lease_until)
+		VALUES ('s', 'order.updated', '{}', 'b', 1, now() + interval '1 minute') RETURNING id`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, routed_at, order_key)
+		VALUES ('s', 'order.updated', '{}', $1::uuid, now(), currval(pg_get_serial_sequence('webhook_outbox', 'id')) + 1)
+		RETURNING id`, ep).Scan(&second); err != nil {
+		t.Fatal(err)
+	}
+	c.SetOrdering(claim.Ordering{Active: true, Default: true, Routed: false, Horizon: second + 10})
+	res, err := c.Claim(ctx, 10, claim.Skip{}, true, claim.Cursor{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 0 {
+		t.Fatalf("the claim took row %d (key %d) while event %d of its stream waits to be routed", res.Rows[0].ID, res.Rows[0].OrderKey, first)
+	}
+}

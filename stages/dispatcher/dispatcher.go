@@ -589,6 +589,9 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		if after.IsHead() {
 			headAt = now
 		}
+		// The endpoints as the last claim saw them, before this claim is told what is ordered:
+		// an idle instance, whose claims bring no rows to prepare, learns a change here too.
+		d.refreshEndpoints(ctx)
 		d.beforeClaim(&ordering)
 		res, err := d.claimer.Claim(claimCtx, limit, skip, arming, after)
 		rows := res.Rows
@@ -1097,7 +1100,7 @@ func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
 	for _, del := range batch {
 		d.markOrdered(del)
 		if reason := d.validate(del); reason != "" {
-			del.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: reason}
+			del.Outcome = refusal(reason)
 			d.toSettle <- del
 			continue
 		}
@@ -1123,7 +1126,7 @@ func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
 		} else if reason := d.signManaged(del, now); reason != "" {
 			// Changed between validation and signing: never send it unsigned, nor by another
 			// version of the endpoint than the one it was checked against.
-			del.Outcome = delivery.Outcome{Kind: delivery.Permanent, Reason: reason}
+			del.Outcome = refusal(reason)
 			d.toSettle <- del
 			continue
 		}

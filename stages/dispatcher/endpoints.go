@@ -51,10 +51,11 @@ type managed struct {
 type endpointCache struct {
 	// version is the endpoints' version the claiming loop saw last; loaded the one the
 	// cache holds. xmin is the last claim's snapshot's xmin (claim.Snapshot.Xmin).
-	version atomic.Int64
-	xmin    atomic.Uint64
-	mu      sync.Mutex
-	loaded  int64
+	version    atomic.Int64
+	xmin       atomic.Uint64
+	refreshing sync.Mutex // held through a refresh (refreshEndpoints)
+	mu         sync.Mutex
+	loaded     int64
 	// confirmed says the cache holds every change up to the version loaded, so that events
 	// may be routed by it (routeInMemory). The version is a sequence, bumped by the changing
 	// transaction before it commits: a load may see the new version and the old rows, and
@@ -81,6 +82,19 @@ type endpointCache struct {
 // CLI or SQL; the dispatcher's own disabling does it at once).
 func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 	c := &d.endpoints
+	// The claiming loop and the preparing stage both refresh: one at a time, so that a change
+	// of state (an endpoint disabled) is acted on once, and the second finds the cache fresh.
+	c.refreshing.Lock()
+	defer c.refreshing.Unlock()
+	if d.refreshOnce(ctx) {
+		d.refreshOnce(ctx)
+	}
+}
+
+// refreshOnce is one step of refreshEndpoints; it reports whether the cache, just loaded for a
+// new version, can be confirmed at once by another load.
+func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
+	c := &d.endpoints
 	want := c.version.Load()
 	c.mu.Lock()
 	moved := want != c.loaded
@@ -88,7 +102,7 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 	stale := moved || confirming || !c.reload.IsZero() && time.Now().After(c.reload)
 	c.mu.Unlock()
 	if !stale {
-		return
+		return false
 	}
 	var after uint64
 	if moved {
@@ -96,13 +110,13 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 		// want had its id by then, below this xmax.
 		if err := d.pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`).Scan(&after); err != nil {
 			d.log.Warn("loading endpoints failed; deliveries to them wait", zap.Error(err))
-			return
+			return false
 		}
 	}
 	list, errs, err := endpoints.LoadAll(ctx, d.pool, d.cipher)
 	if err != nil {
 		d.log.Warn("loading endpoints failed; deliveries to them wait", zap.Error(err))
-		return
+		return false
 	}
 	byID := make(map[string]*managed, len(list))
 	var reload time.Time
@@ -176,7 +190,7 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 		var xmin uint64
 		if err := d.pool.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&xmin); err == nil && xmin >= after {
 			storeMax(&c.xmin, xmin)
-			defer d.refreshEndpoints(ctx)
+			confirmNow = true
 		}
 	}
 	// Changes of state this instance observed, whoever made them (the CLI, SQL, a 410 seen by
@@ -190,6 +204,7 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 		d.metrics.endpointChanges.WithLabelValues("enabled").Inc()
 		d.log.Info("endpoint enabled", zap.String("endpoint_id", m.ep.ID))
 	}
+	return confirmNow
 }
 
 // lookup returns the endpoint with id, nil when there is none.
@@ -205,6 +220,18 @@ func (c *endpointCache) any() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.byID) > 0
+}
+
+// confirmedAt is the version the cache is confirmed at (it holds every change up to it), -1
+// when it is not confirmed: a claim that orders nothing takes rows with an order key only
+// while this is the endpoints' current version (claim.Ordering.Confirmed).
+func (c *endpointCache) confirmedAt() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.confirmed {
+		return -1
+	}
+	return c.loaded
 }
 
 // anyOrdered reports whether some endpoint orders its streams.
@@ -465,10 +492,40 @@ func (d *Dispatcher) resolveManaged(del *delivery.Delivery) string {
 	case !m.ep.Enabled:
 		return "endpoint disabled: " + m.ep.DisabledReason
 	case !m.target.Admits(del):
+		if !d.endpoints.confirmedFor(del) {
+			return unconfirmedTenant
+		}
 		return send.TenantMismatch(del, m.target)
 	}
 	del.Endpoint = m.target
 	return ""
+}
+
+// unconfirmedTenant is resolveManaged's answer for a delivery whose tenant is not its
+// endpoint's in a cache that may not hold the latest change yet (a tenant change whose
+// commit the cache's load did not see, while the routing statement did): the row is not
+// sent, and comes back once the cache is confirmed, rather than dead-lettered by stale data.
+const unconfirmedTenant = "the endpoint's tenant is not the event's in this instance's endpoint cache, not yet confirmed at the endpoints' current version: claimed again once it is"
+
+// unconfirmedDelay is how soon a row refused by an unconfirmed cache is claimed again.
+const unconfirmedDelay = 250 * time.Millisecond
+
+// refusal is the outcome of a row the dispatcher will not send for reason: dead-lettered, or,
+// refused by an endpoint cache not yet confirmed, released to be claimed again.
+func refusal(reason string) delivery.Outcome {
+	if reason == unconfirmedTenant {
+		return delivery.Outcome{Kind: delivery.Release, Delay: unconfirmedDelay, Error: reason}
+	}
+	return delivery.Outcome{Kind: delivery.Permanent, Reason: reason}
+}
+
+// confirmedFor reports whether the cache holds every change to the endpoints up to the version
+// the last claim read, which was read after del's row was visible to that claim: whatever
+// routed the row under a changed endpoint had that change committed, and so does the cache.
+func (c *endpointCache) confirmedFor(*delivery.Delivery) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.confirmed && c.loaded == c.version.Load()
 }
 
 // signManaged signs del with its endpoint's own secret and adds its custom headers, or returns

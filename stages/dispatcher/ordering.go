@@ -42,7 +42,7 @@ func (d *Dispatcher) orders() bool {
 
 // beforeClaim tells the claimer what the next claim needs to know about ordering.
 func (d *Dispatcher) beforeClaim(s *orderingState) {
-	o := claim.Ordering{Default: d.cfg.Ordering, Routed: d.endpoints.any()}
+	o := claim.Ordering{Default: d.cfg.Ordering, Routed: d.endpoints.any(), Confirmed: d.endpoints.confirmedAt()}
 	if o.Active = d.orders(); o.Active {
 		o.Horizon = s.horizon.Safe()
 	}
