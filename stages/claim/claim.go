@@ -694,10 +694,13 @@ func LogPartitionsAhead(retention time.Duration) time.Duration {
 }
 
 // MaintainLog drops the delivery log's partitions that are past retention, one transaction
-// each (webhook_delivery_log_drop_one, schema 7: the log's lock that settles queue behind is
-// held for the drop alone), then creates those the next LogPartitionsAhead needs
-// (webhook_delivery_log_maintain). It returns one line per partition created, dropped or
-// postponed. Several instances may call it at once: all but one find nothing to do.
+// each (webhook_delivery_log_drop_one: the log's lock that settles queue behind is held for
+// the drop alone), then creates those the next LogPartitionsAhead needs
+// (webhook_delivery_log_maintain, which also moves what the default partition caught for
+// them). It returns one line per partition created, dropped, postponed or that could not be
+// created ("creation of ... failed: ..."; the others are still created). Several instances
+// may call it at once: all but one find nothing to do. Both functions pin their own
+// DateStyle, TimeZone and search_path (schema 9): the pool's session settings do not matter.
 func (c *Claimer) MaintainLog(ctx context.Context, retention time.Duration) ([]string, error) {
 	step := LogPartitionStep(retention)
 	var done []string

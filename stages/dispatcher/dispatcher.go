@@ -1075,7 +1075,9 @@ func (d *Dispatcher) warmSettle(ctx context.Context) {
 
 // maintainLog runs the delivery log's partition maintenance and logs what it did. A failure
 // loses nothing (settles land in the default partition, which the next run empties into the
-// partitions it creates) and is retried on the janitor's next run.
+// partitions it creates) and is retried on the janitor's next run. A partition that could not
+// be created for another reason than a busy lock ("creation of ... failed: ...") is a warning:
+// it fails again on every run until someone removes its cause.
 func (d *Dispatcher) maintainLog(ctx context.Context) {
 	done, err := d.claimer.MaintainLog(ctx, d.cfg.Retention)
 	if err != nil {
@@ -1085,6 +1087,10 @@ func (d *Dispatcher) maintainLog(ctx context.Context) {
 		return
 	}
 	for _, line := range done {
+		if strings.Contains(line, " failed: ") {
+			d.log.Warn("delivery log partition", zap.String("change", line))
+			continue
+		}
 		d.log.Info("delivery log partition", zap.String("change", line))
 	}
 }
