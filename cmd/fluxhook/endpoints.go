@@ -773,7 +773,7 @@ func runEndpointsRemove(ctx context.Context, env *environment, args []string) er
 func runEndpointsReencrypt(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("endpoints reencrypt", env, "fluxhook endpoints reencrypt [--json]")
 	dbURL := databaseURLFlag(fs, env)
-	asJSON := fs.Bool("json", false, `print {"reencrypted": N}`)
+	asJSON := fs.Bool("json", false, `print {"reencrypted": ENDPOINTS, "secrets": N, "headers": N}`)
 	if err := noArguments(fs, args); err != nil {
 		return err
 	}
@@ -783,17 +783,18 @@ func runEndpointsReencrypt(ctx context.Context, env *environment, args []string)
 	}
 	defer pool.Close()
 
-	n, err := endpoints.Reencrypt(ctx, pool, c)
+	r, err := endpoints.Reseal(ctx, pool, c)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return writeJSON(env.stdout, map[string]int{"reencrypted": n})
+		return writeJSON(env.stdout, r)
 	}
-	if n == 0 {
-		_, err = fmt.Fprintln(env.stdout, "nothing to re-encrypt: every secret is encrypted with WEBHOOK_ENCRYPTION_KEY")
+	if r.Endpoints == 0 {
+		_, err = fmt.Fprintln(env.stdout, "nothing to re-encrypt: every secret and header value is encrypted with WEBHOOK_ENCRYPTION_KEY, bound to its endpoint")
 	} else {
-		_, err = fmt.Fprintf(env.stdout, "re-encrypted the secrets of %d endpoints with WEBHOOK_ENCRYPTION_KEY\n", n)
+		_, err = fmt.Fprintf(env.stdout, "re-encrypted the secrets of %d endpoints with WEBHOOK_ENCRYPTION_KEY (secrets: %d, header values: %d)\n",
+			r.Endpoints, r.Secrets, r.Headers)
 	}
 	if err == nil && env.getenv("WEBHOOK_ENCRYPTION_KEY_PREVIOUS") != "" {
 		_, err = fmt.Fprintln(env.stdout, "WEBHOOK_ENCRYPTION_KEY_PREVIOUS can be removed once every dispatcher runs with the new key.")
