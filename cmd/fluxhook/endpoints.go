@@ -50,11 +50,12 @@ with a new secret). list and show never print them. Without --secret one is gene
 "whsec_" + base64 of 24 random bytes for standard, 64 hex digits for fluxora.
 rotate-secret keeps the old secret signing for --grace (0: not at all, for a leaked secret).
 
-With WEBHOOK_ENCRYPTION_KEY (base64 of 32 bytes: openssl rand -base64 32) secrets are stored
-encrypted (AES-256-GCM); without it they are stored in clear. To change the key, give the new
-one in WEBHOOK_ENCRYPTION_KEY and the old one in WEBHOOK_ENCRYPTION_KEY_PREVIOUS, to the
-dispatchers too; run reencrypt; then remove the old key. reencrypt also seals secrets stored
-in clear.
+With WEBHOOK_ENCRYPTION_KEY (base64 of 32 bytes: openssl rand -base64 32) secrets and header
+values are stored encrypted (AES-256-GCM), each bound to its endpoint and field; without it they
+are stored in clear. To change the key, give the new one in WEBHOOK_ENCRYPTION_KEY and the old
+one in WEBHOOK_ENCRYPTION_KEY_PREVIOUS, to the dispatchers too; run reencrypt; then remove the
+old key. reencrypt also seals values stored in clear, and binds secrets encrypted by fluxhook
+versions that did not bind them.
 
 --ordering stream delivers each stream's events (same stream_id) to the endpoint one at a time,
 in order; none, the default, sends events concurrently. --ordering-failure is what an ordered
