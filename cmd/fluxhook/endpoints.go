@@ -50,11 +50,12 @@ with a new secret). list and show never print them. Without --secret one is gene
 "whsec_" + base64 of 24 random bytes for standard, 64 hex digits for fluxora.
 rotate-secret keeps the old secret signing for --grace (0: not at all, for a leaked secret).
 
-With WEBHOOK_ENCRYPTION_KEY (base64 of 32 bytes: openssl rand -base64 32) secrets are stored
-encrypted (AES-256-GCM); without it they are stored in clear. To change the key, give the new
-one in WEBHOOK_ENCRYPTION_KEY and the old one in WEBHOOK_ENCRYPTION_KEY_PREVIOUS, to the
-dispatchers too; run reencrypt; then remove the old key. reencrypt also seals secrets stored
-in clear.
+With WEBHOOK_ENCRYPTION_KEY (base64 of 32 bytes: openssl rand -base64 32) secrets and header
+values are stored encrypted (AES-256-GCM), each bound to its endpoint and field; without it they
+are stored in clear. To change the key, give the new one in WEBHOOK_ENCRYPTION_KEY and the old
+one in WEBHOOK_ENCRYPTION_KEY_PREVIOUS, to the dispatchers too; run reencrypt; then remove the
+old key. reencrypt also seals values stored in clear, and binds secrets encrypted by fluxhook
+versions that did not bind them.
 
 --ordering stream delivers each stream's events (same stream_id) to the endpoint one at a time,
 in order; none, the default, sends events concurrently. --ordering-failure is what an ordered
@@ -778,7 +779,7 @@ func runEndpointsRemove(ctx context.Context, env *environment, args []string) er
 func runEndpointsReencrypt(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("endpoints reencrypt", env, "fluxhook endpoints reencrypt [--json]")
 	dbURL := databaseURLFlag(fs, env)
-	asJSON := fs.Bool("json", false, `print {"reencrypted": N}`)
+	asJSON := fs.Bool("json", false, `print {"reencrypted": ENDPOINTS, "secrets": N, "headers": N}`)
 	if err := noArguments(fs, args); err != nil {
 		return err
 	}
@@ -788,17 +789,18 @@ func runEndpointsReencrypt(ctx context.Context, env *environment, args []string)
 	}
 	defer pool.Close()
 
-	n, err := endpoints.Reencrypt(ctx, pool, c)
+	r, err := endpoints.Reseal(ctx, pool, c)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return writeJSON(env.stdout, map[string]int{"reencrypted": n})
+		return writeJSON(env.stdout, r)
 	}
-	if n == 0 {
-		_, err = fmt.Fprintln(env.stdout, "nothing to re-encrypt: every secret is encrypted with WEBHOOK_ENCRYPTION_KEY")
+	if r.Endpoints == 0 {
+		_, err = fmt.Fprintln(env.stdout, "nothing to re-encrypt: every secret and header value is encrypted with WEBHOOK_ENCRYPTION_KEY, bound to its endpoint")
 	} else {
-		_, err = fmt.Fprintf(env.stdout, "re-encrypted the secrets of %d endpoints with WEBHOOK_ENCRYPTION_KEY\n", n)
+		_, err = fmt.Fprintf(env.stdout, "re-encrypted the secrets of %d endpoints with WEBHOOK_ENCRYPTION_KEY (secrets: %d, header values: %d)\n",
+			r.Endpoints, r.Secrets, r.Headers)
 	}
 	if err == nil && env.getenv("WEBHOOK_ENCRYPTION_KEY_PREVIOUS") != "" {
 		_, err = fmt.Fprintln(env.stdout, "WEBHOOK_ENCRYPTION_KEY_PREVIOUS can be removed once every dispatcher runs with the new key.")

@@ -196,7 +196,7 @@ func TestEndpointsEncryptedAtRest(t *testing.T) {
 			t.Errorf("the table holds the secret %q in clear: %s", plain, table)
 		}
 	}
-	if !strings.Contains(table, "enc:v1:") {
+	if !strings.Contains(table, "enc:v2:") {
 		t.Errorf("the table holds no sealed secret: %s", table)
 	}
 	show := decodeEndpoint(t, runEndpointsCLI(t, db, key, "show", "--json", rotated.ID))
@@ -533,7 +533,7 @@ func TestEndpointsReencrypt(t *testing.T) {
 	db := sqltest.NewMigrated(t)
 	oldKey, newKey := endpoints.GenerateKey(), endpoints.GenerateKey()
 	sealed := addEndpoint(t, db, map[string]string{"WEBHOOK_ENCRYPTION_KEY": oldKey}, "--url", "https://a.example/")
-	mustExec(t, db, `INSERT INTO webhook_endpoints (url, secret) VALUES ('https://b.example/', 'inserted-in-clear')`)
+	mustExec(t, db, `INSERT INTO webhook_endpoints (url, secret, headers) VALUES ('https://b.example/', 'inserted-in-clear', '{"Authorization": "Bearer clear-token"}')`)
 
 	if r := runEndpointsCLI(t, db, nil, "reencrypt"); r.code != 1 || !strings.Contains(r.stderr, "WEBHOOK_ENCRYPTION_KEY is not set") {
 		t.Errorf("reencrypt without a key: exit %d, %q", r.code, r.stderr)
@@ -544,14 +544,15 @@ func TestEndpointsReencrypt(t *testing.T) {
 	}
 	rotating := map[string]string{"WEBHOOK_ENCRYPTION_KEY": newKey, "WEBHOOK_ENCRYPTION_KEY_PREVIOUS": oldKey}
 	r := runEndpointsCLI(t, db, rotating, "reencrypt")
-	if r.code != 0 || !strings.Contains(r.stdout, "re-encrypted the secrets of 2 endpoints") || !strings.Contains(r.stdout, "WEBHOOK_ENCRYPTION_KEY_PREVIOUS can be removed") {
+	if r.code != 0 || !strings.Contains(r.stdout, "re-encrypted the secrets of 2 endpoints with WEBHOOK_ENCRYPTION_KEY (secrets: 2, header values: 1)") ||
+		!strings.Contains(r.stdout, "WEBHOOK_ENCRYPTION_KEY_PREVIOUS can be removed") {
 		t.Errorf("reencrypt: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_endpoints WHERE secret LIKE 'enc:v1:%'`); n != 2 {
+	if n := count(t, db, `SELECT count(*) FROM webhook_endpoints e WHERE secret LIKE 'enc:v2:%' AND e::text NOT LIKE '%clear-token%'`); n != 2 {
 		t.Errorf("%d sealed secrets after reencrypt, want 2", n)
 	}
 	r = runEndpointsCLI(t, db, map[string]string{"WEBHOOK_ENCRYPTION_KEY": newKey}, "reencrypt", "--json")
-	if r.code != 0 || strings.ReplaceAll(r.stdout, " ", "") != "{\n\"reencrypted\":0\n}\n" {
+	if r.code != 0 || strings.Join(strings.Fields(r.stdout), "") != `{"reencrypted":0,"secrets":0,"headers":0}` {
 		t.Errorf("reencrypt --json again: exit %d, %q", r.code, r.stdout)
 	}
 	// The new key alone opens the secret that the old one sealed.

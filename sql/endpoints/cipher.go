@@ -10,18 +10,29 @@ import (
 	"strings"
 )
 
-// sealedPrefix marks a secret sealed by a Cipher; the version lets a later format coexist.
-const sealedPrefix = "enc:v1:"
+// The prefixes of sealed values; the version lets formats coexist in one table.
+//
+// sealedPrefix marks a value sealed bound to where it belongs (see Binding): its GCM
+// additional data names the endpoint, the field and, for a header, its name, so that the
+// value opens nowhere else. legacyPrefix marks a secret sealed by an older fluxhook, bound to
+// nothing: it is still opened, as a secret or previous secret only (headers were never sealed
+// that way, so such a header value can only be a secret copied there), until Reencrypt
+// re-seals it bound.
+const (
+	sealedPrefix = "enc:v2:"
+	legacyPrefix = "enc:v1:"
+)
 
-// ErrNoKey is returned when a sealed secret is read without WEBHOOK_ENCRYPTION_KEY.
-var ErrNoKey = errors.New("the secret is encrypted and WEBHOOK_ENCRYPTION_KEY is not set")
+// ErrNoKey is returned when a sealed value is read without WEBHOOK_ENCRYPTION_KEY.
+var ErrNoKey = errors.New("the value is encrypted and WEBHOOK_ENCRYPTION_KEY is not set")
 
-// Cipher seals and opens endpoint secrets. The zero value and a nil *Cipher have no key: Seal
-// returns the secret unchanged (stored in clear), and Open reads only secrets in clear.
+// Cipher seals and opens endpoint secrets and header values. The zero value and a nil *Cipher
+// have no key: Seal returns the value unchanged (stored in clear), and Open reads only values
+// in clear.
 type Cipher struct {
 	current cipher.AEAD
-	// previous opens secrets sealed with the key being rotated out
-	// (WEBHOOK_ENCRYPTION_KEY_PREVIOUS), so that a rotation never makes a secret unreadable.
+	// previous opens values sealed with the key being rotated out
+	// (WEBHOOK_ENCRYPTION_KEY_PREVIOUS), so that a rotation never makes a value unreadable.
 	previous cipher.AEAD
 }
 
@@ -68,46 +79,118 @@ func aead(b64 string) (cipher.AEAD, error) {
 	return cipher.NewGCM(block)
 }
 
-// HasKey reports whether secrets are sealed (WEBHOOK_ENCRYPTION_KEY is set).
+// HasKey reports whether values are sealed (WEBHOOK_ENCRYPTION_KEY is set).
 func (c *Cipher) HasKey() bool { return c != nil && c.current != nil }
 
-// Seal returns the form of secret to store: sealed with the current key, or, without a key,
-// secret itself. Each call uses a fresh random nonce.
-func (c *Cipher) Seal(secret string) string {
-	if !c.HasKey() {
-		return secret
+// The fields a sealed value can belong to, part of its additional data: a value sealed for
+// one does not open as another, so that SQL cannot make a rotated-out secret current again
+// (secret and previous_secret swapped) or have a secret sent as a header value.
+const (
+	fieldSecret         = "secret"
+	fieldPreviousSecret = "previous_secret"
+	fieldHeader         = "header"
+)
+
+// Binding is where a sealed value belongs: one endpoint's secret, previous secret, or custom
+// header of one name. A value sealed for a Binding opens only for the same Binding, so that a
+// sealed value copied by SQL onto another endpoint's row, into another field or under another
+// header name fails to open there (the endpoint reports it, as for a key that does not open)
+// instead of signing for the wrong consumer or being sent where it does not belong.
+type Binding struct {
+	endpointID string
+	field      string
+	header     string
+}
+
+// SecretBinding binds a value to endpointID's signing secret.
+func SecretBinding(endpointID string) Binding {
+	return Binding{endpointID: strings.ToLower(endpointID), field: fieldSecret}
+}
+
+// PreviousSecretBinding binds a value to endpointID's previous secret (the one being rotated
+// out): distinct from SecretBinding so that the two cannot be swapped.
+func PreviousSecretBinding(endpointID string) Binding {
+	return Binding{endpointID: strings.ToLower(endpointID), field: fieldPreviousSecret}
+}
+
+// HeaderBinding binds a value to endpointID's custom header name. The name is taken without
+// regard to case, as HTTP compares header names: "Authorization" and "authorization" are one
+// header.
+func HeaderBinding(endpointID, name string) Binding {
+	return Binding{endpointID: strings.ToLower(endpointID), field: fieldHeader, header: strings.ToLower(name)}
+}
+
+// additionalData is the GCM additional data of a value sealed for b. The fields are separated
+// by NUL, which neither an endpoint id (a UUID) nor a field name holds, and the header name
+// comes last, so that no two Bindings give the same bytes.
+func (b Binding) additionalData() []byte {
+	return []byte("fluxhook endpoint value\x00" + b.field + "\x00" + b.endpointID + "\x00" + b.header)
+}
+
+// Seal returns the form of plain to store for b: sealed with the current key and bound to b,
+// or, without a key, plain itself. Each call uses a fresh random nonce: GCM with a repeated
+// nonce under one key leaks the XOR of the plaintexts and lets the key's authenticator be
+// recovered. A zero Binding is a programming error (the value would belong nowhere) and panics.
+func (c *Cipher) Seal(plain string, b Binding) string {
+	if b.endpointID == "" || b.field == "" {
+		panic("endpoints: Seal needs the Binding of the value's endpoint and field")
 	}
-	nonce := make([]byte, c.current.NonceSize(), c.current.NonceSize()+len(secret)+c.current.Overhead())
+	if !c.HasKey() {
+		return plain
+	}
+	nonce := make([]byte, c.current.NonceSize(), c.current.NonceSize()+len(plain)+c.current.Overhead())
 	_, _ = rand.Read(nonce)
-	sealed := c.current.Seal(nonce, nonce, []byte(secret), nil)
+	sealed := c.current.Seal(nonce, nonce, []byte(plain), b.additionalData())
 	return sealedPrefix + base64.StdEncoding.EncodeToString(sealed)
 }
 
-// IsSealed reports whether a stored secret is sealed (as opposed to stored in clear).
-func IsSealed(stored string) bool { return strings.HasPrefix(stored, sealedPrefix) }
+// IsSealed reports whether a stored value is sealed, bound or legacy (as opposed to stored in
+// clear).
+func IsSealed(stored string) bool {
+	return strings.HasPrefix(stored, sealedPrefix) || strings.HasPrefix(stored, legacyPrefix)
+}
 
-// Open returns the secret a stored value holds: a sealed one opened with the current key or
-// the previous one, anything else as it is (a secret stored in clear, by SQL or before a key
-// was set).
-func (c *Cipher) Open(stored string) (string, error) {
-	rest, sealed := strings.CutPrefix(stored, sealedPrefix)
-	if !sealed {
-		return stored, nil
+// isBound reports whether a stored value is sealed in the bound format: what Reencrypt
+// leaves as it is when the current key opens it.
+func isBound(stored string) bool { return strings.HasPrefix(stored, sealedPrefix) }
+
+// Open returns the value stored holds for b: a sealed one opened with the current key or the
+// previous one, anything else as it is (a value stored in clear, by SQL or before a key was
+// set). A bound value opens only for the Binding it was sealed for; a legacy one
+// ("enc:v1:", from before values were bound) only as a secret or previous secret. The errors
+// never repeat the stored text.
+func (c *Cipher) Open(stored string, b Binding) (string, error) {
+	var ad []byte
+	rest, bound := strings.CutPrefix(stored, sealedPrefix)
+	if bound {
+		ad = b.additionalData()
+	} else {
+		var legacy bool
+		if rest, legacy = strings.CutPrefix(stored, legacyPrefix); !legacy {
+			return stored, nil
+		}
+		if b.field == fieldHeader {
+			return "", errors.New("the stored value is in the format of a sealed secret (enc:v1:), never used for a header value: it was copied from a secret")
+		}
 	}
 	if !c.HasKey() {
 		return "", ErrNoKey
 	}
 	raw, err := base64.StdEncoding.DecodeString(rest)
 	if err != nil {
-		return "", fmt.Errorf("the stored secret is not valid sealed text: %w", err)
+		return "", fmt.Errorf("the stored value is not valid sealed text: %w", err)
 	}
 	for _, a := range []cipher.AEAD{c.current, c.previous} {
 		if a == nil || len(raw) < a.NonceSize() {
 			continue
 		}
-		if plain, err := a.Open(nil, raw[:a.NonceSize()], raw[a.NonceSize():], nil); err == nil {
+		if plain, err := a.Open(nil, raw[:a.NonceSize()], raw[a.NonceSize():], ad); err == nil {
 			return string(plain), nil
 		}
 	}
-	return "", errors.New("the stored secret does not open with WEBHOOK_ENCRYPTION_KEY (nor WEBHOOK_ENCRYPTION_KEY_PREVIOUS): it was sealed with another key")
+	if !bound {
+		return "", errors.New("the stored value does not open with WEBHOOK_ENCRYPTION_KEY (nor WEBHOOK_ENCRYPTION_KEY_PREVIOUS): it was sealed with another key")
+	}
+	return "", errors.New("the stored value does not open with WEBHOOK_ENCRYPTION_KEY (nor WEBHOOK_ENCRYPTION_KEY_PREVIOUS) here:" +
+		" it was sealed with another key, or for another endpoint or field (a sealed value opens only where it was sealed; one copied from elsewhere does not)")
 }

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -65,9 +66,13 @@ type Endpoint struct {
 	DisabledReason string    `json:"disabled_reason"`
 	// RetryRPS and MaxConcurrency override WEBHOOK_RETRY_RPS and
 	// WEBHOOK_ENDPOINT_CONCURRENCY when positive.
-	RetryRPS       int               `json:"retry_rps,omitempty"`
-	MaxConcurrency int               `json:"max_concurrency,omitempty"`
-	Headers        map[string]string `json:"headers"`
+	RetryRPS       int `json:"retry_rps,omitempty"`
+	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	// Headers are the custom request headers, their values opened (sealed at rest with
+	// WEBHOOK_ENCRYPTION_KEY, like the secrets). A value that does not open is empty, with
+	// the endpoint's error saying why, so that its sealed text is never taken for the value.
+	// The CLI masks values that look like credentials when it prints them.
+	Headers map[string]string `json:"headers"`
 	// Ordering is OrderingNone or OrderingStream (schema 6): with OrderingStream, each
 	// stream_id's events reach the endpoint one at a time, in order. OrderingFailure is what
 	// such a stream does when its head is dead-lettered: OrderingFailureSkip (go on) or
@@ -124,7 +129,9 @@ var reservedHeaders = []string{
 }
 
 // ValidateHeaders returns an error naming the first custom header that is reserved or not a
-// valid HTTP header.
+// valid HTTP header, or whose value starts like a sealed value ("enc:v1:", "enc:v2:"): stored
+// in clear, without a key, it would be taken for one and fail to open. The error never repeats
+// the value, which is often a credential.
 func ValidateHeaders(h map[string]string) error {
 	for k, v := range h {
 		name := strings.ToLower(k)
@@ -136,6 +143,9 @@ func ValidateHeaders(h map[string]string) error {
 		}
 		if strings.ContainsFunc(v, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
 			return fmt.Errorf("header %q: the value has a control character", k)
+		}
+		if IsSealed(v) {
+			return fmt.Errorf("header %q: the value starts with %q, which marks an encrypted value; give the value itself", k, v[:len(sealedPrefix)])
 		}
 	}
 	return nil
@@ -161,9 +171,10 @@ type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// LoadAll reads every endpoint, opening secrets with c. An endpoint whose secret cannot be
-// opened (sealed with another key) is returned with Err set rather than failing the others:
-// the dispatcher dead-letters its deliveries with that reason.
+// LoadAll reads every endpoint, opening its secrets and header values with c. An endpoint
+// with a value that cannot be opened (sealed with another key, or for another endpoint or
+// field) is returned with its error at the same index of the errors rather than failing the
+// others: the dispatcher dead-letters its deliveries with that reason.
 func LoadAll(ctx context.Context, q Querier, c *Cipher) ([]Endpoint, []error, error) {
 	rows, err := q.Query(ctx, loadSQL, "")
 	if err != nil {
@@ -209,20 +220,33 @@ func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
 	if e.EventTypes == nil {
 		e.EventTypes = []string{}
 	}
-	e.Headers = map[string]string{}
-	if err := json.Unmarshal(headers, &e.Headers); err != nil {
+	stored := map[string]string{}
+	if err := json.Unmarshal(headers, &stored); err != nil {
+		e.Headers = map[string]string{}
 		return e, fmt.Errorf("endpoint %s: headers must be a JSON object of strings: %w", e.ID, err)
 	}
+	// Every header is opened, even after one fails, so that none keeps its stored form: a
+	// value that does not open is left empty, never its sealed text, which is neither the
+	// value nor anything a consumer should be sent.
+	var headerErr error
+	e.Headers = make(map[string]string, len(stored))
+	for _, name := range slices.Sorted(maps.Keys(stored)) {
+		plain, err := c.Open(stored[name], HeaderBinding(e.ID, name))
+		if err != nil && headerErr == nil {
+			headerErr = fmt.Errorf("endpoint %s: header %q: %w", e.ID, name, err)
+		}
+		e.Headers[name] = plain
+	}
 	var err error
-	if e.Secret, err = c.Open(secret); err != nil {
-		return e, fmt.Errorf("endpoint %s: %w", e.ID, err)
+	if e.Secret, err = c.Open(secret, SecretBinding(e.ID)); err != nil {
+		return e, fmt.Errorf("endpoint %s: secret: %w", e.ID, err)
 	}
 	if prev != nil {
-		if e.PreviousSecret, err = c.Open(*prev); err != nil {
+		if e.PreviousSecret, err = c.Open(*prev, PreviousSecretBinding(e.ID)); err != nil {
 			return e, fmt.Errorf("endpoint %s: previous secret: %w", e.ID, err)
 		}
 	}
-	return e, nil
+	return e, headerErr
 }
 
 // collect scans every row, keeping endpoints whose secret could not be opened (with their

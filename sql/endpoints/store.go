@@ -3,10 +3,12 @@ package endpoints
 import (
 	"context"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -84,6 +86,16 @@ func parseID(id string) (string, error) {
 	return strings.ToLower(id), nil
 }
 
+// newID returns a random (version 4) UUID in the form id::text has. Add makes the id itself,
+// rather than leaving it to the column's default, because the sealed values are bound to it.
+func newID() string {
+	b := randomBytes(16)
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // RFC 9562 variant
+	h := hex.EncodeToString(b)
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
 // New is an endpoint to add. Only URL is required; the zero value of every other field is the
 // usual choice.
 type New struct {
@@ -119,9 +131,10 @@ type New struct {
 	OrderingFailure string
 }
 
-// Add validates n and inserts it, with its secret sealed by c (in clear when c has no key).
-// The returned endpoint holds the secret in plain text: the caller shows it once, since
-// nothing prints it afterwards. A validation error matches ErrInvalid and names the field.
+// Add validates n and inserts it, with its secret and header values sealed by c (in clear
+// when c has no key). The returned endpoint holds the secret in plain text: the caller shows
+// it once, since nothing prints it afterwards. A validation error matches ErrInvalid and
+// names the field.
 func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 	if n.Scheme == "" {
 		n.Scheme = SchemeFluxora
@@ -153,13 +166,20 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 	} else if err := ValidateSecret(n.Scheme, secret); err != nil {
 		return Endpoint{}, err
 	}
-	headers, err := json.Marshal(n.Headers)
+	// The id is made here rather than by the column's default: every sealed value is bound to
+	// it, so it must be known before the row is written.
+	id := newID()
+	sealedHeaders := make(map[string]string, len(n.Headers))
+	for name, v := range n.Headers {
+		sealedHeaders[name] = c.Seal(v, HeaderBinding(id, name))
+	}
+	headers, err := json.Marshal(sealedHeaders)
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("encoding headers: %w", err)
 	}
 	rows, err := q.Query(ctx, insertSQL, n.URL, n.Description, nullString(n.Tenant), n.EventTypes, n.Scheme,
-		c.Seal(secret), !n.Disabled, nullInt(n.RetryRPS), nullInt(n.MaxConcurrency), string(headers), n.Ordering,
-		n.OrderingFailure)
+		c.Seal(secret, SecretBinding(id)), !n.Disabled, nullInt(n.RetryRPS), nullInt(n.MaxConcurrency), string(headers),
+		n.Ordering, n.OrderingFailure, id)
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("adding endpoint: %w", err)
 	}
@@ -378,11 +398,13 @@ var errSecretWithoutScheme = invalid("secret", "changes only with a scheme chang
 type state struct {
 	scheme  string
 	headers []byte
+	// secret is the current secret as stored, which a rotation re-seals as the previous one.
+	secret string
 }
 
 func readState(ctx context.Context, q Querier, id string) (state, error) {
 	var s state
-	err := q.QueryRow(ctx, stateSQL, id).Scan(&s.scheme, &s.headers)
+	err := q.QueryRow(ctx, stateSQL, id).Scan(&s.scheme, &s.headers, &s.secret)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, &notFoundError{id: id}
 	}
@@ -428,7 +450,7 @@ func Update(ctx context.Context, q Querier, c *Cipher, id string, p Patch) (Upda
 		if err != nil || p.empty() {
 			return Updated{}, err
 		}
-		w, err := p.write(s, c)
+		w, err := p.write(key, s, c)
 		if err != nil {
 			return Updated{}, err
 		}
@@ -466,9 +488,9 @@ type write struct {
 	orderingFailure string
 }
 
-// write computes what p writes over the state s it was decided on: merged headers, and the
-// new secret of a scheme change.
-func (p Patch) write(s state, c *Cipher) (write, error) {
+// write computes what p writes to endpoint id over the state s it was decided on: merged
+// headers, and the new secret of a scheme change, sealed by c for id.
+func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 	var w write
 	if p.URL != nil {
 		w.set, w.url = append(w.set, "url"), *p.URL
@@ -498,6 +520,12 @@ func (p Patch) write(s state, c *Cipher) (write, error) {
 		w.set, w.orderingFailure = append(w.set, "ordering_failure"), *p.OrderingFailure
 	}
 	if p.Headers != nil {
+		if err := validateHeaders(*p.Headers); err != nil {
+			return w, err
+		}
+		// h holds the headers as stored: the ones kept by a merge as they are (a sealed value
+		// needs no key to be kept, and stays bound to its name), those in clear sealed now
+		// that there is a key, and the new ones sealed.
 		h := map[string]string{}
 		if p.MergeHeaders {
 			if err := json.Unmarshal(s.headers, &h); err != nil {
@@ -506,10 +534,24 @@ func (p Patch) write(s state, c *Cipher) (write, error) {
 			for name := range *p.Headers {
 				maps.DeleteFunc(h, func(k, _ string) bool { return strings.EqualFold(k, name) })
 			}
+			names := make(map[string]string, len(h)+len(*p.Headers))
+			for name := range h {
+				names[name] = ""
+			}
+			for name := range *p.Headers {
+				names[name] = ""
+			}
+			if err := validateHeaders(names); err != nil {
+				return w, err
+			}
+			for name, v := range h {
+				if !IsSealed(v) {
+					h[name] = c.Seal(v, HeaderBinding(id, name))
+				}
+			}
 		}
-		maps.Copy(h, *p.Headers)
-		if err := validateHeaders(h); err != nil {
-			return w, err
+		for name, v := range *p.Headers {
+			h[name] = c.Seal(v, HeaderBinding(id, name))
 		}
 		b, err := json.Marshal(h)
 		if err != nil {
@@ -536,7 +578,7 @@ func (p Patch) write(s state, c *Cipher) (write, error) {
 			return w, err
 		}
 	}
-	sealed := c.Seal(w.secret)
+	sealed := c.Seal(w.secret, SecretBinding(id))
 	w.sealed = &sealed
 	return w, nil
 }
@@ -593,7 +635,9 @@ const NoGrace time.Duration = -1
 // becomes the previous secret until grace from now (0 means DefaultGrace, NoGrace keeps
 // none): Standard endpoints are signed with both meanwhile, and Fluxora consumers may accept
 // both. A previous secret still in its grace is replaced: rotating twice within the grace
-// leaves consumers that only know the oldest secret failing.
+// leaves consumers that only know the oldest secret failing. Keeping the current secret for a
+// grace opens it with c (it is re-sealed as the previous secret), so that needs the key that
+// sealed it; NoGrace does not.
 func RotateSecret(ctx context.Context, q Querier, c *Cipher, id, newSecret string, grace time.Duration) (string, error) {
 	key, err := parseID(id)
 	if err != nil {
@@ -621,10 +665,24 @@ func RotateSecret(ctx context.Context, q Querier, c *Cipher, id, newSecret strin
 		} else if err := ValidateSecret(s.scheme, secret); err != nil {
 			return "", err
 		}
+		// The current secret, kept for the grace, is re-sealed as the previous one: sealed
+		// values are bound to their field, so that SQL cannot swap the two and have a
+		// rotated-out secret sign again without an expiry.
+		var previous *string
+		if graceMicros != nil {
+			plain, err := c.Open(s.secret, SecretBinding(key))
+			if err != nil {
+				return "", fmt.Errorf("rotating the secret of endpoint %s: the current secret cannot be kept for the grace: %w"+
+					" (give the key that sealed it, or rotate with no grace)", key, err)
+			}
+			sealed := c.Seal(plain, PreviousSecretBinding(key))
+			previous = &sealed
+		}
 		var got string
-		err = q.QueryRow(ctx, rotateSQL, key, s.scheme, c.Seal(secret), graceMicros).Scan(&got)
+		err = q.QueryRow(ctx, rotateSQL, key, s.scheme, c.Seal(secret, SecretBinding(key)), graceMicros, previous, s.secret).
+			Scan(&got)
 		if errors.Is(err, pgx.ErrNoRows) {
-			continue // its scheme changed (or it was removed) since the read: check the secret again
+			continue // its scheme or secret changed (or it was removed) since the read: decide again
 		}
 		if err != nil {
 			return "", fmt.Errorf("rotating the secret of endpoint %s: %w", key, err)
@@ -709,93 +767,156 @@ func Remove(ctx context.Context, q Querier, id string, action PendingAction) (Re
 	return r, nil
 }
 
-// Reencrypt seals every secret (current and previous) with c's current key, and returns how
-// many endpoints it rewrote. It is the second half of a key rotation (set
-// WEBHOOK_ENCRYPTION_KEY to the new key and WEBHOOK_ENCRYPTION_KEY_PREVIOUS to the old one,
-// run this, then unset the previous key), and it also seals secrets stored in clear, by SQL
-// or before a key was set. Secrets already sealed with the current key are left as they are,
-// so running it again rewrites nothing. It needs a key: without one there is nothing to seal
-// with. If any secret does not open (sealed with a key c does not hold), nothing is written
-// and the error names the endpoints.
+// Resealed counts what Reseal rewrote.
+type Resealed struct {
+	// Endpoints is the number of rows rewritten.
+	Endpoints int `json:"reencrypted"`
+	// Secrets counts the secrets (current and previous) and Headers the header values that
+	// were re-sealed, sealed from clear, or bound (from the legacy format).
+	Secrets int `json:"secrets"`
+	Headers int `json:"headers"`
+}
+
+// Reencrypt is Reseal counting only the endpoints rewritten.
 func Reencrypt(ctx context.Context, q Querier, c *Cipher) (int, error) {
+	r, err := Reseal(ctx, q, c)
+	return r.Endpoints, err
+}
+
+// Reseal seals every secret (current and previous) and custom header value with c's current
+// key, bound to its endpoint and field, and returns what it rewrote. It is the second half of
+// a key rotation (set WEBHOOK_ENCRYPTION_KEY to the new key and WEBHOOK_ENCRYPTION_KEY_PREVIOUS
+// to the old one, run this, then unset the previous key); it also seals values stored in
+// clear, by SQL or before a key was set, and binds secrets sealed by an older fluxhook
+// ("enc:v1:", which opened wherever they were copied). Values already sealed bound with the
+// current key are left as they are, so running it again rewrites nothing. It needs a key:
+// without one there is nothing to seal with. If any value does not open (sealed with a key c
+// does not hold, or for another endpoint or field), nothing is written and the error names
+// the endpoints: re-sealing a copied value would bind it where it was copied.
+func Reseal(ctx context.Context, q Querier, c *Cipher) (Resealed, error) {
+	var total Resealed
 	if !c.HasKey() {
-		return 0, errors.New("WEBHOOK_ENCRYPTION_KEY is not set: there is no key to seal the secrets with")
+		return total, errors.New("WEBHOOK_ENCRYPTION_KEY is not set: there is no key to seal the secrets with")
 	}
-	// Opens only what the current key sealed: anything else needs re-sealing.
+	// Opens only what the current key sealed bound: anything else needs re-sealing.
 	current := &Cipher{current: c.current}
-	stale := func(stored *string) bool {
-		if stored == nil {
-			return false
-		}
-		if !IsSealed(*stored) {
+	stale := func(stored string, b Binding) bool {
+		if !isBound(stored) {
 			return true
 		}
-		_, err := current.Open(*stored)
+		_, err := current.Open(stored, b)
 		return err != nil
 	}
-	total := 0
+	// reseal returns the new stored form of a stale value.
+	reseal := func(stored string, b Binding) (string, error) {
+		plain, err := c.Open(stored, b)
+		if err != nil {
+			return "", err
+		}
+		return c.Seal(plain, b), nil
+	}
+	type stored struct {
+		id       string
+		secret   string
+		previous *string
+		headers  string
+	}
 	for range casAttempts {
 		rows, err := q.Query(ctx, secretsSQL)
 		if err != nil {
 			return total, fmt.Errorf("reading secrets: %w", err)
 		}
-		type stored struct {
-			id       string
-			secret   string
-			previous *string
-		}
 		all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (stored, error) {
 			var s stored
-			return s, r.Scan(&s.id, &s.secret, &s.previous)
+			return s, r.Scan(&s.id, &s.secret, &s.previous, &s.headers)
 		})
 		if err != nil {
 			return total, fmt.Errorf("reading secrets: %w", err)
 		}
-		var ids, oldSecrets, newSecrets []string
+		var ids, oldSecrets, oldHeaders, newSecrets, newHeaders []string
 		var oldPrevious, newPrevious []*string
+		counts := map[string]Resealed{}
 		var problems []error
 		for _, s := range all {
-			if !stale(&s.secret) && !stale(s.previous) {
-				continue
+			var n Resealed
+			secret := s.secret
+			if stale(s.secret, SecretBinding(s.id)) {
+				if secret, err = reseal(s.secret, SecretBinding(s.id)); err != nil {
+					problems = append(problems, fmt.Errorf("endpoint %s: secret: %w", s.id, err))
+					continue
+				}
+				n.Secrets++
 			}
-			plain, err := c.Open(s.secret)
-			if err != nil {
-				problems = append(problems, fmt.Errorf("endpoint %s: %w", s.id, err))
-				continue
-			}
-			var prev *string
-			if s.previous != nil {
-				p, err := c.Open(*s.previous)
+			previous := s.previous
+			if s.previous != nil && stale(*s.previous, PreviousSecretBinding(s.id)) {
+				sealed, err := reseal(*s.previous, PreviousSecretBinding(s.id))
 				if err != nil {
 					problems = append(problems, fmt.Errorf("endpoint %s: previous secret: %w", s.id, err))
 					continue
 				}
-				sealed := c.Seal(p)
-				prev = &sealed
+				previous = &sealed
+				n.Secrets++
 			}
-			ids = append(ids, s.id)
-			oldSecrets, oldPrevious = append(oldSecrets, s.secret), append(oldPrevious, s.previous)
-			newSecrets, newPrevious = append(newSecrets, c.Seal(plain)), append(newPrevious, prev)
+			headers := map[string]string{}
+			if err := json.Unmarshal([]byte(s.headers), &headers); err != nil {
+				problems = append(problems, fmt.Errorf("endpoint %s: headers must be a JSON object of strings: %w", s.id, err))
+				continue
+			}
+			var headerErr error
+			for _, name := range slices.Sorted(maps.Keys(headers)) {
+				if !stale(headers[name], HeaderBinding(s.id, name)) {
+					continue
+				}
+				sealed, err := reseal(headers[name], HeaderBinding(s.id, name))
+				if err != nil {
+					headerErr = fmt.Errorf("endpoint %s: header %q: %w", s.id, name, err)
+					break
+				}
+				headers[name] = sealed
+				n.Headers++
+			}
+			if headerErr != nil {
+				problems = append(problems, headerErr)
+				continue
+			}
+			if n.Secrets == 0 && n.Headers == 0 {
+				continue
+			}
+			encoded, err := json.Marshal(headers)
+			if err != nil {
+				return total, fmt.Errorf("encoding headers: %w", err)
+			}
+			n.Endpoints = 1
+			counts[s.id] = n
+			ids, oldSecrets, oldPrevious, oldHeaders = append(ids, s.id), append(oldSecrets, s.secret), append(oldPrevious, s.previous), append(oldHeaders, s.headers)
+			newSecrets, newPrevious, newHeaders = append(newSecrets, secret), append(newPrevious, previous), append(newHeaders, string(encoded))
 		}
 		if len(problems) > 0 {
 			what := "nothing was re-sealed"
-			if total > 0 {
-				what = fmt.Sprintf("stopped after re-sealing %d", total)
+			if total.Endpoints > 0 {
+				what = fmt.Sprintf("stopped after re-sealing %d endpoints", total.Endpoints)
 			}
 			return total, fmt.Errorf("%s: %w", what, errors.Join(problems...))
 		}
 		if len(ids) == 0 {
 			return total, nil
 		}
-		var n int
-		if err := q.QueryRow(ctx, resealSQL, ids, oldSecrets, oldPrevious, newSecrets, newPrevious).Scan(&n); err != nil {
+		rows, err = q.Query(ctx, resealSQL, ids, oldSecrets, oldPrevious, oldHeaders, newSecrets, newPrevious, newHeaders)
+		if err != nil {
 			return total, fmt.Errorf("re-sealing secrets: %w", err)
 		}
-		total += n
-		if n == len(ids) {
+		written, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return total, fmt.Errorf("re-sealing secrets: %w", err)
+		}
+		for _, id := range written {
+			n := counts[id]
+			total.Endpoints, total.Secrets, total.Headers = total.Endpoints+n.Endpoints, total.Secrets+n.Secrets, total.Headers+n.Headers
+		}
+		if len(written) == len(ids) {
 			return total, nil
 		}
-		// Some rows changed since the read (a rotation): read them again.
+		// Some rows changed since the read (a rotation, an update): read them again.
 	}
 	return total, errors.New("re-sealing secrets: they kept changing meanwhile; run it again")
 }

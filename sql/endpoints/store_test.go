@@ -143,7 +143,7 @@ func TestSecretNotInTableWithKey(t *testing.T) {
 	ctx := context.Background()
 	c := newCipher(t, endpoints.GenerateKey(), "")
 	e := mustAdd(t, db, c, endpoints.New{URL: "https://consumer.example/", Secret: "fluxora-plaintext-secret-1"})
-	if row := rowText(t, db, e.ID); strings.Contains(row, "fluxora-plaintext-secret-1") || !strings.Contains(row, "enc:v1:") {
+	if row := rowText(t, db, e.ID); strings.Contains(row, "fluxora-plaintext-secret-1") || !strings.Contains(row, "enc:v2:") {
 		t.Fatalf("the row shows the secret in clear: %s", row)
 	}
 	newSecret, err := endpoints.RotateSecret(ctx, db.Pool, c, e.ID, "rotated-plaintext-secret-2", 0)
@@ -297,6 +297,8 @@ func TestAddValidation(t *testing.T) {
 		{"standard not base64", with(func(n *endpoints.New) { n.Scheme = "standard"; n.Secret = "whsec_not base64!" }), "secret", "base64"},
 		{"standard empty key", with(func(n *endpoints.New) { n.Scheme = "standard"; n.Secret = "whsec_" }), "secret", "empty"},
 		{"secret like a sealed one", with(func(n *endpoints.New) { n.Secret = "enc:v1:abc" }), "secret", "encrypted"},
+		{"secret like a bound sealed one", with(func(n *endpoints.New) { n.Secret = "enc:v2:abc" }), "secret", "encrypted"},
+		{"header like a sealed value", with(func(n *endpoints.New) { n.Headers = map[string]string{"X-Team": "enc:v2:abc"} }), "headers", "encrypted"},
 		{"secret with spaces", with(func(n *endpoints.New) { n.Secret = " s3cret " }), "secret", "spaces"},
 		{"negative retry rps", with(func(n *endpoints.New) { n.RetryRPS = -1 }), "retry_rps", "positive"},
 		{"huge concurrency", with(func(n *endpoints.New) { n.MaxConcurrency = 1 << 40 }), "max_concurrency", "positive"},

@@ -73,8 +73,8 @@ func randomBytes(n int) []byte {
 // "whsec_" followed by standard padded base64 of a non-empty key, the only form its consumers'
 // libraries decode the same way we do. A Fluxora secret is any non-empty text without control
 // characters or surrounding spaces (almost always a copy-paste accident). Neither may start
-// with "enc:v1:": stored in clear, it would be mistaken for a sealed secret. The error never
-// repeats the secret.
+// with "enc:v1:" or "enc:v2:": stored in clear, it would be mistaken for a sealed secret. The
+// error never repeats the secret.
 func ValidateSecret(scheme, secret string) error {
 	if err := validateScheme(scheme); err != nil {
 		return err
@@ -82,8 +82,8 @@ func ValidateSecret(scheme, secret string) error {
 	switch {
 	case secret == "":
 		return invalid("secret", "empty; leave it unset to have one generated")
-	case strings.HasPrefix(secret, sealedPrefix):
-		return invalid("secret", "starts with %q, which marks an encrypted secret; give the secret itself", sealedPrefix)
+	case IsSealed(secret):
+		return invalid("secret", "starts with %q, which marks an encrypted secret; give the secret itself", secret[:len(sealedPrefix)])
 	case strings.TrimSpace(secret) != secret:
 		return invalid("secret", "has leading or trailing spaces; remove them")
 	case strings.ContainsFunc(secret, func(r rune) bool { return r < ' ' || r == 0x7f }):

@@ -114,8 +114,8 @@ type Config struct {
 	// many for Prometheus when every tenant has its own URL.
 	MetricsEndpointLabel bool
 	// EncryptionKey opens (and EncryptionKeyPrevious, during a key rotation, also opens) the
-	// managed endpoints' secrets sealed at rest (WEBHOOK_ENCRYPTION_KEY,
-	// WEBHOOK_ENCRYPTION_KEY_PREVIOUS: base64 of 32 bytes). Empty: secrets are read in clear.
+	// managed endpoints' secrets and header values sealed at rest (WEBHOOK_ENCRYPTION_KEY,
+	// WEBHOOK_ENCRYPTION_KEY_PREVIOUS: base64 of 32 bytes). Empty: they are read in clear.
 	EncryptionKey, EncryptionKeyPrevious string
 	// EndpointDisableAfter disables a managed endpoint that has been failing without a
 	// success for this long (WEBHOOK_ENDPOINT_DISABLE_AFTER, default 5 days, as the peers do).

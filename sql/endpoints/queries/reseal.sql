@@ -1,15 +1,15 @@
--- Write re-sealed secrets: $1 ids, $2 and $3 the secret and previous secret as read by
--- secrets.sql, $4 and $5 their new stored forms. A row whose secrets changed since the read
--- (a rotation meanwhile) is left alone, so that an old secret is never written back over a
--- new one; Reencrypt reads and tries again. Returns the rows written.
+-- Write re-sealed secrets and headers: $1 ids, $2, $3 and $4 the secret, previous secret and
+-- headers as read by secrets.sql, $5, $6 and $7 their new stored forms. A row whose secrets or
+-- headers changed since the read (a rotation or an update meanwhile) is left alone, so that an
+-- old value is never written back over a new one; Reencrypt reads and tries again. Returns the
+-- ids of the rows written.
 WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[])
-        AS t(id, old_secret, old_previous, secret, previous)
-), written AS (
-    UPDATE webhook_endpoints e
-    SET secret = i.secret, previous_secret = i.previous
-    FROM input i
-    WHERE e.id = i.id AND e.secret = i.old_secret AND e.previous_secret IS NOT DISTINCT FROM i.old_previous
-    RETURNING 1
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+        AS t(id, old_secret, old_previous, old_headers, secret, previous, headers)
 )
-SELECT count(*) FROM written
+UPDATE webhook_endpoints e
+SET secret = i.secret, previous_secret = i.previous, headers = i.headers::jsonb
+FROM input i
+WHERE e.id = i.id AND e.secret = i.old_secret AND e.previous_secret IS NOT DISTINCT FROM i.old_previous
+  AND e.headers = i.old_headers::jsonb
+RETURNING e.id::text
