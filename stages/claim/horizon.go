@@ -16,7 +16,8 @@ import (
 // sequence's last value L, then the sessions holding webhook_outbox's RowExclusiveLock (an
 // inserting transaction takes it before drawing its id, and keeps it until it ends). An id up
 // to L that was not visible belongs to one of those holders. When a later reading no longer
-// lists any of them, all have ended, and every claim from the next one on (its snapshot is
+// lists any of them, and lists no prepared transaction it did not (see newlyPrepared), all
+// have ended, and every claim from the next one on (its snapshot is
 // taken after that reading) sees every committed id up to L. A reading with no holders at all
 // settles its own L for the next claim. A claim that arms also takes a reading just before its
 // statement (Claimer.Claim), which it may use at once when it finds no holders: an event alone
@@ -60,7 +61,7 @@ func (h *Horizon) Observe(text string) (bool, error) {
 	// Earlier readings whose holders have all ended.
 	kept := h.pending[:0]
 	for _, r := range h.pending {
-		if ended(r.holders, holders) {
+		if ended(r.holders, holders) && !newlyPrepared(r.holders, holders) {
 			h.safe = max(h.safe, r.last)
 		} else {
 			kept = append(kept, r)
@@ -78,6 +79,20 @@ func (h *Horizon) Observe(text string) (bool, error) {
 	}
 	h.pending = slices.DeleteFunc(h.pending, func(r reading) bool { return r.last <= h.safe })
 	return h.safe != before, nil
+}
+
+// newlyPrepared reports whether now lists a prepared transaction (schema 10 marks them 'p')
+// that then did not: PREPARE TRANSACTION hands a transaction's locks to another virtual
+// transaction id, so one of then's holders may live on under it. A reading is not settled
+// while that may be so. A prepared transaction keeps its id across a restart of the server,
+// and a reading that listed it waits for it like for any holder.
+func newlyPrepared(then, now []string) bool {
+	for _, x := range now {
+		if strings.HasPrefix(x, "p") && !slices.Contains(then, x) {
+			return true
+		}
+	}
+	return false
 }
 
 // ended reports whether none of then is among now.

@@ -52,3 +52,29 @@ func TestHorizonBoundsReadings(t *testing.T) {
 		t.Fatalf("after 9/9 ended: safe %d, want 1099 (the newest reading it held)", h.Safe())
 	}
 }
+
+// TestHorizonAcrossPrepareTransaction: a producer that drew id 1 is listed under its session's
+// virtual transaction id; once it runs PREPARE TRANSACTION its lock belongs to a prepared
+// transaction ('p' and another id, the same across a restart of the server). Its session's
+// id is gone from the readings, but the transaction is not over: nothing up to 1 is settled
+// until the prepared one ends too. Another id's prepared transaction listed at a reading is
+// waited for like any holder.
+func TestHorizonAcrossPrepareTransaction(t *testing.T) {
+	var h claim.Horizon
+	step := func(reading string, wantSafe int64) {
+		t.Helper()
+		if _, err := h.Observe(reading); err != nil {
+			t.Fatalf("Observe(%q): %v", reading, err)
+		}
+		if h.Safe() != wantSafe {
+			t.Fatalf("after %q: safe %d, want %d", reading, h.Safe(), wantSafe)
+		}
+	}
+	step("0:", 0)
+	step("1:3/9", 0)     // the producer inserted id 1
+	step("2:p-1/726", 0) // it prepared; a second producer committed id 2
+	step("2:p-1/726", 0) // the server restarted: the prepared transaction is back, same id
+	step("3:p-1/726,5/1", 0)
+	step("3:5/1", 2) // COMMIT PREPARED: 1 and 2 are settled; 3 waits for 5/1
+	step("3:", 3)
+}
