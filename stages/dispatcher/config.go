@@ -120,6 +120,11 @@ type Config struct {
 	// EndpointDisableAfter disables a managed endpoint that has been failing without a
 	// success for this long (WEBHOOK_ENDPOINT_DISABLE_AFTER, default 5 days, as the peers do).
 	EndpointDisableAfter time.Duration
+	// EndpointRecheck bounds how long a change to webhook_endpoints that bumped no version
+	// (a restore with triggers disabled) stays unseen: the endpoints are read again this
+	// often, and the cache replaced when they differ. Default DefaultEndpointRecheck; not an
+	// environment variable (a shorter one only costs reads).
+	EndpointRecheck time.Duration
 	// Logger receives structured logs (nil = no logs).
 	Logger *zap.Logger
 	// AsyncCommit sets synchronous_commit=off on the dispatcher's own connections (default
@@ -183,8 +188,15 @@ func (c Config) WithDefaults() Config {
 	if c.EndpointDisableAfter == 0 {
 		c.EndpointDisableAfter = 5 * 24 * time.Hour
 	}
+	if c.EndpointRecheck <= 0 {
+		c.EndpointRecheck = DefaultEndpointRecheck
+	}
 	return c
 }
+
+// DefaultEndpointRecheck is Config.EndpointRecheck's default: every change made through SQL, the
+// CLI or logical replication reaches the dispatchers at their next claim; this bounds the others.
+const DefaultEndpointRecheck = 30 * time.Second
 
 // Validate reports every invalid field, naming its environment variable and what is expected.
 // The URL and secret are validated by the send and sign stages when the Dispatcher is built.

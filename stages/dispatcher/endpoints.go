@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -66,7 +67,9 @@ type endpointCache struct {
 	confirmed    bool
 	confirmAfter uint64
 	reload       time.Time // when a grace ends; zero: none pending
-	byID         map[string]*managed
+	// checked is when the endpoints were last read (see Config.EndpointRecheck).
+	checked time.Time
+	byID    map[string]*managed
 	// ordered: some enabled endpoint orders its streams.
 	ordered bool
 	// enabled are the enabled endpoints by id, in route.sql's order of an event's deliveries
@@ -99,13 +102,15 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 	c.mu.Lock()
 	moved := want != c.loaded
 	confirming := !moved && !c.confirmed && c.confirmAfter != 0 && c.xmin.Load() >= c.confirmAfter
-	stale := moved || confirming || !c.reload.IsZero() && time.Now().After(c.reload)
+	recheck := !c.checked.IsZero() && time.Since(c.checked) >= d.cfg.EndpointRecheck
+	stale := moved || confirming || recheck || !c.reload.IsZero() && time.Now().After(c.reload)
+	previous := c.byID
 	c.mu.Unlock()
 	if !stale {
 		return false
 	}
 	var after uint64
-	if moved {
+	if moved || recheck {
 		// Taken after the claim read want: every transaction that bumped the version up to
 		// want had its id by then, below this xmax.
 		if err := d.pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`).Scan(&after); err != nil {
@@ -117,6 +122,20 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 	if err != nil {
 		d.log.Warn("loading endpoints failed; deliveries to them wait", zap.Error(err))
 		return false
+	}
+	if recheck && !moved {
+		c.mu.Lock()
+		c.checked = time.Now()
+		c.mu.Unlock()
+		if sameEndpoints(previous, list) {
+			if !confirming && (c.reload.IsZero() || time.Now().Before(c.reload)) {
+				return false
+			}
+		} else {
+			// Changed without moving the version: as unsure as a load for a new version.
+			d.log.Warn("endpoints changed without a version bump (triggers disabled?); reloaded")
+			moved = true
+		}
 	}
 	byID := make(map[string]*managed, len(list))
 	var reload time.Time
@@ -172,7 +191,7 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 	}
 	slices.SortFunc(routable, func(a, b *managed) int { return strings.Compare(a.ep.ID, b.ep.ID) })
 	c.mu.Lock()
-	c.byID, c.loaded, c.reload, c.ordered, c.enabled = byID, want, reload, ordered, routable
+	c.byID, c.loaded, c.reload, c.ordered, c.enabled, c.checked = byID, want, reload, ordered, routable, time.Now()
 	switch {
 	case moved:
 		c.confirmed, c.confirmAfter = false, after
@@ -205,6 +224,26 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 		d.log.Info("endpoint enabled", zap.String("endpoint_id", m.ep.ID))
 	}
 	return confirmNow
+}
+
+// sameEndpoints reports whether list holds what the cache was loaded with, but for the
+// lifecycle columns the dispatchers write themselves on every outcome (which bump no version
+// on purpose, and change nothing the dispatcher routes or sends by).
+func sameEndpoints(cached map[string]*managed, list []endpoints.Endpoint) bool {
+	if len(cached) != len(list) {
+		return false
+	}
+	routable := func(e endpoints.Endpoint) endpoints.Endpoint {
+		e.LastSuccessAt, e.FailingSince, e.UpdatedAt = time.Time{}, time.Time{}, time.Time{}
+		return e
+	}
+	for i := range list {
+		m, ok := cached[list[i].ID]
+		if !ok || !reflect.DeepEqual(routable(m.ep), routable(list[i])) {
+			return false
+		}
+	}
+	return true
 }
 
 // lookup returns the endpoint with id, nil when there is none.

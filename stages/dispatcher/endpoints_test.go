@@ -307,3 +307,116 @@ func TestTenantChangeNeverCarriesEventsAcross(t *testing.T) {
 		t.Errorf("acme's old URL received %d requests, want only the first attempt", n)
 	}
 }
+
+// TestNewEndpointReceivesEventsEnqueuedAfterItsCommit: an endpoint receives the events enqueued
+// after the transaction that created it committed, and none enqueued while that transaction was
+// open, whenever they are routed: here the one enqueued while the endpoint's transaction was
+// open is routed after its commit (it reached the endpoint when created_at was the insert's
+// clock, while one routed before the commit did not).
+func TestNewEndpointReceivesEventsEnqueuedAfterItsCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret) VALUES ($1, 'endpoint-secret')`, c.URL()); err != nil {
+		t.Fatal(err)
+	}
+	during := b.enqueue(outbox.Event{EventType: "t.during"})
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := b.enqueue(outbox.Event{EventType: "t.after"})
+	b.start(b.config(""))
+	b.waitSettled(15 * time.Second)
+	got := c.byDelivery()
+	if len(got[during]) != 0 || len(got[after]) != 1 {
+		t.Errorf("the new endpoint got the event enqueued while it was being created %d times (want 0), the one after its commit %d (want 1)",
+			len(got[during]), len(got[after]))
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1 AND error = 'no endpoint matched'`, during); n != 1 {
+		t.Errorf("the event enqueued while the endpoint was being created is not recorded as matching no endpoint")
+	}
+}
+
+// TestEndpointChangeWithoutTriggersIsSeen: a change to webhook_endpoints that fires no trigger
+// (a restore with triggers disabled) moves no version; the dispatcher still reads the
+// endpoints again within Config.EndpointRecheck and sends to the new URL. Logical replication
+// and session_replication_role = replica fire the version triggers (ENABLE ALWAYS) and are
+// seen at the next claim.
+func TestEndpointChangeWithoutTriggersIsSeen(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old, moved := newConsumer(t, nil), newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: old.URL()})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	cfg.EndpointRecheck = 300 * time.Millisecond
+	b.start(cfg)
+	b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the first event delivered", func() bool { return old.received() == 1 })
+
+	ctx := context.Background()
+	var start, after int64
+	if err := b.pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	// A change under session_replication_role = replica moves the version.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET url = $1 WHERE id = $2`, moved.URL()+"?replica", ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&after); err != nil || after <= start {
+		t.Errorf("a change under session_replication_role = replica left the endpoints' version at %d (%v), want it moved past %d", after, err, start)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE webhook_endpoints SET url = $1 WHERE id = $2`, old.URL(), ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	var before int64
+	if err := b.pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	tx, err = b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{`ALTER TABLE webhook_endpoints DISABLE TRIGGER USER`,
+		`UPDATE webhook_endpoints SET url = '` + moved.URL() + `' WHERE id = '` + ep.ID + `'`,
+		`ALTER TABLE webhook_endpoints ENABLE TRIGGER USER`,
+		// ENABLE resets ALWAYS triggers to ordinary ones: as schema 10 leaves them.
+		`ALTER TABLE webhook_endpoints ENABLE ALWAYS TRIGGER webhook_endpoints_changed`,
+		`ALTER TABLE webhook_endpoints ENABLE ALWAYS TRIGGER webhook_endpoints_changed_update`,
+		`ALTER TABLE webhook_endpoints ENABLE ALWAYS TRIGGER webhook_endpoints_truncated`} {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&after); err != nil || after != before {
+		t.Fatalf("the endpoints' version moved (%d to %d, %v): the change did fire a trigger", before, after, err)
+	}
+	eventually(t, 15*time.Second, "an event delivered to the endpoint's new URL", func() bool {
+		if moved.received() > 0 {
+			return true
+		}
+		b.enqueue(outbox.Event{})
+		b.waitSettled(10 * time.Second)
+		return moved.received() > 0
+	})
+
+}
