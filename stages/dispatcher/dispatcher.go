@@ -277,6 +277,10 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 			d.log.Info("created the stream index ordered delivery needs", zap.String("index", "webhook_outbox_stream_idx"))
 		}
 		d.streamIndex.Store(true)
+		if err := d.checkOrderingIDs(ctx); err != nil {
+			pool.Close()
+			return fmt.Errorf("WEBHOOK_ORDERING=stream: %w", err)
+		}
 	}
 	// The endpoints are loaded before the first claim, which must already know whether any
 	// of them orders its streams and whether events are routed: a claim that did not would
@@ -1033,6 +1037,11 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 			if time.Since(lastPrune) >= time.Minute {
 				lastPrune = time.Now()
 				d.maintainLog(ctx)
+				if d.orders() {
+					if err := d.checkOrderingIDs(ctx); err != nil && ctx.Err() == nil {
+						d.log.Error("ordered delivery cannot hold its promise", zap.Error(err))
+					}
+				}
 				n, err := d.claimer.Prune(ctx, d.cfg.Retention, 1000)
 				if err != nil && ctx.Err() == nil {
 					d.log.Warn("janitor failed", zap.Error(err))

@@ -180,8 +180,17 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 	for _, m := range byID {
 		ordered = ordered || m.ep.Enabled && m.ep.Ordering == "stream"
 	}
+	c.mu.Lock()
+	wasOrdered := c.ordered
+	c.mu.Unlock()
 	if ordered {
 		d.ensureStreamIndex()
+		if !wasOrdered && !d.cfg.Ordering {
+			// An endpoint just turned ordering on: say at once whether the ids allow it.
+			if err := d.checkOrderingIDs(ctx); err != nil {
+				d.log.Error("ordered delivery cannot hold its promise", zap.Error(err))
+			}
+		}
 	}
 	routable := make([]*managed, 0, len(byID))
 	for _, m := range byID {

@@ -44,6 +44,7 @@ type metrics struct {
 	routed           *prometheus.CounterVec
 	endpointChanges  *prometheus.CounterVec
 	alreadyDelivered prometheus.Counter
+	beyondSequence   prometheus.Gauge
 }
 
 const ns = "fluxora_webhook"
@@ -96,6 +97,8 @@ func newMetrics(d *Dispatcher) *metrics {
 		Help: "Events routed to managed endpoints, by how: memory (from the endpoint cache, no statement; the event's row holds its deliveries until their first settle) or statement (route.sql, a row per delivery)."}, []string{"by"})
 	m.endpointChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "endpoint_lifecycle_total",
 		Help: "Managed endpoints' changes of state this instance observed, by change: disabled (a 410 Gone, failing for WEBHOOK_ENDPOINT_DISABLE_AFTER, or an operator), enabled."}, []string{"change"})
+	m.beyondSequence = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "ordered_rows_beyond_sequence",
+		Help: "Ordered rows keyed beyond the outbox's id sequence (an id a producer supplied itself): the hold-back holds them until the sequence reaches them. Checked once a minute while something is ordered."})
 	m.staleSettles = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "stale_settles_total",
 		Help: "Outcomes refused at settle because the row's lease had run out and another claim held it (the current holder's outcome is written instead)."})
 	inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "in_flight",
@@ -104,7 +107,7 @@ func newMetrics(d *Dispatcher) *metrics {
 		Help: "The most rows this instance holds in flight (WEBHOOK_MAX_IN_FLIGHT)."}, func() float64 { return float64(d.slots.Size()) })
 	m.reg.MustRegister(m.deliveries, m.attemptSeconds, m.endToEndSeconds, m.retries, m.deadLetters, m.deferrals,
 		m.released, m.failOpen, m.storeRoundTrips, m.transitions, m.reconnects, m.wakeups, m.claimRows, m.settleRows, m.settleErrors,
-		m.claimErrors, m.staleSettles, m.unrouted, m.routed, m.endpointChanges, m.alreadyDelivered, inFlight, capacity, &backlogCollector{d: d},
+		m.claimErrors, m.staleSettles, m.unrouted, m.routed, m.endpointChanges, m.alreadyDelivered, m.beyondSequence, inFlight, capacity, &backlogCollector{d: d},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.preinitialise()
 	return m

@@ -2,6 +2,8 @@ package dispatcher
 
 import (
 	"context"
+	_ "embed"
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -162,4 +164,38 @@ func (d *Dispatcher) indexer(ctx context.Context) {
 			d.streamIndex.Store(true)
 		}
 	}
+}
+
+//go:embed ordering_check.sql
+var orderingCheckSQL string
+
+// errSequenceCache is checkOrderingIDs' refusal, named so that the caller can tell it from a
+// failed query.
+type errSequenceCache struct{ cache int64 }
+
+func (e errSequenceCache) Error() string {
+	return fmt.Sprintf("webhook_outbox's id sequence has CACHE %d: ordered delivery needs ids drawn one at a time, "+
+		"since a session with cached ids inserts them after later ones commit, and a stream would go backwards; "+
+		"run ALTER SEQUENCE webhook_outbox_id_seq CACHE 1 (as the table's owner)", e.cache)
+}
+
+// checkOrderingIDs checks what the hold-back assumes of the outbox's ids while something is
+// ordered: a sequence cache of 1 (an errSequenceCache otherwise), and no ordered row keyed
+// beyond the sequence's last value (an id a producer supplied itself, which waits until the
+// sequence reaches it). The second is counted in the metric ordered_rows_beyond_sequence and
+// logged, since such a row is otherwise silently stuck.
+func (d *Dispatcher) checkOrderingIDs(ctx context.Context) error {
+	var cache, beyond int64
+	if err := d.pool.QueryRow(ctx, orderingCheckSQL).Scan(&cache, &beyond); err != nil {
+		return fmt.Errorf("checking the outbox's ids for ordered delivery: %w", err)
+	}
+	d.metrics.beyondSequence.Set(float64(beyond))
+	if beyond > 0 {
+		d.log.Warn("ordered rows wait beyond the outbox's id sequence: an id supplied by a producer passes the hold-back only once the sequence reaches it; let the sequence draw ordered events' ids",
+			zap.Int64("rows", beyond))
+	}
+	if cache > 1 {
+		return errSequenceCache{cache}
+	}
+	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/outbox"
+	"github.com/fluxora/fluxhook/stages/dispatcher"
 )
 
 // streamEvent is the payload of the ordering tests' events: its stream and its place in it.
@@ -426,4 +427,63 @@ func TestOrderedDefaultBesideEndpoints(t *testing.T) {
 	if n := len(plain.byDelivery()); n != streams*perStream {
 		t.Errorf("the unordered endpoint received %d events, want %d", n, streams*perStream)
 	}
+}
+
+// TestOrderingChecksTheOutboxIDs: the hold-back assumes ids drawn one at a time by the
+// sequence. With a sequence cache above 1, a dispatcher under WEBHOOK_ORDERING=stream refuses
+// to start, naming the fix; an ordered row keyed beyond the sequence (an id a producer chose)
+// is counted in ordered_rows_beyond_sequence as soon as an endpoint orders, instead of
+// waiting unseen.
+func TestOrderingChecksTheOutboxIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	c := newConsumer(t, nil)
+	if _, err := b.pool.Exec(ctx, `ALTER SEQUENCE webhook_outbox_id_seq CACHE 20`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config(c.URL())
+	cfg.Ordering = true
+	d, err := dispatcher.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = d.Start(ctx)
+	if err == nil {
+		_ = d.Stop(ctx)
+		t.Fatal("a dispatcher ordering streams started with the outbox's sequence caching 20 ids")
+	}
+	if !strings.Contains(err.Error(), "CACHE 20") || !strings.Contains(err.Error(), "ALTER SEQUENCE webhook_outbox_id_seq CACHE 1") {
+		t.Errorf("refusal %q; want it to name the cache and the fix", err)
+	}
+	if _, err := b.pool.Exec(ctx, `ALTER SEQUENCE webhook_outbox_id_seq CACHE 1`); err != nil {
+		t.Fatal(err)
+	}
+
+	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Ordering: endpoints.OrderingStream})
+	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (id, stream_id, event_type, payload, endpoint_id, routed_at, order_key)
+		VALUES (1000000, 's', 't.far', '{}', $1, now(), 1000000)`, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	cfg = b.config("")
+	cfg.EncryptionKey = testKey
+	d = b.start(cfg)
+	if got := gaugeValue(t, d, "fluxora_webhook_ordered_rows_beyond_sequence"); got != 1 {
+		t.Errorf("ordered_rows_beyond_sequence = %v, want 1 (the row keyed 1000000)", got)
+	}
+}
+
+// gaugeValue reads an unlabelled gauge of d's registry, 0 when it has none.
+func gaugeValue(t *testing.T, d *dispatcher.Dispatcher, name string) float64 {
+	t.Helper()
+	families, err := d.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) > 0 {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return 0
 }
