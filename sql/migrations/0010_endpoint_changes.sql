@@ -6,8 +6,9 @@
 --   deferred trigger now sets it just before the commit, so an endpoint receives the events
 --   enqueued after its creation committed and none enqueued while it was being created,
 --   whichever instance routes them when. (The trigger fires at COMMIT, or earlier with SET
---   CONSTRAINTS ALL IMMEDIATE; it leaves created_at alone when logical replication or a
---   restore writes the row, which do not fire it.)
+--   CONSTRAINTS ALL IMMEDIATE; it leaves alone a created_at written explicitly with a time
+--   before the transaction began, and rows written by logical replication or a restore,
+--   which do not fire it.)
 --
 -- * Changes that fire no ordinary trigger still reach the dispatchers. A subscriber of
 --   logical replication, and any session with session_replication_role = replica, fired none
@@ -27,7 +28,10 @@
 CREATE OR REPLACE FUNCTION webhook_endpoints_created() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE webhook_endpoints SET created_at = pg_catalog.clock_timestamp() WHERE id = NEW.id;
+    -- Only a created_at taken during this transaction (the column's default): one written
+    -- explicitly with an earlier time (an import) is kept.
+    UPDATE webhook_endpoints SET created_at = GREATEST(created_at, pg_catalog.clock_timestamp())
+    WHERE id = NEW.id AND created_at >= pg_catalog.now();
     RETURN NULL;
 END;
 $$;
