@@ -25,16 +25,29 @@
 --   transaction it did not see prepared holds the lock. Only sessions of this database count
 --   (a database cloned from one with the schema has a table of the same oid).
 
-CREATE OR REPLACE FUNCTION webhook_endpoints_created() RETURNS trigger
-LANGUAGE plpgsql AS $$
+-- The table is named with its schema, resolved here: the trigger fires at COMMIT under the
+-- committing session's search_path, which need not include fluxhook's schema.
+DO $do$
+DECLARE
+    tbl text;
 BEGIN
-    -- Only a created_at taken during this transaction (the column's default): one written
-    -- explicitly with an earlier time (an import) is kept.
-    UPDATE webhook_endpoints SET created_at = GREATEST(created_at, pg_catalog.clock_timestamp())
-    WHERE id = NEW.id AND created_at >= pg_catalog.now();
-    RETURN NULL;
-END;
-$$;
+    SELECT format('%I.%I', n.nspname, c.relname) INTO tbl
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = 'webhook_endpoints'::regclass;
+    EXECUTE format($fn$
+        CREATE OR REPLACE FUNCTION webhook_endpoints_created() RETURNS trigger
+        LANGUAGE plpgsql AS $body$
+        BEGIN
+            -- Only a created_at taken during this transaction (the column's default): one
+            -- written explicitly with an earlier time (an import) is kept.
+            UPDATE %s SET created_at = GREATEST(created_at, pg_catalog.clock_timestamp())
+            WHERE id = NEW.id AND created_at >= pg_catalog.now();
+            RETURN NULL;
+        END;
+        $body$
+    $fn$, tbl);
+END
+$do$;
 
 DROP TRIGGER IF EXISTS webhook_endpoints_created ON webhook_endpoints;
 CREATE CONSTRAINT TRIGGER webhook_endpoints_created

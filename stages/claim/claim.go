@@ -200,7 +200,7 @@ var claimUnorderedSQL = func() string {
           -- Rows with an order key only while the dispatcher's endpoints are confirmed at the current
           -- version ($11, see Ordering.Confirmed): then no endpoint orders, and they are leftovers of
           -- one that did. Otherwise an endpoint may have turned ordering on since the cache's load.
-          AND (order_key IS NULL OR $11::bigint = coalesce(pg_sequence_last_value('webhook_endpoints_version'), 0))
+          AND (order_key IS NULL OR $11::bigint = (SELECT coalesce(pg_sequence_last_value('webhook_endpoints_version'), 0)))
 ` + claimSQL[end+len("-- ordering:end"):]
 }()
 

@@ -291,6 +291,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		return fmt.Errorf("reading the endpoints' version: %w", err)
 	}
 	d.endpoints.version.Store(version)
+	// Version 0: no endpoint was ever written, and any change would move it first. The empty
+	// cache is confirmed at it (claims that order nothing need no head check for keyed rows).
+	d.endpoints.confirmed = version == 0
 	var canLog bool
 	// Routing in memory logs each delivery under an id of the queue's sequence, which needs
 	// USAGE on it; a role without it routes every delivery through a row, as before.

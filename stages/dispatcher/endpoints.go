@@ -54,7 +54,8 @@ type endpointCache struct {
 	// cache holds. xmin is the last claim's snapshot's xmin (claim.Snapshot.Xmin).
 	version    atomic.Int64
 	xmin       atomic.Uint64
-	refreshing sync.Mutex // held through a refresh (refreshEndpoints)
+	refreshing sync.Mutex  // held through a refresh (refreshEndpoints)
+	forceCheck atomic.Bool // read the endpoints again at the next refresh, version or not
 	mu         sync.Mutex
 	loaded     int64
 	// confirmed says the cache holds every change up to the version loaded, so that events
@@ -102,7 +103,7 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 	c.mu.Lock()
 	moved := want != c.loaded
 	confirming := !moved && !c.confirmed && c.confirmAfter != 0 && c.xmin.Load() >= c.confirmAfter
-	recheck := !c.checked.IsZero() && time.Since(c.checked) >= d.cfg.EndpointRecheck
+	recheck := c.forceCheck.Swap(false) || !c.checked.IsZero() && time.Since(c.checked) >= d.cfg.EndpointRecheck
 	stale := moved || confirming || recheck || !c.reload.IsZero() && time.Now().After(c.reload)
 	previous := c.byID
 	c.mu.Unlock()
@@ -244,6 +245,7 @@ func sameEndpoints(cached map[string]*managed, list []endpoints.Endpoint) bool {
 	}
 	routable := func(e endpoints.Endpoint) endpoints.Endpoint {
 		e.LastSuccessAt, e.FailingSince, e.UpdatedAt = time.Time{}, time.Time{}, time.Time{}
+		e.Description, e.DisabledAt = "", time.Time{} // nor these, which move no version either
 		return e
 	}
 	for i := range list {
@@ -540,7 +542,10 @@ func (d *Dispatcher) resolveManaged(del *delivery.Delivery) string {
 	case !m.ep.Enabled:
 		return "endpoint disabled: " + m.ep.DisabledReason
 	case !m.target.Admits(del):
-		if !d.endpoints.confirmedFor(del) {
+		if !d.endpoints.confirmedFor(del) && d.tenantMatchesNow(del) {
+			// The cache is behind the committed endpoint: read it again before the row's
+			// next claim (confirmation may wait for a long transaction elsewhere).
+			d.endpoints.forceCheck.Store(true)
 			return unconfirmedTenant
 		}
 		return send.TenantMismatch(del, m.target)
@@ -554,6 +559,28 @@ func (d *Dispatcher) resolveManaged(del *delivery.Delivery) string {
 // commit the cache's load did not see, while the routing statement did): the row is not
 // sent, and comes back once the cache is confirmed, rather than dead-lettered by stale data.
 const unconfirmedTenant = "the endpoint's tenant is not the event's in this instance's endpoint cache, not yet confirmed at the endpoints' current version: claimed again once it is"
+
+// tenantMatchesNow reports whether del's endpoint, as committed now, has del's tenant (a
+// failed read counts as yes: the row is released, not dead-lettered, and checked again).
+func (d *Dispatcher) tenantMatchesNow(del *delivery.Delivery) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var match bool
+	err := d.pool.QueryRow(ctx, `SELECT tenant IS NOT DISTINCT FROM $2 FROM webhook_endpoints WHERE id = $1::uuid`,
+		del.EndpointID, tenantParam(del)).Scan(&match)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false
+	}
+	return err != nil || match
+}
+
+// tenantParam is del's tenant as SQL has it: NULL for none.
+func tenantParam(del *delivery.Delivery) any {
+	if del.Tenant == "" && !del.EmptyTenant {
+		return nil
+	}
+	return del.Tenant
+}
 
 // unconfirmedDelay is how soon a row refused by an unconfirmed cache is claimed again.
 const unconfirmedDelay = 250 * time.Millisecond

@@ -45,7 +45,10 @@ func (d *Dispatcher) orders() bool {
 // beforeClaim tells the claimer what the next claim needs to know about ordering.
 func (d *Dispatcher) beforeClaim(s *orderingState) {
 	o := claim.Ordering{Default: d.cfg.Ordering, Routed: d.endpoints.any(), Confirmed: d.endpoints.confirmedAt()}
-	if o.Active = d.orders(); o.Active {
+	// A cache not confirmed (after a change, until every transaction that could have made it
+	// has ended: a long one can make that last) cannot say that nothing orders: such claims
+	// take ordered rows with the head check, rather than leave them to others.
+	if o.Active = d.orders() || o.Confirmed < 0; o.Active {
 		o.Horizon = s.horizon.Safe()
 	}
 	if o != s.set {
