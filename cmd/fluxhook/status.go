@@ -84,6 +84,12 @@ type statusReport struct {
 	// BreakersUnavailable is why the breaker state could not be read (Redis down), empty
 	// when it was read; the rest of the report is complete either way.
 	BreakersUnavailable string `json:"breakers_unavailable,omitempty"`
+	// OutboxIDSequenceCache is the outbox id sequence's CACHE: ordered delivery needs 1.
+	OutboxIDSequenceCache int64 `json:"outbox_id_sequence_cache"`
+	// StreamRowsBeyondSequence counts unprocessed stream rows whose id lies beyond the id
+	// sequence (supplied by a producer): under ordered delivery each waits until the sequence
+	// reaches it, so anything above 0 is stuck there.
+	StreamRowsBeyondSequence int64 `json:"stream_rows_beyond_sequence"`
 }
 
 // managedStatus is one managed endpoint as status shows it: never its secret, its URL without
@@ -253,6 +259,11 @@ func readStatus(ctx context.Context, tx pgx.Tx, countCap int64) (statusReport, e
 		return rep, fmt.Errorf("reading dispatchers: %w", err)
 	}
 	rep.Dispatchers = append(rep.Dispatchers, instances...)
+	ids, err := fluxsql.CheckOutboxIDs(ctx, tx)
+	if err != nil {
+		return rep, err
+	}
+	rep.OutboxIDSequenceCache, rep.StreamRowsBeyondSequence = ids.SequenceCache, ids.BeyondSequence
 	if err := tx.QueryRow(ctx, `SELECT greatest(coalesce(pg_sequence_last_value('webhook_outbox_notify_until'), 0)
 		- (extract(epoch FROM clock_timestamp()) * 1000)::bigint, 0) / 1000.0`).Scan(&rep.NotifySecondsLeft); err != nil {
 		return rep, fmt.Errorf("reading the NOTIFY switch: %w", err)
@@ -284,6 +295,13 @@ func printStatus(w io.Writer, rep statusReport) error {
 	fmt.Fprintf(tw, "oldest undelivered\t%s\tsince the first enqueue of the oldest event not yet delivered\n", formatSeconds(rep.OldestUndeliveredAgeSeconds))
 	fmt.Fprintf(tw, "processed last hour\t%s\n", cappedCount("more than", rep.ProcessedLastHour, rep.ProcessedLastHourCapped))
 	fmt.Fprintf(tw, "dead letters\t%d\t%d not replayed\n", rep.DeadLetters, rep.DeadLettersNotReplayed)
+	if rep.StreamRowsBeyondSequence > 0 {
+		fmt.Fprintf(tw, "rows beyond id sequence\t%d\tstream rows with ids supplied by a producer: ordered delivery holds each until the sequence reaches it; let the sequence draw ordered events' ids\n",
+			rep.StreamRowsBeyondSequence)
+	}
+	if rep.OutboxIDSequenceCache > 1 {
+		fmt.Fprintf(tw, "id sequence cache\t%d\tordered delivery needs 1: ALTER SEQUENCE webhook_outbox_id_seq CACHE 1\n", rep.OutboxIDSequenceCache)
+	}
 	if rep.NotifySecondsLeft > 0 {
 		fmt.Fprintf(tw, "producers notify\tyes\tfor %s more: a dispatcher is waiting for work\n", formatSeconds(rep.NotifySecondsLeft))
 	} else {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -178,7 +179,8 @@ func TestStatusJSON(t *testing.T) {
 	slices.Sort(keys)
 	wantKeys := []string{"backlog", "breakers", "breakers_note", "database_time", "dead_letters", "dead_letters_by_reason", "dead_letters_not_replayed",
 		"deferred_by_reason", "dispatchers", "endpoints", "in_flight", "notify_seconds_left", "oldest_due_age_seconds", "oldest_undelivered_age_seconds",
-		"processed_last_hour", "processed_last_hour_capped", "retries_pending", "scheduled", "schema_version", "unrouted_last_hour",
+		"outbox_id_sequence_cache", "processed_last_hour", "processed_last_hour_capped", "retries_pending", "scheduled", "schema_version",
+		"stream_rows_beyond_sequence", "unrouted_last_hour",
 		"unrouted_last_hour_capped"}
 	if !slices.Equal(keys, wantKeys) {
 		t.Errorf("JSON fields = %v\nwant          %v", keys, wantKeys)
@@ -261,7 +263,8 @@ func TestStatusJSONOnAnEmptyOutbox(t *testing.T) {
 		t.Fatalf("status --json exited %d: %s", r.code, r.stderr)
 	}
 	// Lists are [] and the age is 0, never null: scripts can index and compare without checks.
-	for _, want := range []string{`"backlog": 0`, `"oldest_due_age_seconds": 0`, `"dead_letters_by_reason": []`, `"dispatchers": []`, `"notify_seconds_left": 0`} {
+	for _, want := range []string{`"backlog": 0`, `"oldest_due_age_seconds": 0`, `"dead_letters_by_reason": []`, `"dispatchers": []`, `"notify_seconds_left": 0`,
+		`"outbox_id_sequence_cache": 1`, `"stream_rows_beyond_sequence": 0`} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("status --json lacks %s:\n%s", want, r.stdout)
 		}
@@ -363,5 +366,45 @@ func TestStatusShowsStoppedStreams(t *testing.T) {
 	if len(rep.Deferred) != 1 || rep.Deferred[0].Count != 2 || rep.Deferred[0].NextDue != -1 ||
 		!strings.Contains(rep.Deferred[0].Reason, "stopped") {
 		t.Errorf("deferred_by_reason = %+v, want the two stopped streams under one reason, next due -1", rep.Deferred)
+	}
+}
+
+// TestStatusShowsStreamRowsBeyondTheSequence: a stream row whose id a producer supplied beyond
+// the id sequence never passes ordered delivery's hold-back until the sequence reaches it, and
+// a sequence cache above 1 breaks the hold-back's assumption; status shows both (the
+// dispatcher's metric and log are not all an operator looks at), and neither when all is well.
+func TestStatusShowsStreamRowsBeyondTheSequence(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload) VALUES ('s1', 'a.b', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	if r := runCLI(t, db.URL, "status"); r.code != 0 || strings.Contains(r.stdout, "beyond id sequence") || strings.Contains(r.stdout, "sequence cache") {
+		t.Fatalf("status with every id drawn from the sequence: exit %d, output:\n%s", r.code, r.stdout)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (id, stream_id, event_type, payload) VALUES (1000000, 's1', 'a.b', '{}');
+		ALTER SEQUENCE webhook_outbox_id_seq CACHE 20`); err != nil {
+		t.Fatal(err)
+	}
+	text := runCLI(t, db.URL, "status")
+	if text.code != 0 {
+		t.Fatalf("status exited %d: %s", text.code, text.stderr)
+	}
+	for _, want := range []string{`(?m)^rows beyond id sequence +1 +stream rows with ids supplied by a producer`, `(?m)^id sequence cache +20 +ordered delivery needs 1: ALTER SEQUENCE webhook_outbox_id_seq CACHE 1$`} {
+		if !regexp.MustCompile(want).MatchString(text.stdout) {
+			t.Errorf("status output does not match %s:\n%s", want, text.stdout)
+		}
+	}
+	js := runCLI(t, db.URL, "status", "--json")
+	var rep struct {
+		Cache  int64 `json:"outbox_id_sequence_cache"`
+		Beyond int64 `json:"stream_rows_beyond_sequence"`
+	}
+	if err := json.Unmarshal([]byte(js.stdout), &rep); err != nil {
+		t.Fatalf("status --json: %v (exit %d, %s)", err, js.code, js.stderr)
+	}
+	if rep.Cache != 20 || rep.Beyond != 1 {
+		t.Errorf("status --json: cache %d, rows beyond %d; want 20 and 1", rep.Cache, rep.Beyond)
 	}
 }

@@ -88,16 +88,25 @@ func (d *Dispatcher) refreshEndpoints(ctx context.Context) {
 	c := &d.endpoints
 	// The claiming loop and the preparing stage both refresh: one at a time, so that a change
 	// of state (an endpoint disabled) is acted on once, and the second finds the cache fresh.
+	// What a load found to act on (dead-lettering, checking the ids) runs after the lock is
+	// let go: those statements may wait on rows or locks, and the other refresher (a claim, or a batch being prepared)
+	// must not wait behind them.
 	c.refreshing.Lock()
-	defer c.refreshing.Unlock()
-	if d.refreshOnce(ctx) {
-		d.refreshOnce(ctx)
+	confirmNow, then := d.refreshOnce(ctx)
+	if confirmNow {
+		_, more := d.refreshOnce(ctx)
+		then = append(then, more...)
+	}
+	c.refreshing.Unlock()
+	for _, act := range then {
+		act()
 	}
 }
 
 // refreshOnce is one step of refreshEndpoints; it reports whether the cache, just loaded for a
-// new version, can be confirmed at once by another load.
-func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
+// new version, can be confirmed at once by another load, and returns what the load found to
+// act on, for the caller to run outside the refresh lock.
+func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool, then []func()) {
 	c := &d.endpoints
 	want := c.version.Load()
 	c.mu.Lock()
@@ -108,7 +117,7 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 	previous := c.byID
 	c.mu.Unlock()
 	if !stale {
-		return false
+		return false, nil
 	}
 	var after uint64
 	if moved || recheck {
@@ -116,13 +125,13 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 		// want had its id by then, below this xmax.
 		if err := d.pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`).Scan(&after); err != nil {
 			d.log.Warn("loading endpoints failed; deliveries to them wait", zap.Error(err))
-			return false
+			return false, nil
 		}
 	}
 	list, errs, err := endpoints.LoadAll(ctx, d.pool, d.cipher)
 	if err != nil {
 		d.log.Warn("loading endpoints failed; deliveries to them wait", zap.Error(err))
-		return false
+		return false, nil
 	}
 	if recheck && !moved {
 		c.mu.Lock()
@@ -130,7 +139,7 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 		c.mu.Unlock()
 		if sameEndpoints(previous, list) {
 			if !confirming && (c.reload.IsZero() || time.Now().Before(c.reload)) {
-				return false
+				return false, nil
 			}
 		} else {
 			// Changed without moving the version: as unsure as a load for a new version.
@@ -188,9 +197,11 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 		d.ensureStreamIndex()
 		if !wasOrdered && !d.cfg.Ordering {
 			// An endpoint just turned ordering on: say at once whether the ids allow it.
-			if err := d.checkOrderingIDs(ctx); err != nil {
-				d.log.Error("ordered delivery cannot hold its promise", zap.Error(err))
-			}
+			then = append(then, func() {
+				if err := d.checkOrderingIDs(ctx); err != nil {
+					d.log.Error("ordered delivery cannot hold its promise", zap.Error(err))
+				}
+			})
 		}
 	}
 	routable := make([]*managed, 0, len(byID))
@@ -227,13 +238,13 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool) {
 	for _, m := range disabled {
 		d.metrics.endpointChanges.WithLabelValues("disabled").Inc()
 		d.log.Info("endpoint disabled", zap.String("endpoint_id", m.ep.ID), zap.String("reason", m.ep.DisabledReason))
-		d.deadLetterPending(ctx, m.ep.ID, "endpoint disabled: "+m.ep.DisabledReason)
+		then = append(then, func() { d.deadLetterPending(ctx, m.ep.ID, "endpoint disabled: "+m.ep.DisabledReason) })
 	}
 	for _, m := range enabled {
 		d.metrics.endpointChanges.WithLabelValues("enabled").Inc()
 		d.log.Info("endpoint enabled", zap.String("endpoint_id", m.ep.ID))
 	}
-	return confirmNow
+	return confirmNow, then
 }
 
 // sameEndpoints reports whether list holds what the cache was loaded with, but for the

@@ -682,6 +682,9 @@ func testProbeReleasedUnsent(t *testing.T, store gate.Store) {
 		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND processed AND status_code = 200`, id) == 1
 	})
 
+	// The gate records the probe's outcome after the settle commits, so the transition may
+	// trail the row by a moment.
+	eventually(t, 5*time.Second, "the circuit to close", func() bool { _, ok := trans.first("half_open>closed"); return ok })
 	if n := logs.FilterMessageSnippet("released unsent").FilterField(zap.String("delivery_id", id)).Len(); n != 1 {
 		t.Fatalf("%d 'released unsent' lines for the probe row, want 1: the test did not hold the probe up", n)
 	}

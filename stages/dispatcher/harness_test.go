@@ -147,6 +147,13 @@ func (b *bundle) observedConfig(url string, level zapcore.Level) (dispatcher.Con
 	core, logs := observer.New(level)
 	cfg := b.config(url)
 	cfg.Logger = zap.New(core)
+	b.t.Cleanup(func() {
+		if b.t.Failed() { // the dispatcher's own account of what it did, for the failure's reader
+			for _, e := range logs.All() {
+				b.t.Logf("log %s %s %s %v", e.Time.Format("15:04:05.000"), e.Level, e.Message, e.ContextMap())
+			}
+		}
+	})
 	return cfg, logs
 }
 

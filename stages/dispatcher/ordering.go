@@ -2,7 +2,6 @@ package dispatcher
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"time"
 
@@ -169,9 +168,6 @@ func (d *Dispatcher) indexer(ctx context.Context) {
 	}
 }
 
-//go:embed ordering_check.sql
-var orderingCheckSQL string
-
 // errSequenceCache is checkOrderingIDs' refusal, named so that the caller can tell it from a
 // failed query.
 type errSequenceCache struct{ cache int64 }
@@ -188,17 +184,17 @@ func (e errSequenceCache) Error() string {
 // sequence reaches it). The second is counted in the metric ordered_rows_beyond_sequence and
 // logged, since such a row is otherwise silently stuck.
 func (d *Dispatcher) checkOrderingIDs(ctx context.Context) error {
-	var cache, beyond int64
-	if err := d.pool.QueryRow(ctx, orderingCheckSQL).Scan(&cache, &beyond); err != nil {
-		return fmt.Errorf("checking the outbox's ids for ordered delivery: %w", err)
+	ids, err := fluxsql.CheckOutboxIDs(ctx, d.pool)
+	if err != nil {
+		return err
 	}
-	d.metrics.beyondSequence.Set(float64(beyond))
-	if beyond > 0 {
+	d.metrics.beyondSequence.Set(float64(ids.BeyondSequence))
+	if beyond := ids.BeyondSequence; beyond > 0 {
 		d.log.Warn("ordered rows wait beyond the outbox's id sequence: an id supplied by a producer passes the hold-back only once the sequence reaches it; let the sequence draw ordered events' ids",
 			zap.Int64("rows", beyond))
 	}
-	if cache > 1 {
-		return errSequenceCache{cache}
+	if ids.SequenceCache > 1 {
+		return errSequenceCache{ids.SequenceCache}
 	}
 	return nil
 }

@@ -1,5 +1,4 @@
--- What ordered delivery's hold-back needs of the outbox's ids (see ordering.go,
--- checkOrderingIDs): the identity sequence's cache (above 1, a session draws ids ahead and
+-- What ordered delivery's hold-back needs of the outbox's ids (see outbox_ids.go): the identity sequence's cache (above 1, a session draws ids ahead and
 -- inserts them later, while the hold-back counts an id up to the sequence's last value as
 -- taken by a session that holds the outbox's lock), and the ordered rows whose key is beyond
 -- the sequence's last value (an id a producer supplied itself), which never pass the hold-back
