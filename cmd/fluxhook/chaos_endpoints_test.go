@@ -247,7 +247,7 @@ func (s epState) ordered() bool {
 	return s.Exists && s.Enabled && s.Ordering == endpoints.OrderingStream
 }
 
-// matches is the routing rule of docs/operations.md (route.sql): enabled, the event's tenant,
+// matches is the routing rule of docs/endpoints.md (route.sql): enabled, the event's tenant,
 // existing when the event was enqueued, and a filter that takes the event type.
 func (s epState) matches(ev *chaosEvent, enqueuedAt time.Time) bool {
 	return s.Exists && s.Enabled && s.Tenant == ev.Tenant && !s.CreatedAt.After(enqueuedAt) &&

@@ -394,7 +394,7 @@ func createFluxhookRole(t *testing.T, db *sqltest.DB) string {
 	role := sqltest.NewRole(t, db)
 	for _, stmt := range []string{
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON webhook_outbox, webhook_dead_letter, webhook_dispatcher TO ` + role,
-		`GRANT SELECT, UPDATE ON webhook_endpoints TO ` + role, // as docs/operations.md lists them
+		`GRANT SELECT, UPDATE ON webhook_endpoints TO ` + role, // as docs/install.md lists them
 		`GRANT SELECT ON webhook_schema_version TO ` + role,
 		`GRANT SELECT, INSERT ON webhook_delivery_log TO ` + role,
 		`GRANT SELECT ON webhook_deliveries TO ` + role,

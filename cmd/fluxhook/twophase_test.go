@@ -9,7 +9,7 @@ import (
 
 // TestTwoPhaseProducer: PostgreSQL refuses to PREPARE a transaction that sent a NOTIFY, which
 // the insert trigger does while a dispatcher waits for work; a producer that runs
-// `SET LOCAL fluxhook.dispatcher = on` first (as the operations guide says) prepares and
+// `SET LOCAL fluxhook.dispatcher = on` first (as docs/configuration.md says) prepares and
 // commits, and its event is delivered by the dispatcher's next claim. The test's own cluster
 // allows prepared transactions (the shared test server does not).
 func TestTwoPhaseProducer(t *testing.T) {
@@ -68,7 +68,7 @@ func TestTwoPhaseProducer(t *testing.T) {
 
 // TestOrderedStreamAcrossAPreparedProducerAndARestart: under WEBHOOK_ORDERING=stream, a
 // producer inserts event 1 of a stream and prepares its transaction (after SET LOCAL
-// fluxhook.dispatcher = on, as the operations guide says); a second producer commits event 2
+// fluxhook.dispatcher = on, as docs/configuration.md says); a second producer commits event 2
 // of the stream; PostgreSQL restarts, the prepared transaction with it (its lock now under
 // another virtual transaction id). Event 2 waits until COMMIT PREPARED, and the consumer gets
 // 1 then 2. Events without a stream meanwhile show the dispatcher claiming after the restart.

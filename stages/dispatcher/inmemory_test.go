@@ -252,7 +252,7 @@ func TestWithoutTheSequenceGrantEventsAreRoutedByRows(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	role := sqltest.NewRole(t, b.db)
-	for _, stmt := range []string{ // docs/operations.md's list, less the outbox's id sequence
+	for _, stmt := range []string{ // docs/install.md's list, less the outbox's id sequence
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON webhook_outbox, webhook_dead_letter, webhook_dispatcher TO ` + role,
 		`GRANT SELECT, UPDATE ON webhook_endpoints TO ` + role,
 		`GRANT SELECT ON webhook_schema_version TO ` + role,

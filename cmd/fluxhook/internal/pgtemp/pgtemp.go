@@ -262,7 +262,7 @@ func (c *Cluster) writeSettings(extra map[string]string) error {
 		// long-running server recycles old segments instead; this makes new ones cheap.
 		{"wal_init_zero", "off"},
 		{"checkpoint_timeout", "30min"},
-		// As docs/operations.md recommends for a busy queue: the outbox's dead tuples are
+		// As docs/monitoring.md recommends for a busy queue: the outbox's dead tuples are
 		// vacuumed within 10 s rather than a minute (at 3,000 events/s, about 25,000 dead
 		// tuples and a 10 MB table instead of 200,000 and 100 MB).
 		{"autovacuum_naptime", "10s"},
