@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -419,4 +421,105 @@ func TestEndpointChangeWithoutTriggersIsSeen(t *testing.T) {
 		return moved.received() > 0
 	})
 
+}
+
+// holdXmin opens a transaction with an id and keeps it open until the test ends: every
+// snapshot's xmin stays at or below it, so no endpoint cache loaded meanwhile is confirmed
+// (as a long report or a forgotten session elsewhere on the server would do).
+func (b *bundle) holdXmin() {
+	b.t.Helper()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `SELECT txid_current()`); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// TestStaleTenantIsReadAgainWhileConfirmationWaits: an instance loads the endpoints while a
+// tenant change (acme to globex) is still uncommitted, so its cache keeps acme, and a long
+// transaction elsewhere keeps the cache from being confirmed. A globex event routed after the
+// commit meets the stale acme entry: the instance reads the committed tenant, finds it matches,
+// and reads the endpoints again before the row's next claim, so the event is delivered at
+// once, not released every 250 ms for as long as the long transaction lasts.
+func TestStaleTenantIsReadAgainWhileConfirmationWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Tenant: "acme"})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	b.start(cfg) // EndpointRecheck stays at its 30 s: the periodic re-read must not be what helps
+	b.holdXmin()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET tenant = 'globex' WHERE id = $1`, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Claimed, and the endpoints loaded at the moved version, while the change is open.
+	b.enqueue(outbox.Event{Tenant: "acme"})
+	eventually(t, 10*time.Second, "acme's event before the change commits", func() bool { return c.received() == 1 })
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	globex := b.enqueue(outbox.Event{Tenant: "globex"})
+	eventually(t, 10*time.Second, "globex's event delivered while the cache is not confirmed", func() bool {
+		return len(c.byDelivery()[globex]) == 1
+	})
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1`, globex); n != 0 {
+		t.Errorf("globex's event was dead-lettered by the stale cache")
+	}
+}
+
+// TestKeyedRowsGoWhileConfirmationWaits: an endpoint ordered streams and its retries carry
+// order keys when it stops ordering; a long transaction elsewhere keeps the instance's cache
+// from being confirmed at the new version. The keyed rows are claimed (with the head check,
+// since the cache cannot yet say that nothing orders), in order, while the transaction lasts,
+// rather than left to a confirmed cache that no instance has.
+func TestKeyedRowsGoWhileConfirmationWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var healthy atomic.Bool
+	var mu sync.Mutex
+	var accepted []string // delivery ids answered 2xx, in the order answered
+	c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		mu.Lock()
+		accepted = append(accepted, a.DeliveryID)
+		mu.Unlock()
+	})
+	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Ordering: endpoints.OrderingStream})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	cfg.RetrySchedule = []time.Duration{300 * time.Millisecond, 300 * time.Millisecond, 300 * time.Millisecond, 300 * time.Millisecond,
+		300 * time.Millisecond, 300 * time.Millisecond, 300 * time.Millisecond, 300 * time.Millisecond}
+	b.start(cfg)
+	first := b.enqueue(outbox.Event{StreamID: "s", Payload: map[string]int{"n": 1}})
+	second := b.enqueue(outbox.Event{StreamID: "s", Payload: map[string]int{"n": 2}})
+	eventually(t, 10*time.Second, "both events keyed for the ordered endpoint", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE NOT processed AND endpoint_id = $1 AND order_key IS NOT NULL`, ep.ID) == 2
+	})
+	b.holdXmin()
+	if _, err := b.pool.Exec(context.Background(), `UPDATE webhook_endpoints SET ordering = 'none' WHERE id = $1`, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	healthy.Store(true)
+	eventually(t, 15*time.Second, "the keyed rows delivered while the cache is not confirmed", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1 AND processed AND status_code = 200`, ep.ID) == 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if i, j := slices.Index(accepted, first), slices.Index(accepted, second); i < 0 || j < 0 || i > j {
+		t.Errorf("accepted %v; want the stream's first event (%s) before its second (%s)", accepted, first, second)
+	}
 }
