@@ -336,7 +336,7 @@ func TestFaultSettleFails(t *testing.T) {
 	const events = 4 * faultRate
 	ctx := context.Background()
 	db := sqltest.NewMigrated(t)
-	role := createFluxhookRole(t, db)
+	role := createFluxhookRole(t, db, true)
 
 	c := newHookConsumer(t, respondAfter(200*time.Millisecond)) // ~40 requests in flight at any time
 	env := faultEnv(withUser(t, db.URL, role), c.URL())
@@ -387,26 +387,54 @@ func TestFaultSettleFails(t *testing.T) {
 	t.Logf("%s", tally)
 }
 
-// createFluxhookRole creates a LOGIN role with exactly the privileges fluxhook serve needs on
-// db's tables, and drops it when the test ends. Roles are cluster-wide, so its name is random.
-func createFluxhookRole(t *testing.T, db *sqltest.DB) string {
+// createFluxhookRole creates a LOGIN role with exactly the grants docs/install.md gives
+// dispatchers (read from the page, so that the page is what is tested), and drops it when the
+// test ends. Roles are cluster-wide, so its name is random. Without optional, the grant the page
+// calls optional (USAGE on the outbox's id sequence) is left out.
+func createFluxhookRole(t *testing.T, db *sqltest.DB, optional bool) string {
 	t.Helper()
 	role := sqltest.NewRole(t, db)
-	for _, stmt := range []string{
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON webhook_outbox, webhook_dead_letter, webhook_dispatcher TO ` + role,
-		`GRANT SELECT, UPDATE ON webhook_endpoints TO ` + role, // as docs/install.md lists them
-		`GRANT SELECT ON webhook_schema_version TO ` + role,
-		`GRANT SELECT, INSERT ON webhook_delivery_log TO ` + role,
-		`GRANT SELECT ON webhook_deliveries TO ` + role,
-		`GRANT EXECUTE ON FUNCTION webhook_delivery_log_maintain(interval, interval, interval), webhook_delivery_log_drop_one(interval, interval) TO ` + role,
-		`GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO ` + role,
-		`GRANT UPDATE ON SEQUENCE webhook_outbox_notify_until TO ` + role, // the NOTIFY switch
-	} {
+	for _, stmt := range documentedDispatcherGrants(t) {
+		if !optional && strings.Contains(stmt, "webhook_outbox_id_seq") {
+			continue
+		}
+		stmt = strings.TrimSuffix(stmt, " TO fluxhook") + " TO " + role
 		if _, err := db.Pool.Exec(context.Background(), stmt); err != nil {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
 	return role
+}
+
+// documentedDispatcherGrants returns the GRANT statements of docs/install.md's block for
+// dispatchers (the first sql block after "**Dispatchers**"), each ending in "TO fluxhook".
+func documentedDispatcherGrants(t *testing.T) []string {
+	t.Helper()
+	md := readDoc(t, repoRoot(t), "docs/install.md")
+	_, rest, ok := strings.Cut(md, "**Dispatchers**")
+	if !ok {
+		t.Fatal(`docs/install.md has no "**Dispatchers**" paragraph`)
+	}
+	_, rest, ok = strings.Cut(rest, "```sql\n")
+	block, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/install.md's dispatcher paragraph has no sql block")
+	}
+	var grants []string
+	for _, stmt := range strings.Split(block, ";") {
+		stmt = strings.Join(strings.Fields(stmt), " ")
+		if stmt == "" {
+			continue
+		}
+		if !strings.HasPrefix(stmt, "GRANT ") || !strings.HasSuffix(stmt, " TO fluxhook") {
+			t.Fatalf("docs/install.md's dispatcher block holds %q; want only GRANT ... TO fluxhook statements", stmt)
+		}
+		grants = append(grants, stmt)
+	}
+	if len(grants) < 5 {
+		t.Fatalf("docs/install.md's dispatcher block has %d grants", len(grants))
+	}
+	return grants
 }
 
 // TestFaultConsumer500ThenRecovers has the consumer fail with 500 for a while, then recover.
