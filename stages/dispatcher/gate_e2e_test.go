@@ -706,3 +706,60 @@ func testProbeReleasedUnsent(t *testing.T, store gate.Store) {
 		t.Errorf("the delivered row is attempt %d, want 2: the probe released unsent used no attempt", n)
 	}
 }
+
+// TestRateLimitedRetriesKeepTheirPace: every event's retries fail, under a retry rate limit of
+// 2 per second. The limiter hands each refused retry the next slot; the claims must take each
+// retry when its slot comes, so that the retries go out at the endpoint's rate, without
+// pauses. Holding all of an endpoint's retries until the soonest slot of the latest deferral
+// kept the retries whose slots had come out of the claims (pauses of several seconds with
+// retries due), until they came back together and were mostly deferred again.
+func TestRateLimitedRetriesKeepTheirPace(t *testing.T) {
+	t.Parallel()
+	onEachStore(t, testRateLimitedRetriesKeepTheirPace)
+}
+
+func testRateLimitedRetriesKeepTheirPace(t *testing.T, store gate.Store) {
+	const events, retriesEach, rps = 16, 2, 2
+	b := setup(t)
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusServiceUnavailable) })
+	cfg := b.config(c.URL())
+	cfg.RetrySchedule = []time.Duration{500 * time.Millisecond, 500 * time.Millisecond}
+	g, err := gate.NewBreakerGate(store, gate.Params{RetryRPS: rps, Window: time.Second},
+		gate.Hooks{OnFailOpen: func() { t.Error("gate failed open") }, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Gate = g
+	b.start(cfg)
+	evs := make([]outbox.Event, events)
+	for i := range evs {
+		evs[i] = outbox.Event{EventType: "test.event", Payload: map[string]int{"n": i}}
+	}
+	if _, err := outbox.EnqueueMany(context.Background(), b.pool, evs); err != nil {
+		t.Fatal(err)
+	}
+	// 32 retries at 2 per second take 16 s; crawling, they took minutes.
+	eventually(t, 90*time.Second, "every event dead-lettered after its retries", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_dead_letter`) == events
+	})
+	var retries []time.Time
+	for _, a := range c.arrivals() {
+		if a.Attempt != "1" {
+			retries = append(retries, a.At)
+		}
+	}
+	if len(retries) != events*retriesEach {
+		t.Fatalf("the consumer received %d retries, want %d", len(retries), events*retriesEach)
+	}
+	slices.SortFunc(retries, func(a, b time.Time) int { return a.Compare(b) })
+	// A retry is due at every moment until the last one goes. The window lets two go at once
+	// and then none for up to a second (pauses of 1-2 s); holding retries until the latest
+	// batch's slot paused for 14 s here. 5 s leaves room for a loaded machine.
+	var longest time.Duration
+	for i := 1; i < len(retries); i++ {
+		longest = max(longest, retries[i].Sub(retries[i-1]))
+	}
+	if longest > 5*time.Second {
+		t.Errorf("retries paused for %s while others were due (the rate allows one every %s)", longest, time.Second/rps)
+	}
+}

@@ -16,51 +16,73 @@ import (
 // fills it from the deferrals it writes (the gate's verdicts with their delays); the claiming
 // loop reads it before every claim. It is per instance: another instance learns the same from
 // its own first deferral, one row write per gated endpoint and spell.
+//
+// Rate-limit deferrals are not verdicts on the endpoint but a slot each, handed out one after
+// another (see the gate package): each deferred retry comes due at its own slot. So retries
+// are held only while none of the endpoint's deferred retries is due, until the earliest
+// slot; once one is due, the claims take the endpoint's due retries until that row has come
+// back. Holding them until the soonest slot of the latest batch (a later batch's slots lie
+// after every earlier one's) kept the retries whose slots had come out of the claims until
+// they came back together and were mostly deferred again: retries ran at a twentieth of the
+// endpoint's rate.
 type gatedEndpoints struct {
-	mu      sync.Mutex
-	all     map[string]time.Time // endpoint key → until when every row is held
-	retries map[string]time.Time // endpoint key → until when retries are held
+	mu    sync.Mutex
+	all   map[string]time.Time           // endpoint key → until when every row is held
+	slots map[string]map[int64]time.Time // endpoint key → its retries deferred by the rate limit: row id → slot
 }
+
+// slotGrace is how long after its slot a deferred retry that has not come back (another
+// instance claimed it) still lifts the hold on its endpoint's retries.
+const slotGrace = 5 * time.Second
 
 // note records the deferrals among settled: each endpoint is gated until its soonest deferred
 // row comes due (the circuit's reset, the probe's expiry, the window freeing a place), when
 // claims take its rows again and the gate decides afresh.
 func (g *gatedEndpoints) note(now time.Time, settled []*delivery.Delivery) {
-	type entry struct {
-		retriesOnly bool
-		key         string
-	}
-	var soonest map[entry]time.Time
+	var soonest map[string]time.Time
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	for _, del := range settled {
-		o := del.Outcome
-		if o.Kind != delivery.Defer || o.Stale || o.Unsettled || del.Endpoint == nil || o.Delay <= 0 {
+		if del.Endpoint == nil {
 			continue
 		}
-		e := entry{o.Reason == gate.DeferRateLimit.String(), del.Endpoint.Key}
-		until := now.Add(o.Delay)
-		if soonest == nil {
-			soonest = make(map[entry]time.Time)
+		if rows := g.slots[del.Endpoint.Key]; rows != nil {
+			delete(rows, del.ID) // it came back
 		}
-		if prev, ok := soonest[e]; !ok || until.Before(prev) {
-			soonest[e] = until
+		o := del.Outcome
+		if o.Kind != delivery.Defer || o.Stale || o.Unsettled || o.Delay <= 0 {
+			continue
+		}
+		until := now.Add(o.Delay)
+		if o.Reason == gate.DeferRateLimit.String() {
+			if g.slots == nil {
+				g.slots = make(map[string]map[int64]time.Time)
+			}
+			rows := g.slots[del.Endpoint.Key]
+			if rows == nil {
+				rows = make(map[int64]time.Time)
+				g.slots[del.Endpoint.Key] = rows
+			}
+			rows[del.ID] = until
+			continue
+		}
+		if soonest == nil {
+			soonest = make(map[string]time.Time)
+		}
+		if prev, ok := soonest[del.Endpoint.Key]; !ok || until.Before(prev) {
+			soonest[del.Endpoint.Key] = until
 		}
 	}
 	if soonest == nil {
 		return
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.all == nil {
-		g.all, g.retries = make(map[string]time.Time), make(map[string]time.Time)
+		g.all = make(map[string]time.Time)
 	}
-	// The gate's latest verdict is the truth (a circuit that re-opened, a window that
-	// moved): it replaces what was known.
-	for e, until := range soonest {
-		if e.retriesOnly {
-			g.retries[e.key] = until
-		} else {
-			g.all[e.key] = until
-		}
+	// The gate's latest verdict on the breaker is the truth (a circuit that re-opened): it
+	// replaces what was known.
+	for key, until := range soonest {
+		g.all[key] = until
 	}
 }
 
@@ -69,7 +91,7 @@ func (g *gatedEndpoints) forget(key string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.all, key)
-	delete(g.retries, key)
+	delete(g.slots, key)
 }
 
 // skip returns the claim's skip lists at now: the saturated endpoints plus every endpoint
@@ -94,13 +116,28 @@ func (g *gatedEndpoints) skip(now time.Time, saturated []string, dst claim.Skip)
 			dst.Endpoints = append(dst.Endpoints, key)
 		}
 	}
-	for key, until := range g.retries {
-		if !now.Before(until) {
-			delete(g.retries, key)
+	for key, rows := range g.slots {
+		var earliest time.Time
+		due := false
+		for id, slot := range rows {
+			switch {
+			case now.After(slot.Add(slotGrace)):
+				delete(rows, id) // claimed elsewhere, or gone
+			case !now.Before(slot):
+				due = true
+			case earliest.IsZero() || slot.Before(earliest):
+				earliest = slot
+			}
+		}
+		if len(rows) == 0 {
+			delete(g.slots, key)
 			continue
 		}
-		if first.IsZero() || until.Before(first) {
-			first = until
+		if due || earliest.IsZero() {
+			continue // a deferred retry is due: the claims take the endpoint's retries
+		}
+		if first.IsZero() || earliest.Before(first) {
+			first = earliest
 		}
 		dst.Retries = append(dst.Retries, key)
 	}
