@@ -183,16 +183,6 @@ func (c *chaosConsumer) respond(ctx context.Context, req *chaosRequest) int {
 	fmt.Fprint(h, c.rec.seed, "/", c.name, "/", req.ID, "/", req.Attempt)
 	u := h.Sum64()
 	p, delay := u%100, time.Duration(100+(u/100)%600)*time.Millisecond
-	wait := func() bool {
-		timer := time.NewTimer(delay)
-		defer timer.Stop()
-		select {
-		case <-timer.C:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
 	switch c.mode.Load() {
 	case modeFlaky:
 		switch {
@@ -203,14 +193,14 @@ func (c *chaosConsumer) respond(ctx context.Context, req *chaosRequest) int {
 		case p < 27:
 			return http.StatusBadRequest
 		case p < 40:
-			if !wait() {
+			if !sleepCtx(ctx, delay) {
 				return 0
 			}
 		}
 	case modeOutage:
 		return http.StatusServiceUnavailable
 	case modeSlow:
-		if !wait() {
+		if !sleepCtx(ctx, delay) {
 			return 0
 		}
 	default:
@@ -615,14 +605,8 @@ func (c *chaos) produce(ctx context.Context, next *atomic.Int64, done chan<- str
 	start := time.Now()
 	for i := 0; ; i++ {
 		// Pacing, not waiting for async work: event i is due at start + i/rate.
-		if wait := time.Until(start.Add(time.Duration(i) * time.Second / chaosRate)); wait > 0 {
-			timer := time.NewTimer(wait)
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
-				timer.Stop()
-				return
-			}
+		if !sleepCtx(ctx, time.Until(start.Add(time.Duration(i)*time.Second/chaosRate))) {
+			return
 		}
 		if ctx.Err() != nil {
 			return

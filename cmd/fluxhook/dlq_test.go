@@ -438,6 +438,21 @@ func ensureEndpoint(t *testing.T, db *sqltest.DB, id, tenant, ordering string) {
 		ON CONFLICT (id) DO NOTHING`, id, tenant, ordering)
 }
 
+// insertEndpointDeadLetter adds an event's dead letter (invoice.paid, attempts exhausted) of
+// tenant (nil: none) for the managed endpoint endpointID and returns its id: what the replay
+// tests of endpoints removed or changed since start from.
+func insertEndpointDeadLetter(t *testing.T, db *sqltest.DB, tenant any, endpointID string) int64 {
+	t.Helper()
+	var id int64
+	if err := db.Pool.QueryRow(context.Background(), `
+		INSERT INTO webhook_dead_letter (delivery_id, event_type, payload, attempts, reason, enqueued_at, tenant, endpoint_id)
+		VALUES (gen_random_uuid(), 'invoice.paid', '{"n": 1}', 3, 'attempts exhausted', now(), $1, $2::uuid)
+		RETURNING id`, tenant, endpointID).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 func insertFanOut(t *testing.T, db *sqltest.DB) fanOutFixture {
 	t.Helper()
 	f := fanOutFixture{delivery: fanOutDelivery, endpointA: fanOutEndpointA, endpointB: fanOutEndpointB}
@@ -1162,18 +1177,8 @@ func TestDLQReplayOfARemovedEndpoint(t *testing.T) {
 	ensureEndpoint(t, db, other, "globex", "none")
 	ensureEndpoint(t, db, disabled, "acme", "none")
 	mustExec(t, db, `UPDATE webhook_endpoints SET enabled = false, disabled_at = now(), disabled_reason = 'by hand' WHERE id = $1`, disabled)
-	var acme, none int64
-	for _, d := range []struct {
-		id     *int64
-		tenant any
-	}{{&acme, "acme"}, {&none, nil}} {
-		if err := db.Pool.QueryRow(context.Background(), `
-			INSERT INTO webhook_dead_letter (delivery_id, event_type, payload, attempts, reason, enqueued_at, tenant, endpoint_id)
-			VALUES (gen_random_uuid(), 'invoice.paid', '{"n": 1}', 3, 'attempts exhausted', now(), $1, $2::uuid)
-			RETURNING id`, d.tenant, gone).Scan(d.id); err != nil {
-			t.Fatal(err)
-		}
-	}
+	acme := insertEndpointDeadLetter(t, db, "acme", gone)
+	none := insertEndpointDeadLetter(t, db, nil, gone)
 	queued := func() map[string]int64 { return outboxByEndpoint(t, db, deliveryIDOf(t, db, acme)) }
 
 	r := runCLI(t, db.URL, "dlq", "replay", itoa(acme), itoa(none))
@@ -1382,18 +1387,8 @@ func TestDLQReplayToItsEndpointOfAnotherTenantNow(t *testing.T) {
 	)
 	ensureEndpoint(t, db, moved, "acme", "none")
 	ensureEndpoint(t, db, kept, "acme", "none")
-	var toMoved, toKept int64
-	for _, d := range []struct {
-		id       *int64
-		endpoint string
-	}{{&toMoved, moved}, {&toKept, kept}} {
-		if err := db.Pool.QueryRow(context.Background(), `
-			INSERT INTO webhook_dead_letter (delivery_id, event_type, payload, attempts, reason, enqueued_at, tenant, endpoint_id)
-			VALUES (gen_random_uuid(), 'invoice.paid', '{"n": 1}', 3, 'attempts exhausted', now(), 'acme', $1::uuid)
-			RETURNING id`, d.endpoint).Scan(d.id); err != nil {
-			t.Fatal(err)
-		}
-	}
+	toMoved := insertEndpointDeadLetter(t, db, "acme", moved)
+	toKept := insertEndpointDeadLetter(t, db, "acme", kept)
 	mustExec(t, db, `UPDATE webhook_endpoints SET tenant = 'globex' WHERE id = $1::uuid`, moved)
 
 	for _, args := range [][]string{{itoa(toMoved)}, {"--all-matching", "--endpoint-id", moved}} {

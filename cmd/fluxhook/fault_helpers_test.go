@@ -179,14 +179,27 @@ func runFluxhook(t *testing.T, env map[string]string, args ...string) string {
 // requests in flight when a fault strikes (0 if the dispatcher gives up first).
 func respondAfter(latency time.Duration) func(ctx context.Context, req *hookRequest) int {
 	return func(ctx context.Context, _ *hookRequest) int {
-		t := time.NewTimer(latency)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return http.StatusOK
-		case <-ctx.Done():
+		if !sleepCtx(ctx, latency) {
 			return 0
 		}
+		return http.StatusOK
+	}
+}
+
+// sleepCtx sleeps for d (not at all when d is not positive) and reports whether it did, false
+// when ctx ended first: a consumer's latency, or a paced producer's wait for its next event's
+// time, cut short when the request or the test ends.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -230,14 +243,8 @@ func startProducer(t *testing.T, pool *pgxpool.Pool, total, rate int, event func
 		}()
 		for i := range total {
 			// Pacing, not waiting for async work: event i is due at start + i×interval.
-			if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
-				timer := time.NewTimer(wait)
-				select {
-				case <-timer.C:
-				case <-ctx.Done():
-					timer.Stop()
-					return
-				}
+			if !sleepCtx(ctx, time.Until(start.Add(time.Duration(i)*interval))) {
+				return
 			}
 			ev := event(i)
 			for {

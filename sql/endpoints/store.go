@@ -10,6 +10,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"text/template"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,7 +24,7 @@ var (
 	//go:embed queries/state.sql
 	stateSQL string
 	//go:embed queries/update.sql
-	updateSQL string
+	updateTemplate string
 	//go:embed queries/disable.sql
 	disableSQL string
 	//go:embed queries/enable.sql
@@ -33,12 +34,42 @@ var (
 	//go:embed queries/describe.sql
 	describeSQL string
 	//go:embed queries/remove.sql
-	removeSQL string
+	removeTemplate string
 	//go:embed queries/secrets.sql
 	secretsSQL string
 	//go:embed queries/reseal.sql
 	resealSQL string
+	//go:embed queries/dead_letter.sql
+	deadLetterTemplate string
 )
+
+// The statements that dead-letter an endpoint's pending deliveries (a tenant change, a removal
+// with PendingDeadLetter) share dead_letter.sql's CTEs, so that both settle them as one text.
+var (
+	updateSQL = withDeadLetter("update.sql", updateTemplate)
+	removeSQL = withDeadLetter("remove.sql", removeTemplate)
+)
+
+// withDeadLetter expands the statement text (named name) as a text/template in which
+// dead_letter.sql's templates are defined: settled_columns, and dead_letter with its reason
+// written as an SQL string literal. It runs once, at start; a template error panics, since
+// the statements are part of the binary and every test that loads the package meets it.
+func withDeadLetter(name, text string) string {
+	shared := template.New("dead_letter.sql").Funcs(template.FuncMap{"literal": sqlLiteral})
+	template.Must(shared.Parse(deadLetterTemplate))
+	t := template.Must(shared.New(name).Parse(text))
+	var b strings.Builder
+	if err := t.Execute(&b, nil); err != nil {
+		panic(fmt.Sprintf("endpoints: expanding %s: %v", name, err))
+	}
+	return b.String()
+}
+
+// sqlLiteral quotes s as an SQL string literal, for the reasons dead_letter.sql writes into
+// its rows: a constant of the statement, not a bind parameter, as the statements had it.
+func sqlLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
 
 // ErrNotFound is matched (errors.Is) by the error for an id that names no endpoint, including
 // an id that is not a UUID at all: to the caller both are an endpoint that does not exist.

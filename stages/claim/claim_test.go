@@ -423,12 +423,8 @@ func TestClaimSkipsRetriesOnly(t *testing.T) {
 // (it could commit a smaller id of the stream) holds the row back, however late the reading.
 func TestOrderedClaimReadsTheHorizonFirst(t *testing.T) {
 	t.Parallel()
-	db := sqltest.NewMigrated(t)
+	db, c := newRegistered(t, "a")
 	ctx := deadline(t)
-	c := claim.New(db.Pool, "a", time.Minute)
-	if err := c.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
 	// WEBHOOK_ORDERING=stream, with the horizon of a dispatcher that has read nothing yet.
 	c.SetOrdering(claim.Ordering{Active: true, Default: true})
 	claimed := func() []int64 {
@@ -565,12 +561,8 @@ func TestOrderedClaimReadingGuards(t *testing.T) {
 // in flight, and the consumer saw 1, 3, 2.
 func TestUnorderedClaimLeavesOrderedRowsToAConfirmedCache(t *testing.T) {
 	t.Parallel()
-	db := sqltest.NewMigrated(t)
+	db, c := newRegistered(t, "a")
 	ctx := deadline(t)
-	c := claim.New(db.Pool, "a", time.Minute)
-	if err := c.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
 	var ep string
 	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret) VALUES ('http://127.0.0.1:1/', 's')
 		RETURNING id::text`).Scan(&ep); err != nil {
@@ -631,12 +623,8 @@ func TestUnorderedClaimLeavesOrderedRowsToAConfirmedCache(t *testing.T) {
 // endpoints itself.
 func TestOrderedClaimSeesTheFirstEndpoint(t *testing.T) {
 	t.Parallel()
-	db := sqltest.NewMigrated(t)
+	db, c := newRegistered(t, "a")
 	ctx := deadline(t)
-	c := claim.New(db.Pool, "a", time.Minute)
-	if err := c.Register(ctx); err != nil {
-		t.Fatal(err)
-	}
 	var ep string
 	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_endpoints (url, secret, ordering) VALUES ('http://127.0.0.1:1/', 's', 'stream')
 		RETURNING id::text`).Scan(&ep); err != nil {

@@ -34,6 +34,37 @@ func (b *bundle) addEndpoint(n endpoints.New) endpoints.Endpoint {
 	return ep
 }
 
+// endpointsVersion is the last value of webhook_endpoints_version, which every trigger-fired
+// change to the endpoints moves: what a dispatcher's endpoint cache compares with.
+func (b *bundle) endpointsVersion() int64 {
+	b.t.Helper()
+	var v int64
+	if err := b.pool.QueryRow(context.Background(), `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&v); err != nil {
+		b.t.Fatal(err)
+	}
+	return v
+}
+
+// execInTx runs the statements in one transaction and commits it: a change made under a
+// setting of its own (SET LOCAL) or with the table's triggers off for its length.
+func (b *bundle) execInTx(statements ...string) {
+	b.t.Helper()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, s := range statements {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			b.t.Fatalf("%s: %v", s, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
 // verifyFluxora checks a request with the consumer-side package, as a consumer holding secret.
 func verifyFluxora(a arrival, secret string) error {
 	v := &verify.Verifier{Secret: secret}
@@ -362,55 +393,26 @@ func TestEndpointChangeWithoutTriggersIsSeen(t *testing.T) {
 	b.enqueue(outbox.Event{})
 	eventually(t, 10*time.Second, "the first event delivered", func() bool { return old.received() == 1 })
 
-	ctx := context.Background()
-	var start, after int64
-	if err := b.pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&start); err != nil {
-		t.Fatal(err)
-	}
 	// A change under session_replication_role = replica moves the version.
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
+	start := b.endpointsVersion()
+	b.execInTx(`SET LOCAL session_replication_role = replica`,
+		`UPDATE webhook_endpoints SET url = '`+moved.URL()+`?replica' WHERE id = '`+ep.ID+`'`)
+	if after := b.endpointsVersion(); after <= start {
+		t.Errorf("a change under session_replication_role = replica left the endpoints' version at %d, want it moved past %d", after, start)
+	}
+	if _, err := b.pool.Exec(context.Background(), `UPDATE webhook_endpoints SET url = $1 WHERE id = $2`, old.URL(), ep.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET url = $1 WHERE id = $2`, moved.URL()+"?replica", ep.ID); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&after); err != nil || after <= start {
-		t.Errorf("a change under session_replication_role = replica left the endpoints' version at %d (%v), want it moved past %d", after, err, start)
-	}
-	if _, err := b.pool.Exec(ctx, `UPDATE webhook_endpoints SET url = $1 WHERE id = $2`, old.URL(), ep.ID); err != nil {
-		t.Fatal(err)
-	}
-	var before int64
-	if err := b.pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&before); err != nil {
-		t.Fatal(err)
-	}
-	tx, err = b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []string{`ALTER TABLE webhook_endpoints DISABLE TRIGGER USER`,
-		`UPDATE webhook_endpoints SET url = '` + moved.URL() + `' WHERE id = '` + ep.ID + `'`,
+	before := b.endpointsVersion()
+	b.execInTx(`ALTER TABLE webhook_endpoints DISABLE TRIGGER USER`,
+		`UPDATE webhook_endpoints SET url = '`+moved.URL()+`' WHERE id = '`+ep.ID+`'`,
 		`ALTER TABLE webhook_endpoints ENABLE TRIGGER USER`,
 		// ENABLE resets ALWAYS triggers to ordinary ones: as schema 10 leaves them.
 		`ALTER TABLE webhook_endpoints ENABLE ALWAYS TRIGGER webhook_endpoints_changed`,
 		`ALTER TABLE webhook_endpoints ENABLE ALWAYS TRIGGER webhook_endpoints_changed_update`,
-		`ALTER TABLE webhook_endpoints ENABLE ALWAYS TRIGGER webhook_endpoints_truncated`} {
-		if _, err := tx.Exec(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&after); err != nil || after != before {
-		t.Fatalf("the endpoints' version moved (%d to %d, %v): the change did fire a trigger", before, after, err)
+		`ALTER TABLE webhook_endpoints ENABLE ALWAYS TRIGGER webhook_endpoints_truncated`)
+	if after := b.endpointsVersion(); after != before {
+		t.Fatalf("the endpoints' version moved (%d to %d): the change did fire a trigger", before, after)
 	}
 	eventually(t, 15*time.Second, "an event delivered to the endpoint's new URL", func() bool {
 		if moved.received() > 0 {

@@ -468,22 +468,7 @@ func TestOrderingChecksTheOutboxIDs(t *testing.T) {
 	cfg = b.config("")
 	cfg.EncryptionKey = testKey
 	d = b.start(cfg)
-	if got := gaugeValue(t, d, "fluxora_webhook_ordered_rows_beyond_sequence"); got != 1 {
+	if got, _ := metricValue(t, d.Registry(), "fluxora_webhook_ordered_rows_beyond_sequence", nil); got != 1 {
 		t.Errorf("ordered_rows_beyond_sequence = %v, want 1 (the row keyed 1000000)", got)
 	}
-}
-
-// gaugeValue reads an unlabelled gauge of d's registry, 0 when it has none.
-func gaugeValue(t *testing.T, d *dispatcher.Dispatcher, name string) float64 {
-	t.Helper()
-	families, err := d.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() == name && len(f.GetMetric()) > 0 {
-			return f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return 0
 }

@@ -6,7 +6,7 @@
 --                  with their order keys as the dispatcher's dead letters keep them. A row parked
 --                  by an ordered stream that stopped (schema 6: created_at 'infinity') is settled
 --                  but not copied: it has its dead letter already, and a second one would have
---                  the event replayed twice;
+--                  the event replayed twice (the CTEs of dead_letter.sql, which update.sql shares);
 --   'drop'         delete them.
 -- One statement, so that the check, the deliveries and the endpoint change together. Locking
 -- the endpoint row makes a concurrent update or rotation wait. A row that a dispatcher settles
@@ -23,25 +23,8 @@ WITH target AS (
 ), settled AS (
     DELETE FROM webhook_outbox
     WHERE endpoint_id = $1::uuid AND NOT processed AND $2::text = 'dead-letter' AND (SELECT ok FROM decision)
-    RETURNING id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, enqueued_at,
-              tenant, endpoint_id, order_key, created_at, routed_at, created_at = 'infinity' AS parked
-), logged AS (
-    INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
-                                      enqueued_at, endpoint_url, processed_at, error, tenant, endpoint_id,
-                                      routed_at, order_key)
-    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, endpoint_url,
-           now(), 'endpoint removed', tenant, endpoint_id, routed_at, order_key
-    FROM settled
-), dead AS (
-    INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, endpoint_url,
-                                     attempts, reason, enqueued_at, tenant, endpoint_id, order_key)
-    SELECT id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, 'endpoint removed',
-           enqueued_at, tenant, endpoint_id, order_key
-    FROM settled
-    WHERE NOT parked
-    ORDER BY id
-    RETURNING 1
-), dropped AS (
+    RETURNING {{template "settled_columns"}}
+), {{template "dead_letter" "endpoint removed"}}, dropped AS (
     DELETE FROM webhook_outbox
     WHERE endpoint_id = $1::uuid AND NOT processed AND $2::text = 'drop' AND (SELECT ok FROM decision)
     RETURNING 1

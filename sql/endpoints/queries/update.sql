@@ -8,11 +8,12 @@
 --   consumer no longer verifies. $14 ordering, $15 ordering_failure.
 --
 -- A tenant change moves the endpoint's pending deliveries (routed under the old tenant) to the
--- dead-letter table, reason 'endpoint tenant changed', in the same statement, as remove's
--- 'dead-letter' does: an event never goes to an endpoint of another tenant, and the dead
--- letters can be replayed to an endpoint of their own tenant (dlq replay --to-endpoint). A
--- row parked by a stopped ordered stream (created_at 'infinity') is settled without a second
--- dead letter. Returns the endpoint's id and how many deliveries were dead-lettered.
+-- dead-letter table, reason 'endpoint tenant changed', in the same statement, by remove's
+-- 'dead-letter' CTEs (dead_letter.sql): an event never goes to an endpoint of another tenant,
+-- and the dead letters can be replayed to an endpoint of their own tenant (dlq replay
+-- --to-endpoint). A row parked by a stopped ordered stream (created_at 'infinity') is settled
+-- without a second dead letter. Returns the endpoint's id and how many deliveries were
+-- dead-lettered.
 WITH updated AS (
 UPDATE webhook_endpoints
 SET url = CASE WHEN 'url' = ANY ($2::text[]) THEN $5::text ELSE url END,
@@ -29,28 +30,11 @@ SET url = CASE WHEN 'url' = ANY ($2::text[]) THEN $5::text ELSE url END,
     previous_secret = CASE WHEN $13::text IS NULL THEN previous_secret END,
     previous_secret_expires_at = CASE WHEN $13::text IS NULL THEN previous_secret_expires_at END
 WHERE id = $1::uuid AND scheme = $3::text AND headers = $4::jsonb
-RETURNING id, tenant
+RETURNING id AS endpoint, tenant AS new_tenant
 ), settled AS (
-    DELETE FROM webhook_outbox o
-    USING updated u
-    WHERE o.endpoint_id = u.id AND NOT o.processed AND o.tenant IS DISTINCT FROM u.tenant
-    RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.endpoint_url, o.attempt, o.enqueued_at,
-              o.tenant, o.endpoint_id, o.order_key, o.created_at, o.routed_at, o.created_at = 'infinity' AS parked
-), logged AS (
-    INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
-                                      enqueued_at, endpoint_url, processed_at, error, tenant, endpoint_id,
-                                      routed_at, order_key)
-    SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, endpoint_url,
-           now(), 'endpoint tenant changed', tenant, endpoint_id, routed_at, order_key
-    FROM settled
-), dead AS (
-    INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, endpoint_url,
-                                     attempts, reason, enqueued_at, tenant, endpoint_id, order_key)
-    SELECT id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt, 'endpoint tenant changed',
-           enqueued_at, tenant, endpoint_id, order_key
-    FROM settled
-    WHERE NOT parked
-    ORDER BY id
-    RETURNING 1
-)
-SELECT id::text, (SELECT count(*) FROM dead) FROM updated
+    DELETE FROM webhook_outbox
+    USING updated
+    WHERE endpoint_id = updated.endpoint AND NOT processed AND tenant IS DISTINCT FROM updated.new_tenant
+    RETURNING {{template "settled_columns"}}
+), {{template "dead_letter" "endpoint tenant changed"}}
+SELECT endpoint::text, (SELECT count(*) FROM dead) FROM updated
