@@ -24,6 +24,10 @@
 -- an event kept for WEBHOOK_URL when $7 orders it: a claim takes it when it is its stream's
 -- head (see claim.sql), not this statement.
 --
+-- Every event here passed the claim's payload check (Claimer.LimitPayload): an event over
+-- WEBHOOK_MAX_PAYLOAD_BYTES is dead-lettered unrouted, so no payload this statement returns
+-- is over 1.5 times it.
+--
 -- Returns the new leased delivery rows ('d'), one row per ordered delivery left for a claim
 -- ('q'), and one row per event routed ('e': kept for WEBHOOK_URL or not, endpoints matched;
 -- 'r': kept, and left for a claim). An event the statement did not route (its lease was lost)

@@ -1,0 +1,77 @@
+package dispatcher_test
+
+import (
+	"context"
+	"runtime/metrics"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestOversizePayloadsAreNeverRead: rows whose payload is far over WEBHOOK_MAX_PAYLOAD_BYTES
+// are dead-lettered with the reason (their size, the limit and the setting) without their
+// bodies ever reaching the dispatcher: everything the process allocates while it claims and
+// dead-letters eight 24 MiB rows stays below a quarter of their size (reading them whole
+// allocated several times their size, and a batch of larger rows could kill the dispatcher
+// before any was dead-lettered, each claimed again after its lease). A small row beside them
+// is delivered. Not parallel: the allocation count is the whole process's, so this test runs
+// alone.
+func TestOversizePayloadsAreNeverRead(t *testing.T) {
+	const rows, size = 8, 24 << 20
+	b := setup(t)
+	c := newConsumer(t, nil)
+	cfg := b.config(c.URL())
+	cfg.MaxPayloadBytes = 1 << 20
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload)
+		SELECT 'huge', jsonb_build_object('i', i, 'pad', repeat('x', $1)) FROM generate_series(1, $2) i`, size, rows); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload) VALUES ('fine', '{"ok": true}')`); err != nil {
+		t.Fatal(err)
+	}
+	allocs := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(allocs)
+	before := allocs[0].Value.Uint64()
+	allocated := func() uint64 {
+		metrics.Read(allocs)
+		return allocs[0].Value.Uint64() - before
+	}
+	const bound = rows * size / 4
+	b.start(cfg)
+	// Until every row is settled, or as soon as the bound is crossed: a dispatcher that reads
+	// the bodies fails here at once, rather than after its slow way through them.
+	eventually(t, 60*time.Second, "every outbox row settled, or the allocation bound crossed", func() bool {
+		return allocated() >= bound || b.count("SELECT count(*) FROM webhook_deliveries WHERE NOT processed") == 0
+	})
+	if a := allocated(); a >= bound {
+		t.Fatalf("the process allocated %d MiB while dead-lettering %d rows of %d MiB; want under %d MiB (their bodies were read)",
+			a>>20, rows, size>>20, bound>>20)
+	} else {
+		t.Logf("allocated %d MiB while the dispatcher ran", a>>20)
+	}
+	if got := c.arrivals(); len(got) != 1 || got[0].Event != "fine" {
+		t.Errorf("consumer got %d requests; want only the small row's", len(got))
+	}
+	reasons, err := b.pool.Query(ctx, `SELECT reason FROM webhook_dead_letter WHERE event_type = 'huge'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for reasons.Next() {
+		var r string
+		if err := reasons.Scan(&r); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if !strings.Contains(r, "over the limit of 1048576 (WEBHOOK_MAX_PAYLOAD_BYTES)") || !strings.Contains(r, "invalid row: payload is 251658") {
+			t.Errorf("dead letter reason %q; want the payload's size, the limit and WEBHOOK_MAX_PAYLOAD_BYTES", r)
+		}
+	}
+	if err := reasons.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n != rows {
+		t.Errorf("%d dead letters of the oversize rows; want %d", n, rows)
+	}
+}
