@@ -84,18 +84,18 @@ func New(pool *pgxpool.Pool, instance string, lease time.Duration) *Claimer {
 }
 
 // LimitPayload sets the largest payload, in bytes as sent (the stored jsonb compacted), that
-// the following claims hand over: a row with a larger one comes back with Invalid set to a
-// reason naming its size, the limit and WEBHOOK_MAX_PAYLOAD_BYTES, and is dead-lettered
-// without an attempt (nor routed: every delivery of it would be dead-lettered for the same
-// reason). Call it before the first claim; 0 (the default) sets no limit.
+// the following claims and routes hand over: a row with a larger one comes back with Oversize
+// set to a reason naming its size, the limit and WEBHOOK_MAX_PAYLOAD_BYTES, and is
+// dead-lettered without an attempt; an event is routed first, and its deliveries carry the
+// reason. Call it before the first claim; 0 (the default) sets no limit.
 //
 // A row whose payload is far over the limit never has its body read: the claim measures the
 // payload's text form (what PostgreSQL sends, jsonb's output with a space after every ':'
-// and ',') and returns the body only when that is at most limit + limit/2 bytes. Compacting
-// removes only those spaces, fewer than half the compacted size (each follows a ':' or ','
-// that follows a byte of a key or value), so a payload over that bound is over the limit
-// once compacted too: the bound loses no row that fits. One between the limit and the
-// bound is read, compacted and measured exactly, as before: the dispatcher holds at most
+// and ',') and returns the body only when that is at most limit + limit/2 bytes (the route
+// statement likewise). Compacting removes only those spaces, at most half the compacted size
+// (each follows a ':' or ',' that follows a byte of a key or value), so a payload over that
+// bound is over the limit once compacted too: the bound loses no row that fits. One between
+// the limit and the bound is read, compacted and measured exactly: the dispatcher holds at most
 // 1.5 times the limit of any row, however large the row (a batch of 30 MB rows read whole
 // took it from 45 MB to 608 MB of memory, and a larger batch would have killed it before
 // any row was dead-lettered, claimed again after the lease: a crash loop).
@@ -122,6 +122,20 @@ func PayloadTooLarge(size, limit int) string {
 func payloadUnread(textSize int64, limit int) string {
 	return fmt.Sprintf("invalid row: payload is %d bytes as JSON text (at least %d compacted), over the limit of %d (WEBHOOK_MAX_PAYLOAD_BYTES); its body was not read",
 		textSize, (2*textSize+2)/3, limit)
+}
+
+// oversize is the Oversize of a row under the limit maxPayload (0: none), given its compacted
+// payload, or, when unread (the statement withheld the body), its size as text.
+func oversize(compacted []byte, unread bool, textSize int64, maxPayload int) string {
+	switch {
+	case maxPayload <= 0:
+		return ""
+	case unread:
+		return payloadUnread(textSize, maxPayload)
+	case len(compacted) > maxPayload:
+		return PayloadTooLarge(len(compacted), maxPayload)
+	}
+	return ""
 }
 
 // Register records this dispatcher (not armed) so that the claim statement can arm it.
@@ -384,7 +398,7 @@ func (c *Claimer) args(limit int, skip Skip, arm bool, after Cursor, token int64
 }
 
 // read decodes the claim statement's rows, closing them; a payload over maxPayload bytes
-// (0: no limit) makes its row Invalid (see LimitPayload).
+// (0: no limit) marks its row Oversize (see LimitPayload).
 func read(rows pgx.Rows, token int64, maxPayload int) (Result, error) {
 	defer rows.Close()
 	var res Result
@@ -438,14 +452,7 @@ func read(rows pgx.Rows, token int64, maxPayload int) (Result, error) {
 				d.Invalid = "invalid row: endpoint_url is an empty string; write NULL for the configured WEBHOOK_URL, or a URL"
 			}
 		}
-		if d.Invalid == "" && maxPayload > 0 {
-			switch {
-			case payload == nil: // over the bound: the statement kept its body
-				d.Invalid = payloadUnread(textSize, maxPayload)
-			case len(d.Payload) > maxPayload:
-				d.Invalid = PayloadTooLarge(len(d.Payload), maxPayload)
-			}
-		}
+		d.Oversize = oversize(d.Payload, payload == nil, textSize, maxPayload)
 		res.Rows = append(res.Rows, d)
 	}
 	if err := rows.Err(); err != nil {
@@ -494,15 +501,22 @@ func NeedsRouting(d *delivery.Delivery) bool {
 func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDefault bool) (Routed, error) {
 	ids := make([]int64, len(events))
 	tokens := make([]int64, len(events))
+	oversized := []int64{}
+	reasons := map[string]string{} // an oversize event's reason, by delivery id, for its deliveries
 	for i, d := range events {
 		ids[i], tokens[i] = d.ID, d.LeaseToken
+		if d.Oversize != "" {
+			oversized = append(oversized, d.ID)
+			reasons[d.DeliveryID] = d.Oversize
+		}
 	}
 	token := c.nextToken()
 	var o Ordering
 	if p := c.order.Load(); p != nil {
 		o = *p
 	}
-	rows, err := c.pool.Query(ctx, routeSQL, ids, tokens, c.instance, keepDefault, token, c.lease.Milliseconds(), o.Default)
+	rows, err := c.pool.Query(ctx, routeSQL, ids, tokens, c.instance, keepDefault, token, c.lease.Milliseconds(), o.Default,
+		oversized, c.readBound())
 	if err != nil {
 		return Routed{}, fmt.Errorf("routing events to endpoints: %w", err)
 	}
@@ -510,6 +524,7 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 	var out Routed
 	var kind string
 	var payload []byte
+	var size *int64
 	var tenant *string
 	var keep bool
 	var n int64
@@ -520,7 +535,7 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 	for rows.Next() {
 		d := &delivery.Delivery{LeaseToken: token, Routed: true}
 		payload, tenant = nil, nil
-		if err := rows.Scan(&kind, &d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload, &d.Attempt,
+		if err := rows.Scan(&kind, &d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload, &size, &d.Attempt,
 			&d.EnqueuedAt, &d.DueAt, &d.EndpointID, &tenant, &keep, &n); err != nil {
 			return Routed{}, fmt.Errorf("routing events to endpoints: scanning: %w", err)
 		}
@@ -532,8 +547,11 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 		}
 		switch {
 		case kind == "d":
-			if payload != nil { // its delivery id is shared by several events: its own
-				d.Payload = compact(payload)
+			if size != nil { // its delivery id is shared by several events: its own
+				if payload != nil {
+					d.Payload = compact(payload)
+				}
+				d.Oversize = oversize(d.Payload, payload == nil, *size, c.maxPayload)
 			}
 			out.Deliveries = append(out.Deliveries, d)
 		case kind == "q":
@@ -554,7 +572,11 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 		return Routed{}, fmt.Errorf("routing events to endpoints: %w", err)
 	}
 	for _, d := range out.Deliveries {
-		if d.Payload != nil {
+		if d.Payload != nil || d.Oversize != "" {
+			continue
+		}
+		if r, ok := reasons[d.DeliveryID]; ok { // its event's payload was not returned
+			d.Oversize = r
 			continue
 		}
 		p, ok := payloads[d.DeliveryID]

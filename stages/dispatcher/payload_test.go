@@ -6,21 +6,27 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fluxora/fluxhook/sql/endpoints"
 )
 
-// TestOversizePayloadsAreNeverRead: rows whose payload is far over WEBHOOK_MAX_PAYLOAD_BYTES
-// are dead-lettered with the reason (their size, the limit and the setting) without their
-// bodies ever reaching the dispatcher: everything the process allocates while it claims and
-// dead-letters eight 24 MiB rows stays below a quarter of their size (reading them whole
-// allocated several times their size, and a batch of larger rows could kill the dispatcher
-// before any was dead-lettered, each claimed again after its lease). A small row beside them
-// is delivered. Not parallel: the allocation count is the whole process's, so this test runs
-// alone.
+// TestOversizePayloadsAreNeverRead: events whose payload is far over WEBHOOK_MAX_PAYLOAD_BYTES
+// are dead-lettered with the reason (their size, the limit and the setting), both the row
+// kept for WEBHOOK_URL and the delivery routed to a managed endpoint, without their bodies
+// ever reaching the dispatcher, neither from the claim nor from the route statement:
+// everything the process allocates while it claims, routes and dead-letters eight 24 MiB
+// events stays below a quarter of their size (reading them whole allocated several times
+// their size, and a batch of larger rows could kill the dispatcher before any was
+// dead-lettered, each claimed again after its lease). A small event beside them is delivered
+// to both. Not parallel: the allocation count is the whole process's, so this test runs alone.
 func TestOversizePayloadsAreNeverRead(t *testing.T) {
 	const rows, size = 8, 24 << 20
 	b := setup(t)
 	c := newConsumer(t, nil)
+	ep := newConsumer(t, nil)
+	b.addEndpoint(endpoints.New{URL: ep.URL()})
 	cfg := b.config(c.URL())
+	cfg.EncryptionKey = testKey
 	cfg.MaxPayloadBytes = 1 << 20
 	ctx := context.Background()
 	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload)
@@ -50,8 +56,10 @@ func TestOversizePayloadsAreNeverRead(t *testing.T) {
 	} else {
 		t.Logf("allocated %d MiB while the dispatcher ran", a>>20)
 	}
-	if got := c.arrivals(); len(got) != 1 || got[0].Event != "fine" {
-		t.Errorf("consumer got %d requests; want only the small row's", len(got))
+	for name, c := range map[string]*consumer{"WEBHOOK_URL": c, "the managed endpoint": ep} {
+		if got := c.arrivals(); len(got) != 1 || got[0].Event != "fine" {
+			t.Errorf("%s got %d requests; want only the small event's", name, len(got))
+		}
 	}
 	reasons, err := b.pool.Query(ctx, `SELECT reason FROM webhook_dead_letter WHERE event_type = 'huge'`)
 	if err != nil {
@@ -71,7 +79,7 @@ func TestOversizePayloadsAreNeverRead(t *testing.T) {
 	if err := reasons.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if n != rows {
-		t.Errorf("%d dead letters of the oversize rows; want %d", n, rows)
+	if n != 2*rows {
+		t.Errorf("%d dead letters of the oversize events; want %d (WEBHOOK_URL's and the endpoint's)", n, 2*rows)
 	}
 }
