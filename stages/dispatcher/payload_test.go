@@ -83,3 +83,41 @@ func TestOversizePayloadsAreNeverRead(t *testing.T) {
 		t.Errorf("%d dead letters of the oversize events; want %d (WEBHOOK_URL's and the endpoint's)", n, 2*rows)
 	}
 }
+
+// TestOversizeEventRoutedInMemoryIsDeadLettered: an event over WEBHOOK_MAX_PAYLOAD_BYTES
+// routed in memory gives each of its deliveries the claim's reason: its endpoint's delivery
+// is dead-lettered with it (the body was never read, so there is nothing to send), and the
+// endpoint receives nothing.
+func TestOversizeEventRoutedInMemoryIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ep := newConsumer(t, nil)
+	added := b.addEndpoint(endpoints.New{URL: ep.URL()})
+	b.addWarmUp()
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	cfg.MaxPayloadBytes = 1024
+	d := b.start(cfg)
+	b.warmUp(d)
+	routed := d.Stats().RoutedInMemory.Load()
+	if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (event_type, payload)
+		VALUES ('huge', jsonb_build_object('pad', repeat('x', 10000)))`); err != nil {
+		t.Fatal(err)
+	}
+	b.waitSettled(10 * time.Second)
+	if got := d.Stats().RoutedInMemory.Load(); got != routed+1 {
+		t.Fatalf("%d events routed in memory; want the oversize one", got-routed)
+	}
+	if got := ep.arrivals(); len(got) != 0 {
+		t.Errorf("the endpoint got %d requests; want none", len(got))
+	}
+	var reason string
+	if err := b.pool.QueryRow(context.Background(), `SELECT reason FROM webhook_dead_letter
+		WHERE event_type = 'huge' AND endpoint_id = $1`, added.ID).Scan(&reason); err != nil {
+		t.Fatalf("the endpoint's dead letter: %v", err)
+	}
+	if !strings.HasPrefix(reason, "invalid row: payload is 10011 bytes as JSON text") ||
+		!strings.Contains(reason, "over the limit of 1024 (WEBHOOK_MAX_PAYLOAD_BYTES)") {
+		t.Errorf("dead letter reason %q; want the payload's size, the limit and WEBHOOK_MAX_PAYLOAD_BYTES", reason)
+	}
+}
