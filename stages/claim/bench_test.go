@@ -161,7 +161,8 @@ func cpuTimes(b *testing.B, backend int) (client, server time.Duration) {
 
 // benchDatabase makes a migrated database holding rows pending events, vacuumed and analyzed,
 // and a pool on the dispatcher's session settings (plus params; maxConns 0 keeps pgxpool's
-// default) with a registered claimer and a settler on it.
+// default) with a registered claimer (with WEBHOOK_MAX_PAYLOAD_BYTES's default limit, as the
+// dispatcher's) and a settler on it.
 func benchDatabase(b *testing.B, rows int, maxConns int32, params map[string]string) (*pgxpool.Pool, *claim.Claimer, *settle.Settler) {
 	db := sqltest.NewMigrated(b)
 	ctx := context.Background()
@@ -179,6 +180,7 @@ func benchDatabase(b *testing.B, rows int, maxConns int32, params map[string]str
 		}
 	})
 	c := claim.New(pool, "bench", time.Minute)
+	c.LimitPayload(1 << 20) // WEBHOOK_MAX_PAYLOAD_BYTES's default, as the dispatcher claims
 	if err := c.Register(ctx); err != nil {
 		b.Fatal(err)
 	}

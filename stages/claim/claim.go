@@ -49,6 +49,8 @@ type Claimer struct {
 	lease    time.Duration
 	tokens   atomic.Int64 // the last lease token handed out (see nextToken)
 	order    atomic.Pointer[Ordering]
+	// maxPayload is WEBHOOK_MAX_PAYLOAD_BYTES (LimitPayload); 0: no limit.
+	maxPayload int
 }
 
 // Ordering is what the claim needs to know about ordered delivery (schema 6). The zero value
@@ -79,6 +81,61 @@ func New(pool *pgxpool.Pool, instance string, lease time.Duration) *Claimer {
 	c := &Claimer{pool: pool, instance: instance, lease: lease}
 	c.tokens.Store(rand.Int64N(math.MaxInt64 / 2))
 	return c
+}
+
+// LimitPayload sets the largest payload, in bytes as sent (the stored jsonb compacted), that
+// the following claims and routes hand over: a row with a larger one comes back with Oversize
+// set to a reason naming its size, the limit and WEBHOOK_MAX_PAYLOAD_BYTES, and is
+// dead-lettered without an attempt; an event is routed first, and its deliveries carry the
+// reason. Call it before the first claim; 0 (the default) sets no limit.
+//
+// A row whose payload is far over the limit never has its body read: the claim measures the
+// payload's text form (what PostgreSQL sends, jsonb's output with a space after every ':'
+// and ',') and returns the body only when that is at most limit + limit/2 bytes (the route
+// statement likewise). Compacting removes only those spaces, at most half the compacted size
+// (each follows a ':' or ',' that follows a byte of a key or value), so a payload over that
+// bound is over the limit once compacted too: the bound loses no row that fits. One between
+// the limit and the bound is read, compacted and measured exactly: the dispatcher holds at most
+// 1.5 times the limit of any row, however large the row (a batch of 30 MB rows read whole
+// took it from 45 MB to 608 MB of memory, and a larger batch would have killed it before
+// any row was dead-lettered, claimed again after the lease: a crash loop).
+func (c *Claimer) LimitPayload(limit int) { c.maxPayload = max(limit, 0) }
+
+// readBound is the claim's $15: the text size above which no body is returned, or nil.
+func (c *Claimer) readBound() any {
+	if c.maxPayload == 0 {
+		return nil
+	}
+	return int64(c.maxPayload) + int64(c.maxPayload)/2
+}
+
+// PayloadTooLarge is the dead-letter reason of a row whose payload, compacted as it would be
+// sent, is size bytes, over limit: it names the setting that decides, so that an operator can
+// tell a producer's mistake from a limit to raise.
+func PayloadTooLarge(size, limit int) string {
+	return fmt.Sprintf("invalid row: payload is %d bytes, over the limit of %d (WEBHOOK_MAX_PAYLOAD_BYTES)", size, limit)
+}
+
+// payloadUnread is the dead-letter reason of a row whose body the claim did not return: its
+// size as text (textSize) is all that is known, and the compacted size is at least two thirds
+// of it (see LimitPayload).
+func payloadUnread(textSize int64, limit int) string {
+	return fmt.Sprintf("invalid row: payload is %d bytes as JSON text (at least %d compacted), over the limit of %d (WEBHOOK_MAX_PAYLOAD_BYTES); its body was not read",
+		textSize, (2*textSize+2)/3, limit)
+}
+
+// oversize is the Oversize of a row under the limit maxPayload (0: none), given its compacted
+// payload, or, when unread (the statement withheld the body), its size as text.
+func oversize(compacted []byte, unread bool, textSize int64, maxPayload int) string {
+	switch {
+	case maxPayload <= 0:
+		return ""
+	case unread:
+		return payloadUnread(textSize, maxPayload)
+	case len(compacted) > maxPayload:
+		return PayloadTooLarge(len(compacted), maxPayload)
+	}
+	return ""
 }
 
 // Register records this dispatcher (not armed) so that the claim statement can arm it.
@@ -228,7 +285,7 @@ func (c *Claimer) Claim(ctx context.Context, limit int, skip Skip, arm bool, aft
 		if err != nil {
 			return Result{}, fmt.Errorf("claim: %w", err)
 		}
-		return read(rows, token)
+		return read(rows, token, c.maxPayload)
 	}
 	b := &pgx.Batch{}
 	var res Result
@@ -239,7 +296,7 @@ func (c *Claimer) Claim(ctx context.Context, limit int, skip Skip, arm bool, aft
 		return readingErr
 	})
 	b.Queue(c.statement(), c.args(limit, skip, arm, after, token, true)...).Query(func(rows pgx.Rows) error {
-		res, readErr = read(rows, token)
+		res, readErr = read(rows, token, c.maxPayload)
 		return readErr
 	})
 	if err := c.pool.SendBatch(ctx, b).Close(); err != nil {
@@ -295,7 +352,7 @@ func (c *Claimer) Queue(b *pgx.Batch, limit int, skip Skip, arm bool, after Curs
 		b.Queue(horizonNowSQL).QueryRow(func(row pgx.Row) error { return row.Scan(&horizonNow) })
 	}
 	b.Queue(c.statement(), c.args(limit, skip, arm, after, token, pre)...).Query(func(rows pgx.Rows) (err error) {
-		*res, err = read(rows, token)
+		*res, err = read(rows, token, c.maxPayload)
 		res.HorizonNow = horizonNow
 		return err
 	})
@@ -337,21 +394,23 @@ func (c *Claimer) args(limit int, skip Skip, arm bool, after Cursor, token int64
 		eleven = o.Confirmed
 	}
 	return []any{limit, c.lease.Milliseconds(), all, c.instance, arm, from, after.ID, token, retries,
-		o.Active, eleven, o.Default, o.Routed, pre}
+		o.Active, eleven, o.Default, o.Routed, pre, c.readBound()}
 }
 
-// read decodes the claim statement's rows, closing them.
-func read(rows pgx.Rows, token int64) (Result, error) {
+// read decodes the claim statement's rows, closing them; a payload over maxPayload bytes
+// (0: no limit) marks its row Oversize (see LimitPayload).
+func read(rows pgx.Rows, token int64, maxPayload int) (Result, error) {
 	defer rows.Close()
 	var res Result
 	var payload []byte
+	var textSize int64
 	var next *time.Duration
 	var snapshot, endpointURL, horizon, tenant *string
 	var version *int64
 	var held *bool
 	for rows.Next() {
 		d := &delivery.Delivery{}
-		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload,
+		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload, &textSize,
 			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &endpointURL, &d.EndpointID, &tenant, &d.Routed,
 			&d.OrderKey, &next, &snapshot, &version, &horizon, &held); err != nil {
 			return Result{}, fmt.Errorf("claim: scanning row: %w", err)
@@ -378,7 +437,9 @@ func read(rows pgx.Rows, token int64) (Result, error) {
 			}
 			continue
 		}
-		d.Payload = compact(payload)
+		if payload != nil {
+			d.Payload = compact(payload)
+		}
 		d.LeaseToken = token
 		if tenant != nil {
 			d.Tenant, d.EmptyTenant = *tenant, *tenant == ""
@@ -391,6 +452,7 @@ func read(rows pgx.Rows, token int64) (Result, error) {
 				d.Invalid = "invalid row: endpoint_url is an empty string; write NULL for the configured WEBHOOK_URL, or a URL"
 			}
 		}
+		d.Oversize = oversize(d.Payload, payload == nil, textSize, maxPayload)
 		res.Rows = append(res.Rows, d)
 	}
 	if err := rows.Err(); err != nil {
@@ -439,15 +501,22 @@ func NeedsRouting(d *delivery.Delivery) bool {
 func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDefault bool) (Routed, error) {
 	ids := make([]int64, len(events))
 	tokens := make([]int64, len(events))
+	oversized := []int64{}
+	reasons := map[string]string{} // an oversize event's reason, by delivery id, for its deliveries
 	for i, d := range events {
 		ids[i], tokens[i] = d.ID, d.LeaseToken
+		if d.Oversize != "" {
+			oversized = append(oversized, d.ID)
+			reasons[d.DeliveryID] = d.Oversize
+		}
 	}
 	token := c.nextToken()
 	var o Ordering
 	if p := c.order.Load(); p != nil {
 		o = *p
 	}
-	rows, err := c.pool.Query(ctx, routeSQL, ids, tokens, c.instance, keepDefault, token, c.lease.Milliseconds(), o.Default)
+	rows, err := c.pool.Query(ctx, routeSQL, ids, tokens, c.instance, keepDefault, token, c.lease.Milliseconds(), o.Default,
+		oversized, c.readBound())
 	if err != nil {
 		return Routed{}, fmt.Errorf("routing events to endpoints: %w", err)
 	}
@@ -455,6 +524,7 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 	var out Routed
 	var kind string
 	var payload []byte
+	var size *int64
 	var tenant *string
 	var keep bool
 	var n int64
@@ -465,7 +535,7 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 	for rows.Next() {
 		d := &delivery.Delivery{LeaseToken: token, Routed: true}
 		payload, tenant = nil, nil
-		if err := rows.Scan(&kind, &d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload, &d.Attempt,
+		if err := rows.Scan(&kind, &d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload, &size, &d.Attempt,
 			&d.EnqueuedAt, &d.DueAt, &d.EndpointID, &tenant, &keep, &n); err != nil {
 			return Routed{}, fmt.Errorf("routing events to endpoints: scanning: %w", err)
 		}
@@ -477,8 +547,11 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 		}
 		switch {
 		case kind == "d":
-			if payload != nil { // its delivery id is shared by several events: its own
-				d.Payload = compact(payload)
+			if size != nil { // its delivery id is shared by several events: its own
+				if payload != nil {
+					d.Payload = compact(payload)
+				}
+				d.Oversize = oversize(d.Payload, payload == nil, *size, c.maxPayload)
 			}
 			out.Deliveries = append(out.Deliveries, d)
 		case kind == "q":
@@ -499,7 +572,11 @@ func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDe
 		return Routed{}, fmt.Errorf("routing events to endpoints: %w", err)
 	}
 	for _, d := range out.Deliveries {
-		if d.Payload != nil {
+		if d.Payload != nil || d.Oversize != "" {
+			continue
+		}
+		if r, ok := reasons[d.DeliveryID]; ok { // its event's payload was not returned
+			d.Oversize = r
 			continue
 		}
 		p, ok := payloads[d.DeliveryID]

@@ -4,7 +4,9 @@
 --   $1 the event rows' ids, $2 their lease tokens, $3 this dispatcher's instance id, $4
 --   whether the configured WEBHOOK_URL takes events without a tenant, $5 the new rows' lease
 --   token, $6 the lease in milliseconds, $7 whether WEBHOOK_ORDERING=stream orders the events
---   kept for WEBHOOK_URL (schema 6).
+--   kept for WEBHOOK_URL (schema 6), $8 the events whose payload the claim found over
+--   WEBHOOK_MAX_PAYLOAD_BYTES, $9 the size of a payload's text form above which no body is
+--   returned (NULL: no limit; see claim.sql and Claimer.LimitPayload).
 --
 -- An event matches an endpoint that is enabled, has the event's tenant (both NULL, or equal:
 -- never across tenants), existed when the event was enqueued (an endpoint added later
@@ -23,6 +25,11 @@
 -- with a stream_id carries the event's id as its order_key and is inserted unleased, as is
 -- an event kept for WEBHOOK_URL when $7 orders it: a claim takes it when it is its stream's
 -- head (see claim.sql), not this statement.
+--
+-- An event over WEBHOOK_MAX_PAYLOAD_BYTES ($8) is routed like any other, so that each of its
+-- deliveries is dead-lettered by its endpoint's rules, but its payload is not returned: the
+-- dispatcher never receives a body it may not send (nor one over $9 of a delivery that brings
+-- its own).
 --
 -- Returns the new leased delivery rows ('d'), one row per ordered delivery left for a claim
 -- ('q'), and one row per event routed ('e': kept for WEBHOOK_URL or not, endpoints matched;
@@ -98,14 +105,18 @@ WITH input AS (
     WHERE id IN (SELECT id FROM events)
     ORDER BY id, endpoint_id
     RETURNING id, delivery_id::text AS delivery_id, coalesce(stream_id, '') AS stream_id, event_type,
-              CASE WHEN delivery_id IN (SELECT delivery_id FROM shared) THEN payload::text END AS payload,
+              CASE WHEN delivery_id IN (SELECT delivery_id FROM shared)
+                        AND ($9::bigint IS NULL OR octet_length(payload::text) <= $9::bigint)
+                   THEN payload::text END AS payload,
+              CASE WHEN delivery_id IN (SELECT delivery_id FROM shared) THEN octet_length(payload::text) END AS size,
               attempt, enqueued_at, created_at, endpoint_id::text AS endpoint_id,
               tenant, order_key
 )
 SELECT CASE WHEN f.order_key IS NULL THEN 'd' ELSE 'q' END, f.id, f.delivery_id, f.stream_id, f.event_type,
-       f.payload, f.attempt, f.enqueued_at, f.created_at, f.endpoint_id, f.tenant, false, 0::bigint
+       f.payload, f.size::bigint, f.attempt, f.enqueued_at, f.created_at, f.endpoint_id, f.tenant, false, 0::bigint
 FROM fan f
 UNION ALL
 SELECT CASE WHEN e.keep AND e.ordered THEN 'r' ELSE 'e' END, e.id, e.delivery_id::text, '', '',
-       CASE WHEN e.n > 0 THEN e.payload::text END, 1, now(), now(), '', NULL, e.keep, e.n
+       CASE WHEN e.n > 0 AND e.id <> ALL ($8::bigint[]) THEN e.payload::text END, NULL::bigint, 1, now(), now(), '',
+       NULL, e.keep, e.n
 FROM events e

@@ -43,6 +43,12 @@ type Delivery struct {
 	// Invalid, when set, is why the claim found the row can never be sent (its dead-letter
 	// reason); the dispatcher dead-letters it without an attempt.
 	Invalid string
+	// Oversize, when set, is why the payload may not be sent (over WEBHOOK_MAX_PAYLOAD_BYTES,
+	// found by the claim): its dead-letter reason. Payload is then nil when the body was too
+	// large to read at all. Unlike Invalid, it does not keep an event from being routed: each
+	// of its deliveries is dead-lettered by its own endpoint's rules (an ordered stream that
+	// stops on a failure stops).
+	Oversize string
 	// LeaseToken is the token of the claim that leased the row. Settle writes the row's
 	// outcome only while the row still carries it (and this instance's id): a holder whose
 	// lease ran out and whose row another claim took has its outcome refused (Outcome.Stale).

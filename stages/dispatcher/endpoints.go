@@ -419,7 +419,7 @@ func (d *Dispatcher) routeInMemory(events []*delivery.Delivery) (virtual, rest [
 		for i, m := range matched {
 			a.Endpoints[i] = m.ep.ID
 			virtual = append(virtual, &delivery.Delivery{
-				DeliveryID: ev.DeliveryID, StreamID: ev.StreamID, EventType: ev.EventType, Payload: ev.Payload,
+				DeliveryID: ev.DeliveryID, StreamID: ev.StreamID, EventType: ev.EventType, Payload: ev.Payload, Oversize: ev.Oversize,
 				Attempt: 1, EnqueuedAt: ev.EnqueuedAt, DueAt: ev.DueAt, EndpointID: m.ep.ID, Tenant: ev.Tenant,
 				Routed: true, LeaseToken: ev.LeaseToken, SendBy: ev.SendBy, Anchor: a,
 			})
