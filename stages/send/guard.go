@@ -431,7 +431,7 @@ func (e *refusedError) Error() string {
 	switch {
 	case e.info.class.neverAllowed():
 		b.WriteString(", which no endpoint may use")
-	case e.rowURL && e.info.class == classLoopback:
+	case e.rowURL && e.info.class == classLoopback && e.info.form == "":
 		b.WriteString(", which a row's endpoint_url may reach only when WEBHOOK_ROW_URL_NETWORKS allows it (e.g. WEBHOOK_ROW_URL_NETWORKS=loopback)")
 	case e.rowURL:
 		b.WriteString(", which a row's endpoint_url may reach only when WEBHOOK_ROW_URL_NETWORKS allows it")
