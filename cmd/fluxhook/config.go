@@ -65,7 +65,8 @@ var settings = []setting{
 	{env: "WEBHOOK_ENCRYPTION_KEY", help: "base64 of 32 random bytes: managed endpoints' secrets and header values are sealed at rest with it (AES-256-GCM); without it they are stored in clear", secret: true},
 	{env: "WEBHOOK_ENCRYPTION_KEY_PREVIOUS", help: "the key being rotated out: still opens secrets and header values sealed with it", secret: true},
 	{env: "WEBHOOK_ENDPOINT_DISABLE_AFTER", def: "120h", help: "disable a managed endpoint failing without a success for this long"},
-	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "private networks (CIDRs) endpoints may resolve to; by default private, link-local and metadata addresses are refused"},
+	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "private networks (CIDRs) WEBHOOK_URL and managed endpoints may resolve to; by default private, link-local and metadata addresses are refused"},
+	{env: "WEBHOOK_ROW_URL_NETWORKS", help: "networks (CIDRs, or loopback) a row's endpoint_url may reach; by default public addresses only: rows' URLs are written by producers, so neither loopback nor WEBHOOK_ALLOWED_NETWORKS applies to them"},
 	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
 	{env: "LOG_FORMAT", def: "json", help: "json | console (coloured on a terminal unless NO_COLOR is set)"},
 	{env: "METRICS_ADDR", help: "address for /metrics, /livez and /readyz, e.g. 127.0.0.1:9090 (off when empty)"},
@@ -277,6 +278,13 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 			errs = append(errs, err) // its message starts with the variable's name
 		}
 		d.AllowedNetworks = allowed
+	}
+	if nets := v["WEBHOOK_ROW_URL_NETWORKS"]; nets != "" {
+		allowed, err := send.ParseRowURLNetworks(nets)
+		if err != nil {
+			errs = append(errs, err) // its message starts with the variable's name
+		}
+		d.RowURLNetworks = allowed
 	}
 	level, err := zapcore.ParseLevel(v["LOG_LEVEL"])
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -142,12 +143,16 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 		fmt.Fprintf(out, "endpoint %-8s %s receives %s, with a secret of its own\n", name, ep.ID, e.filter)
 	}
 
+	// Every fifth event names the demo's own receiver, on loopback, in its endpoint_url: the
+	// demo allows rows that address alone, as an operator would with WEBHOOK_ROW_URL_NETWORKS.
+	recvAddr := ln.Addr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	d, err := dispatcher.New(dispatcher.Config{
-		DatabaseURL:   url,
-		DefaultURL:    base + "/hook",
-		Secret:        secret,
-		RetrySchedule: []time.Duration{time.Second, 5 * time.Second},
-		Logger:        newLogger(zapcore.WarnLevel, "console", zapcore.Lock(zapcore.AddSync(env.stderr)), colorFor(env.stderr, env.getenv)),
+		DatabaseURL:    url,
+		DefaultURL:     base + "/hook",
+		Secret:         secret,
+		RowURLNetworks: []netip.Prefix{netip.PrefixFrom(recvAddr, recvAddr.BitLen())},
+		RetrySchedule:  []time.Duration{time.Second, 5 * time.Second},
+		Logger:         newLogger(zapcore.WarnLevel, "console", zapcore.Lock(zapcore.AddSync(env.stderr)), colorFor(env.stderr, env.getenv)),
 	})
 	if err != nil {
 		return err

@@ -22,7 +22,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	eventType := fs.String("event-type", "", "event type, sent as x-fluxora-event (required)")
 	payload := fs.String("payload", "{}", "request body, a JSON document")
 	streamID := fs.String("stream-id", "", "stream id (default none)")
-	endpointURL := fs.String("endpoint-url", "", "deliver to this URL instead of WEBHOOK_URL")
+	endpointURL := fs.String("endpoint-url", "", "deliver to this URL instead of WEBHOOK_URL (public addresses only, unless serve's WEBHOOK_ROW_URL_NETWORKS allows more)")
 	delay := fs.Duration("delay", 0, "first attempt this long from now, on the database's clock")
 	if err := noArguments(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

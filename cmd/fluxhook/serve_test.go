@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/url"
@@ -391,6 +392,7 @@ func TestServeInvalidConfig(t *testing.T) {
 		{"breaker reset", map[string]string{"WEBHOOK_CIRCUIT_BREAKER_RESET_MS": "0"}, "WEBHOOK_CIRCUIT_BREAKER_RESET_MS", "", nil, nil},
 		{"retention", map[string]string{"WEBHOOK_RETENTION": "forever"}, "WEBHOOK_RETENTION", "", nil, nil},
 		{"allowed networks", map[string]string{"WEBHOOK_ALLOWED_NETWORKS": "10.0.0.0/33"}, "WEBHOOK_ALLOWED_NETWORKS", "", nil, nil},
+		{"row url networks", map[string]string{"WEBHOOK_ROW_URL_NETWORKS": "localhost"}, "WEBHOOK_ROW_URL_NETWORKS", "", nil, nil},
 		{"log level", map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL", "", nil, nil},
 		{"log format", map[string]string{"LOG_FORMAT": "xml"}, "LOG_FORMAT", "", nil, nil},
 		{name: "drain timeout not a number", set: map[string]string{"WEBHOOK_DRAIN_TIMEOUT_MS": "soon"}, want: "WEBHOOK_DRAIN_TIMEOUT_MS"},
@@ -787,5 +789,45 @@ func TestServeLogsOnlyJSONWithRedisDown(t *testing.T) {
 		if err := json.Unmarshal([]byte(line), &v); err != nil {
 			t.Errorf("a stderr line is not JSON: %q", line)
 		}
+	}
+}
+
+// TestServeRowURLToLoopbackNeedsAllowance: serve without WEBHOOK_ROW_URL_NETWORKS dead-letters
+// a row whose endpoint_url names a loopback listener (by IP and as localhost), with a reason
+// naming the class and the setting, and the listener receives nothing; WEBHOOK_URL on
+// loopback still delivers.
+func TestServeRowURLToLoopbackNeedsAllowance(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	hook, local := newHookConsumer(t, nil), newHookConsumer(t, nil)
+	env := serveEnv(db.URL, hook.URL())
+	delete(env, "WEBHOOK_ROW_URL_NETWORKS")
+	p := startServe(t, "serve", env)
+
+	port := local.srv.Listener.Addr().(*net.TCPAddr).Port
+	rows := []string{
+		enqueueOne(t, db, outbox.Event{EventType: "test.row", EndpointURL: fmt.Sprintf("http://127.0.0.1:%d/containers/create?name=x", port)}),
+		enqueueOne(t, db, outbox.Event{EventType: "test.row", EndpointURL: fmt.Sprintf("http://localhost:%d/containers/create?name=x", port)}),
+	}
+	enqueueOne(t, db, outbox.Event{EventType: "test.ok"})
+	p.waitFor(15*time.Second, "every row settled and the row URLs dead-lettered", func() bool {
+		return unprocessed(t, db) == 0 && queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter`) == len(rows)
+	})
+	p.stopCleanly()
+
+	if arrived, _, _ := local.counts(); arrived != 0 {
+		t.Errorf("the loopback listener named by rows received %d requests, want none", arrived)
+	}
+	if _, _, ok := hook.counts(); ok != 1 {
+		t.Errorf("WEBHOOK_URL on loopback answered %d requests, want 1", ok)
+	}
+	for _, id := range rows {
+		reason := queryStrings(t, db, `SELECT reason FROM webhook_dead_letter WHERE delivery_id = $1`, id)
+		if len(reason) != 1 || !strings.Contains(reason[0], "a loopback address") || !strings.Contains(reason[0], "WEBHOOK_ROW_URL_NETWORKS") {
+			t.Errorf("row %s: dead-letter reason %q, want one naming a loopback address and WEBHOOK_ROW_URL_NETWORKS", id, reason)
+		}
+	}
+	if logs := p.stderr.String(); strings.Contains(logs, "containers") || strings.Contains(logs, "name=x") {
+		t.Errorf("serve's log repeats a row URL's path or query:\n%s", logs)
 	}
 }

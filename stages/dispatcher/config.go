@@ -82,6 +82,11 @@ type Config struct {
 	// (WEBHOOK_ALLOWED_NETWORKS); by default the send stage refuses private, link-local and
 	// metadata addresses at dial time (SSRF guard).
 	AllowedNetworks []netip.Prefix
+	// RowURLNetworks are the networks, loopback included, a row's endpoint_url may reach
+	// beyond public addresses (WEBHOOK_ROW_URL_NETWORKS; see send.Config.RowURLNetworks):
+	// producers write those URLs, so the operator's own allowances do not apply to them, and
+	// by default they reach public addresses only.
+	RowURLNetworks []netip.Prefix
 	// Retention is how long the delivery log (webhook_delivery_log) is kept before the janitor
 	// drops its partitions (WEBHOOK_RETENTION, default 7 days). Dead letters are kept until
 	// purged.

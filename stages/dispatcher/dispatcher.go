@@ -127,6 +127,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		Timeout:             cfg.Timeout,
 		EndpointConcurrency: cfg.EndpointConcurrency,
 		AllowedNetworks:     cfg.AllowedNetworks,
+		RowURLNetworks:      cfg.RowURLNetworks,
 		// 409 as "already delivered": nil lets each request's scheme decide (see send.ConflictDelivered).
 		Conflict409Delivered: cfg.Conflict409Delivered,
 	})

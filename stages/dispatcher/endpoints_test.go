@@ -2,6 +2,8 @@ package dispatcher_test
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -523,5 +525,51 @@ func TestKeyedRowsGoWhileConfirmationWaits(t *testing.T) {
 	defer mu.Unlock()
 	if i, j := slices.Index(accepted, first), slices.Index(accepted, second); i < 0 || j < 0 || i > j {
 		t.Errorf("accepted %v; want the stream's first event (%s) before its second (%s)", accepted, first, second)
+	}
+}
+
+// TestRowURLToLoopbackIsDeadLetteredWithoutAllowance: without WEBHOOK_ROW_URL_NETWORKS, a row
+// whose endpoint_url names a loopback listener (by IP or as localhost) is dead-lettered with a
+// reason naming the address class and the setting, and the listener receives nothing, while
+// the operator's WEBHOOK_URL and managed endpoint on loopback still deliver.
+func TestRowURLToLoopbackIsDeadLetteredWithoutAllowance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	def, managed, local := newConsumer(t, nil), newConsumer(t, nil), newConsumer(t, nil)
+	b.addEndpoint(endpoints.New{URL: managed.URL(), EventTypes: []string{"managed.event"}})
+	cfg := b.config(def.URL())
+	cfg.EncryptionKey = testKey
+	cfg.RowURLNetworks = nil // the default: rows' URLs reach public addresses only
+	b.start(cfg)
+
+	port := local.srv.Listener.Addr().(*net.TCPAddr).Port
+	rows := map[string]string{}
+	for _, host := range []string{"127.0.0.1", "localhost"} {
+		url := fmt.Sprintf("http://%s:%d/containers/create?name=x", host, port)
+		rows[host] = b.enqueue(outbox.Event{EventType: "row.event", EndpointURL: url})
+	}
+	toDefault := b.enqueue(outbox.Event{EventType: "default.event"})
+	toManaged := b.enqueue(outbox.Event{EventType: "managed.event"})
+	b.waitSettled(15 * time.Second)
+
+	if n := local.received(); n != 0 {
+		t.Errorf("the loopback listener named by rows received %d requests, want none", n)
+	}
+	for host, id := range rows {
+		_, _, reason := b.deadLetter(id)
+		for _, w := range []string{"invalid endpoint_url", "a loopback address", "WEBHOOK_ROW_URL_NETWORKS"} {
+			if !strings.Contains(reason, w) {
+				t.Errorf("%s row: reason %q, want it to contain %q", host, reason, w)
+			}
+		}
+		if strings.Contains(reason, "containers") || strings.Contains(reason, "name=x") {
+			t.Errorf("%s row: reason %q repeats the URL's path or query", host, reason)
+		}
+	}
+	if got := def.byDelivery(); len(got[toDefault]) != 1 || len(got[toManaged]) != 1 {
+		t.Errorf("WEBHOOK_URL on loopback got %v, want one request for each of %s and %s", got, toDefault, toManaged)
+	}
+	if got := managed.byDelivery(); len(got) != 1 || len(got[toManaged]) != 1 {
+		t.Errorf("the managed endpoint on loopback got %v, want one request for %s", got, toManaged)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
+	"github.com/fluxora/fluxhook/stages/send"
 	"github.com/fluxora/fluxhook/stages/sign"
 )
 
@@ -138,8 +140,20 @@ func (b *bundle) config(url string) dispatcher.Config {
 		RetrySchedule: []time.Duration{200 * time.Millisecond, 200 * time.Millisecond},
 		RetryJitter:   -1,
 		Logger:        zaptest.NewLogger(b.t),
+		// Tests' consumers listen on loopback, endpoint_url rows' too: allowed explicitly,
+		// as an operator would (WEBHOOK_ROW_URL_NETWORKS=loopback).
+		RowURLNetworks: loopbackNetworks,
 	}
 }
+
+// loopbackNetworks is WEBHOOK_ROW_URL_NETWORKS=loopback.
+var loopbackNetworks = func() []netip.Prefix {
+	nets, err := send.ParseRowURLNetworks("loopback")
+	if err != nil {
+		panic(err)
+	}
+	return nets
+}()
 
 // observedConfig is config with the dispatcher's log lines at level and above kept for the
 // test to read.

@@ -30,7 +30,11 @@
 // benchmarking ranges, reserved (240/4) and deprecated or tunnelling IPv6 forms (IPv4-
 // compatible, Teredo, site-local), and, with no way to allow them, unspecified, multicast and
 // broadcast addresses; IPv4-mapped, NAT64 and 6to4 addresses are judged by the IPv4 address
-// they carry. Config.AllowedNetworks (WEBHOOK_ALLOWED_NETWORKS) allows the others. A refusal
+// they carry. Config.AllowedNetworks (WEBHOOK_ALLOWED_NETWORKS) allows the others for the URLs
+// the operator configured (WEBHOOK_URL, managed endpoints). A row's endpoint_url is written by a
+// producer, so it is dialled by a transport of its own under Config.RowURLNetworks
+// (WEBHOOK_ROW_URL_NETWORKS) alone, without the loopback allowance of a URL naming localhost:
+// by default it reaches public addresses only (see delivery.Endpoint.RowURL). A refusal
 // makes no connection and is a Permanent outcome whose reason names the address and the
 // setting: it is a policy decision only the operator can change, and after they do, the dead
 // letter can be replayed. A failed lookup is a Retry, since names do come back. The base

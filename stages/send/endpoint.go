@@ -93,7 +93,10 @@ func truncate(s string, n int) string {
 // Endpoint resolves a row's endpoint_url into the shared *delivery.Endpoint the rest of the
 // pipeline uses, so that validation and hashing happen once per distinct URL rather than once
 // per row, and rows for the same consumer share one value (and one concurrency count). An
-// empty raw means the configured default. The error wraps ErrInvalidURL or ErrNoEndpoint and
+// empty raw means the configured default. A row's own URL is marked RowURL, which holds it to
+// RowURLNetworks when dialled; one whose host needs no lookup (an IP address, localhost) is
+// checked against that policy here already, so that it is refused before the gate, a slot or
+// a request. The error wraps ErrInvalidURL or ErrNoEndpoint, or is the guard's refusal, and
 // is suitable as the row's dead-letter reason.
 func (s *Sender) Endpoint(raw string) (*delivery.Endpoint, error) {
 	if raw == "" {
@@ -112,6 +115,12 @@ func (s *Sender) Endpoint(raw string) (*delivery.Endpoint, error) {
 		return nil, err
 	}
 	ep = newEndpoint(raw, raw)
+	ep.RowURL = true
+	if ep.Parsed != nil {
+		if err := s.rowGuard.checkHost(ep.Parsed.Hostname()); err != nil {
+			return nil, err
+		}
+	}
 	s.endpointsMu.Lock()
 	defer s.endpointsMu.Unlock()
 	if prev, ok := s.endpoints[raw]; ok {

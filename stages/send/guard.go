@@ -23,14 +23,37 @@ type Resolver interface {
 // An empty string allows nothing beyond the default. The error names the variable and the
 // entry that does not parse.
 func ParseAllowedNetworks(s string) ([]netip.Prefix, error) {
+	return parseNetworks("WEBHOOK_ALLOWED_NETWORKS", s, false)
+}
+
+// ParseRowURLNetworks reads WEBHOOK_ROW_URL_NETWORKS, the networks a row's endpoint_url may
+// reach beyond public addresses: the same form as WEBHOOK_ALLOWED_NETWORKS, plus the word
+// loopback for 127.0.0.0/8 and ::1 (e.g. "loopback" for a consumer on this machine, or
+// "loopback, 10.1.0.0/16"). An empty string keeps row URLs to public addresses. The error
+// names the variable and the entry that does not parse.
+func ParseRowURLNetworks(s string) ([]netip.Prefix, error) {
+	return parseNetworks("WEBHOOK_ROW_URL_NETWORKS", s, true)
+}
+
+// loopbackNetworks are what the word loopback stands for in WEBHOOK_ROW_URL_NETWORKS.
+var loopbackNetworks = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+
+func parseNetworks(env, s string, loopbackWord bool) ([]netip.Prefix, error) {
 	var nets []netip.Prefix
 	for _, field := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' || r == '\n' }) {
+		if loopbackWord && strings.EqualFold(field, "loopback") {
+			nets = append(nets, loopbackNetworks...)
+			continue
+		}
 		p, err := netip.ParsePrefix(field)
 		if err != nil {
 			addr, aerr := netip.ParseAddr(field)
 			if aerr != nil || addr.Zone() != "" {
-				return nil, fmt.Errorf("WEBHOOK_ALLOWED_NETWORKS: %q is neither a network in CIDR form nor an IP address; use e.g. 10.1.0.0/16, fd00::/8 or 192.168.1.20",
-					truncate(field, 64))
+				what, eg := "neither a network in CIDR form nor an IP address", "10.1.0.0/16, fd00::/8 or 192.168.1.20"
+				if loopbackWord {
+					what, eg = "neither loopback, a network in CIDR form nor an IP address", "loopback, 10.1.0.0/16, fd00::/8 or 192.168.1.20"
+				}
+				return nil, fmt.Errorf("%s: %q is %s; use e.g. %s", env, truncate(field, 64), what, eg)
 			}
 			p = netip.PrefixFrom(addr, addr.BitLen())
 		}
@@ -209,20 +232,25 @@ func classifyAddr(a netip.Addr) addrInfo {
 type guard struct {
 	resolver Resolver
 	allowed  []netip.Prefix
+	// rowURLs says this guard dials for URLs taken from rows (endpoint_url), which producers
+	// write: loopback is then refused like any other class unless allowed holds it, even for
+	// a URL naming localhost, and allowed is WEBHOOK_ROW_URL_NETWORKS.
+	rowURLs bool
 	// dial connects to an IP literal address; a *net.Dialer's DialContext with control as its
 	// ControlContext in production, replaced in tests to record attempts.
 	dial func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
-func newGuard(resolver Resolver, allowed []netip.Prefix, dialer *net.Dialer) *guard {
-	g := &guard{resolver: resolver, allowed: allowed}
+func newGuard(resolver Resolver, allowed []netip.Prefix, rowURLs bool, dialer *net.Dialer) *guard {
+	g := &guard{resolver: resolver, allowed: allowed, rowURLs: rowURLs}
 	dialer.ControlContext = g.control
 	g.dial = dialer.DialContext
 	return g
 }
 
 // loopbackURLKey marks the context of a dial made for a URL whose host is literally
-// localhost or a loopback address, the only dials that may reach loopback by default.
+// localhost or a loopback address, the only dials that may reach loopback by default (and
+// only for URLs the operator configured: see guard.rowURLs).
 type loopbackURLKey struct{}
 
 // loopbackAddrs are what localhost means, tried in order. They are not looked up: RFC 6761
@@ -304,20 +332,49 @@ func (g *guard) control(ctx context.Context, network, address string, _ syscall.
 }
 
 // check applies the policy to one address: public addresses pass; loopback passes for a
-// loopback URL; anything else passes only if an AllowedNetworks prefix holds it, except the
-// classes no network setting can allow.
+// loopback URL the operator configured; anything else passes only if an allowed prefix holds
+// it, except the classes no network setting can allow.
 func (g *guard) check(addr netip.Addr, loopbackURL, literal bool) error {
 	info := classifyAddr(addr)
 	switch {
 	case info.class == classPublic:
 		return nil
 	case info.class.neverAllowed():
-	case info.class == classLoopback && info.form == "" && loopbackURL:
+	case info.class == classLoopback && info.form == "" && loopbackURL && !g.rowURLs:
 		return nil
 	case g.isAllowed(addr):
 		return nil
 	}
-	return &refusedError{addr: addr, info: info, literal: literal}
+	return &refusedError{addr: addr, info: info, literal: literal, rowURL: g.rowURLs}
+}
+
+// checkHost applies the policy to a URL's host before any request when the host says where it
+// leads without a lookup (an IP address, or localhost, which is never looked up): the
+// addresses DialContext would dial, refused only if every one of them is. It returns nil for
+// a host name, which only the dial can judge.
+func (g *guard) checkHost(host string) error {
+	loopbackURL := isLoopback(host)
+	addr, err := netip.ParseAddr(host)
+	literal := err == nil
+	addrs := []netip.Addr{addr}
+	switch {
+	case literal:
+	case loopbackURL:
+		addrs = loopbackAddrs
+	default:
+		return nil
+	}
+	var first error
+	for _, a := range addrs {
+		err := g.check(a, loopbackURL, literal)
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // isAllowed reports whether an AllowedNetworks prefix holds addr, as IPv4 or as
@@ -353,6 +410,7 @@ type refusedError struct {
 	addr    netip.Addr
 	info    addrInfo
 	literal bool // the URL names the address itself rather than a host name
+	rowURL  bool // the URL is a row's endpoint_url (see guard.rowURLs)
 }
 
 func (e *refusedError) Error() string {
@@ -373,6 +431,10 @@ func (e *refusedError) Error() string {
 	switch {
 	case e.info.class.neverAllowed():
 		b.WriteString(", which no endpoint may use")
+	case e.rowURL && e.info.class == classLoopback && e.info.form == "":
+		b.WriteString(", which a row's endpoint_url may reach only when WEBHOOK_ROW_URL_NETWORKS allows it (e.g. WEBHOOK_ROW_URL_NETWORKS=loopback)")
+	case e.rowURL:
+		b.WriteString(", which a row's endpoint_url may reach only when WEBHOOK_ROW_URL_NETWORKS allows it")
 	case e.info.class == classLoopback && e.info.form == "":
 		b.WriteString(", which only URLs naming localhost or a loopback IP may reach; use such a URL or allow it with WEBHOOK_ALLOWED_NETWORKS")
 	default:

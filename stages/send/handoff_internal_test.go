@@ -35,7 +35,7 @@ func TestFreedSlotWakesWaitersInOrder(t *testing.T) {
 		}
 	})
 
-	s, err := New(Config{EndpointConcurrency: 1})
+	s, err := New(Config{EndpointConcurrency: 1, RowURLNetworks: loopbackNetworks}) // a row URL to a loopback test server
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestFreedSlotWakesWaitersInOrder(t *testing.T) {
 // holds a slot.
 func TestSlotAccountingUnderContention(t *testing.T) {
 	t.Parallel()
-	s, err := New(Config{EndpointConcurrency: 1})
+	s, err := New(Config{EndpointConcurrency: 1, RowURLNetworks: loopbackNetworks}) // a row URL to a loopback test server
 	if err != nil {
 		t.Fatal(err)
 	}

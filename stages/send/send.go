@@ -78,8 +78,16 @@ type Config struct {
 	// for endpoints whose host is a name rather than localhost or a loopback IP. Set from
 	// WEBHOOK_ALLOWED_NETWORKS (see ParseAllowedNetworks). An IPv4 network also allows the
 	// IPv4-mapped IPv6 form of its addresses. Unspecified, multicast and broadcast addresses
-	// stay refused whatever it says. Nil allows none.
+	// stay refused whatever it says. Nil allows none. It applies to the URLs the operator
+	// configured (DefaultURL, managed endpoints), not to rows' endpoint_url: see RowURLNetworks.
 	AllowedNetworks []netip.Prefix
+	// RowURLNetworks are the networks a row's endpoint_url may reach beyond public addresses,
+	// loopback included (WEBHOOK_ROW_URL_NETWORKS, see ParseRowURLNetworks). It is a setting
+	// of its own because a row's URL is written by whoever may insert into the outbox, not by
+	// the operator: a network allowed for the operator's own endpoints must not open to every
+	// producer, and a row naming localhost must not reach this machine's ports. Nil keeps row
+	// URLs to public addresses.
+	RowURLNetworks []netip.Prefix
 	// Resolver looks up endpoint host names at dial time, so that the guard checks the
 	// addresses actually dialled. Nil means net.DefaultResolver.
 	Resolver Resolver
@@ -122,6 +130,11 @@ func (c Config) Validate() error {
 	for i, p := range c.AllowedNetworks {
 		if !p.IsValid() {
 			return fmt.Errorf("WEBHOOK_ALLOWED_NETWORKS: entry %d is not a valid network; use CIDR form such as 10.1.0.0/16", i+1)
+		}
+	}
+	for i, p := range c.RowURLNetworks {
+		if !p.IsValid() {
+			return fmt.Errorf("WEBHOOK_ROW_URL_NETWORKS: entry %d is not a valid network; use loopback or CIDR form such as 10.1.0.0/16", i+1)
 		}
 	}
 	if c.DefaultURL != "" {
@@ -168,6 +181,12 @@ type Sender struct {
 	// d.Header as it is.
 	transport *http.Transport
 	guard     *guard // the transport's DialContext
+	// rowTransport makes the requests to rows' endpoint_url, through rowGuard, which holds
+	// them to RowURLNetworks. A transport of its own, not a flag on the dial: a transport
+	// reuses idle connections by host and port, so a row URL naming the same host as
+	// WEBHOOK_URL would otherwise ride a connection the operator's policy let through.
+	rowTransport *http.Transport
+	rowGuard     *guard
 
 	defaultEndpoint *delivery.Endpoint // nil without DefaultURL
 
@@ -192,37 +211,44 @@ func New(cfg Config) (*Sender, error) {
 	}
 	cfg = cfg.WithDefaults()
 
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-	transport := &http.Transport{
-		// No proxy from the environment: the dial-time private-network check must see the
-		// consumer's own address, and a proxy would also see every signed request.
-		Proxy:                  nil,
-		TLSClientConfig:        &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: cfg.RootCAs},
-		TLSHandshakeTimeout:    10 * time.Second,
-		MaxIdleConns:           0, // no global cap: per host and IdleConnTimeout bound it
-		MaxIdleConnsPerHost:    cfg.EndpointConcurrency,
-		MaxConnsPerHost:        cfg.MaxConnsPerHost,
-		IdleConnTimeout:        90 * time.Second,
-		MaxResponseHeaderBytes: maxResponseHeaderBytes,
-		// The body is discarded; asking for gzip would only add decompression work and a
-		// header the consumer did not get from the original dispatcher.
-		DisableCompression: true,
-		ForceAttemptHTTP2:  false,
+	newTransport := func(mkGuard func(*net.Dialer) *guard) (*http.Transport, *guard) {
+		dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+		transport := &http.Transport{
+			// No proxy from the environment: the dial-time private-network check must see the
+			// consumer's own address, and a proxy would also see every signed request.
+			Proxy:                  nil,
+			TLSClientConfig:        &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: cfg.RootCAs},
+			TLSHandshakeTimeout:    10 * time.Second,
+			MaxIdleConns:           0, // no global cap: per host and IdleConnTimeout bound it
+			MaxIdleConnsPerHost:    cfg.EndpointConcurrency,
+			MaxConnsPerHost:        cfg.MaxConnsPerHost,
+			IdleConnTimeout:        90 * time.Second,
+			MaxResponseHeaderBytes: maxResponseHeaderBytes,
+			// The body is discarded; asking for gzip would only add decompression work and a
+			// header the consumer did not get from the original dispatcher.
+			DisableCompression: true,
+			ForceAttemptHTTP2:  false,
+		}
+		// Dialing goes through this one field so that the private-network guard can wrap it:
+		// checking the address actually dialled, after DNS resolution, is the only check that a
+		// DNS answer cannot sidestep. The guard dials the checked IP itself; the transport still
+		// does TLS against the URL's host name, so certificates are verified as usual.
+		g := mkGuard(dialer)
+		transport.DialContext = g.DialContext
+		return transport, g
 	}
-	// Dialing goes through this one field so that the private-network guard can wrap it:
-	// checking the address actually dialled, after DNS resolution, is the only check that a
-	// DNS answer cannot sidestep. The guard dials the checked IP itself; the transport still
-	// does TLS against the URL's host name, so certificates are verified as usual.
-	guard := newGuard(cfg.Resolver, cfg.AllowedNetworks, dialer)
-	transport.DialContext = guard.DialContext
+	transport, operatorGuard := newTransport(func(d *net.Dialer) *guard { return newGuard(cfg.Resolver, cfg.AllowedNetworks, false, d) })
+	rowTransport, rowGuard := newTransport(func(d *net.Dialer) *guard { return newGuard(cfg.Resolver, cfg.RowURLNetworks, true, d) })
 
 	s := &Sender{
-		cfg:       cfg,
-		guard:     guard,
-		transport: transport,
-		endpoints: make(map[string]*delivery.Endpoint),
-		inflight:  make(map[string]*endpointLoad),
-		slotWait:  SaturatedWait,
+		cfg:          cfg,
+		guard:        operatorGuard,
+		transport:    transport,
+		rowGuard:     rowGuard,
+		rowTransport: rowTransport,
+		endpoints:    make(map[string]*delivery.Endpoint),
+		inflight:     make(map[string]*endpointLoad),
+		slotWait:     SaturatedWait,
 	}
 	if cfg.DefaultURL != "" {
 		s.defaultEndpoint = newEndpoint(cfg.DefaultURL, "")
@@ -310,8 +336,12 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 	req.Header = d.Header
 	req.ContentLength = int64(len(d.Payload))
 
+	transport := s.transport
+	if d.Endpoint.RowURL {
+		transport = s.rowTransport
+	}
 	start := time.Now()
-	resp, err := s.transport.RoundTrip(req) // see Sender.transport for why not a Client
+	resp, err := transport.RoundTrip(req) // see Sender.transport for why not a Client
 	if err != nil {
 		elapsed := time.Since(start)
 		if ctx.Err() != nil {
@@ -329,6 +359,11 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 			// DNS can change it, and retrying for the schedule's days would only delay the
 			// dead letter that tells someone to act. A failed lookup stays a Retry.
 			reason := refused.Error()
+			if refused.rowURL {
+				// No Error: a row's URL refused by policy says nothing about any consumer, so
+				// no breaker counts it (and the row has no endpoint of its own to blame).
+				return delivery.Outcome{Kind: delivery.Permanent, Reason: reason, Duration: elapsed}
+			}
 			return delivery.Outcome{Kind: delivery.Permanent, Error: reason, Reason: reason, Duration: elapsed}
 		}
 		timedOut := errors.Is(reqCtx.Err(), context.DeadlineExceeded)
@@ -564,6 +599,7 @@ func (l *endpointLoad) saturated(now time.Time, limit int) bool {
 // the Sender remains usable, dialling anew if called again.
 func (s *Sender) Close() {
 	s.transport.CloseIdleConnections()
+	s.rowTransport.CloseIdleConnections()
 }
 
 // newRequest builds the POST for d. With the endpoint's URL parsed once (Endpoint.Parsed) it

@@ -63,12 +63,29 @@ func (l *latch) wait(r *http.Request) {
 	}
 }
 
+// newDelivery is a delivery to rawURL as a URL the operator configured (a managed endpoint's,
+// as WEBHOOK_URL's), held to the operator's network policy. newRowDelivery is one to a row's
+// endpoint_url.
 func newDelivery(t testing.TB, s *send.Sender, rawURL string) *delivery.Delivery {
+	t.Helper()
+	ep, err := send.ManagedEndpoint(rawURL, rawURL, 0)
+	if err != nil {
+		t.Fatalf("ManagedEndpoint(%q): %v", rawURL, err)
+	}
+	return signedDelivery(ep)
+}
+
+// newRowDelivery is a delivery to rawURL as a row's endpoint_url (Sender.Endpoint).
+func newRowDelivery(t testing.TB, s *send.Sender, rawURL string) *delivery.Delivery {
 	t.Helper()
 	ep, err := s.Endpoint(rawURL)
 	if err != nil {
 		t.Fatalf("Endpoint(%q): %v", rawURL, err)
 	}
+	return signedDelivery(ep)
+}
+
+func signedDelivery(ep *delivery.Endpoint) *delivery.Delivery {
 	h := make(http.Header)
 	h.Set("Content-Type", "application/json")
 	h.Set("User-Agent", "fluxhook-test")
