@@ -109,9 +109,12 @@ func valueKind(env string) string {
 func flagName(env string) string { return strings.ReplaceAll(strings.ToLower(env), "_", "-") }
 
 // loadSettings registers a flag per setting on fs, parses args, and returns the effective
-// value of every variable: flag, else environment, else default.
-func loadSettings(fs *flag.FlagSet, args []string, getenv func(string) string) (map[string]string, error) {
-	flagged := map[string]*string{}
+// value of every variable: flag, else environment, else default. A secret setting can also
+// come from a file, --NAME-file or NAME_FILE (see secretSettingValue), so that it appears
+// neither on the command line nor in the environment; as a plain flag it is used with a
+// warning on env's stderr.
+func loadSettings(fs *flag.FlagSet, args []string, env *environment) (map[string]string, error) {
+	flagged, files := map[string]*string{}, map[string]*string{}
 	for _, s := range settings {
 		// The kind in back quotes is what -h shows after the flag's name (the flag package
 		// takes it from there), instead of "string" for all of them; the environment
@@ -121,20 +124,33 @@ func loadSettings(fs *flag.FlagSet, args []string, getenv func(string) string) (
 			detail += ", default " + s.def
 		}
 		flagged[s.env] = fs.String(flagName(s.env), "", s.help+" ("+detail+", env "+s.env+")")
+		if s.secret {
+			files[s.env] = fs.String(flagName(s.env)+"-file", "",
+				"read "+s.env+" from this `file` (one trailing newline removed), keeping it off the command line (env "+s.env+"_FILE)")
+		}
 	}
 	if err := noArguments(fs, args); err != nil {
 		return nil, err
 	}
 	values := map[string]string{}
+	var errs []error
 	for _, s := range settings {
 		v := *flagged[s.env]
-		if v == "" {
-			v = getenv(s.env)
+		if s.secret {
+			var err error
+			if v, err = secretSettingValue(env, s, v, *files[s.env]); err != nil {
+				errs = append(errs, err)
+			}
+		} else if v == "" {
+			v = env.getenv(s.env)
 		}
 		if v == "" {
 			v = s.def
 		}
 		values[s.env] = strings.TrimSpace(v)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%w:\n%v", errInvalidConfig, errors.Join(errs...))
 	}
 	return values, nil
 }

@@ -26,7 +26,7 @@ func init() {
 
 const endpointsUsage = `usage:
   fluxhook endpoints add --url URL [--event-types TYPE,PREFIX.*] [--tenant T] [--scheme fluxora|standard]
-                         [--secret S] [--description D] [--retry-rps N] [--max-concurrency N]
+                         [--secret S|- | --secret-file PATH] [--description D] [--retry-rps N] [--max-concurrency N]
                          [--header NAME=VALUE]... [--ordering none|stream] [--ordering-failure skip|stop]
                          [--disabled] [--json]
   fluxhook endpoints list [--json]
@@ -34,10 +34,10 @@ const endpointsUsage = `usage:
   fluxhook endpoints update ID [--url URL] [--event-types LIST] [--tenant T] [--description D]
                          [--retry-rps N] [--max-concurrency N] [--header NAME=VALUE]... [--clear-headers]
                          [--ordering none|stream] [--ordering-failure skip|stop]
-                         [--scheme fluxora|standard [--secret S]] [--json]
+                         [--scheme fluxora|standard [--secret S|- | --secret-file PATH]] [--json]
   fluxhook endpoints disable ID [--reason R] [--json]
   fluxhook endpoints enable ID [--json]
-  fluxhook endpoints rotate-secret ID [--secret S] [--grace 24h] [--json]
+  fluxhook endpoints rotate-secret ID [--secret S|- | --secret-file PATH] [--grace 24h] [--json]
   fluxhook endpoints remove ID [--pending refuse|dead-letter|drop] [--json]
   fluxhook endpoints reencrypt [--json]
 
@@ -47,7 +47,9 @@ tenant's (no tenant = events without a tenant), signed with its own secret.
 
 Secrets are printed once: by add, rotate-secret, and update --scheme (a scheme change comes
 with a new secret). list and show never print them. Without --secret one is generated:
-"whsec_" + base64 of 24 random bytes for standard, 64 hex digits for fluxora.
+"whsec_" + base64 of 24 random bytes for standard, 64 hex digits for fluxora. To choose it,
+prefer --secret-file PATH or --secret - (one line on standard input) to --secret S: an argument
+is readable by every local user (ps) and stays in the shell history.
 rotate-secret keeps the old secret signing for --grace (0: not at all, for a leaked secret).
 
 With WEBHOOK_ENCRYPTION_KEY (base64 of 32 bytes: openssl rand -base64 32) secrets and header
@@ -130,9 +132,18 @@ func fieldFlag(field string) string {
 
 // endpointsEnv is what every endpoints subcommand opens: the database and the cipher built
 // from WEBHOOK_ENCRYPTION_KEY and WEBHOOK_ENCRYPTION_KEY_PREVIOUS. The keys are read from the
-// environment only: a flag would put them in the shell history and the process list.
+// environment only (the variable, or a file named by its _FILE variable): a flag would put
+// them in the shell history and the process list.
 func endpointsEnv(ctx context.Context, env *environment, dbURL string) (*pgxpool.Pool, *endpoints.Cipher, error) {
-	c, err := endpoints.NewCipher(env.getenv("WEBHOOK_ENCRYPTION_KEY"), env.getenv("WEBHOOK_ENCRYPTION_KEY_PREVIOUS"))
+	key, err := secretEnv(env, "WEBHOOK_ENCRYPTION_KEY")
+	if err != nil {
+		return nil, nil, usageError("%v", err)
+	}
+	previous, err := secretEnv(env, "WEBHOOK_ENCRYPTION_KEY_PREVIOUS")
+	if err != nil {
+		return nil, nil, usageError("%v", err)
+	}
+	c, err := endpoints.NewCipher(key, previous)
 	if err != nil {
 		return nil, nil, usageError("%v", err)
 	}
@@ -324,7 +335,8 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 	types := fs.String("event-types", "", `comma-separated event types and "prefix.*" patterns (default every event)`)
 	fs.StringVar(&n.Tenant, "tenant", "", "receive only this tenant's events (default: events without a tenant)")
 	fs.StringVar(&n.Scheme, "scheme", endpoints.SchemeFluxora, "signature scheme: fluxora | standard")
-	fs.StringVar(&n.Secret, "secret", "", "signing secret (default: generated; standard: whsec_ + base64)")
+	secret := fs.String("secret", "", "signing secret, or - to read it from standard input (default: generated; standard: whsec_ + base64)")
+	secretFile := fs.String("secret-file", "", "read the signing secret from this `file` (one line), keeping it off the command line")
 	fs.StringVar(&n.Description, "description", "", "free text for people")
 	fs.IntVar(&n.RetryRPS, "retry-rps", 0, "attempts per second before retries are deferred (default WEBHOOK_RETRY_RPS)")
 	fs.IntVar(&n.MaxConcurrency, "max-concurrency", 0, "concurrent requests (default WEBHOOK_ENDPOINT_CONCURRENCY)")
@@ -340,6 +352,10 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 	}
 	if n.URL == "" {
 		return usageError("--url is required")
+	}
+	var err error
+	if n.Secret, err = secretArg(env, "secret", *secret, *secretFile); err != nil {
+		return err
 	}
 	n.EventTypes, n.Headers = eventTypes(*types), headers
 	pool, c, err := endpointsEnv(ctx, env, *dbURL)
@@ -590,7 +606,8 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	fs.Var(&ordering, "ordering", "new delivery order: none | stream")
 	fs.Var(&orderingFailure, "ordering-failure", "new behaviour of an ordered stream at a dead letter: skip | stop")
 	fs.Var(&scheme, "scheme", "new signature scheme; a change comes with a new secret, printed once")
-	fs.Var(&secret, "secret", "the new secret for a --scheme change (default: generated)")
+	fs.Var(&secret, "secret", "the new secret for a --scheme change, or - to read it from standard input (default: generated)")
+	secretFile := fs.String("secret-file", "", "read the new secret for a --scheme change from this `file` (one line)")
 	asJSON := fs.Bool("json", false, "print the updated endpoint as one JSON object")
 	id, err := oneID(fs, args, "update")
 	if err != nil {
@@ -607,8 +624,15 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 		h := map[string]string(headers)
 		p.Headers, p.MergeHeaders = &h, !*clearHeaders
 	}
-	if secret.set && !scheme.set {
-		return usageError("--secret changes the secret only with --scheme; to replace it, use `fluxhook endpoints rotate-secret %s --secret S`", id)
+	if (secret.set || *secretFile != "") && !scheme.set {
+		return usageError("--secret and --secret-file change the secret only with --scheme; to replace it, use `fluxhook endpoints rotate-secret %s --secret-file PATH`", id)
+	}
+	if secret.set || *secretFile != "" {
+		v, err := secretArg(env, "secret", secret.v, *secretFile)
+		if err != nil {
+			return err
+		}
+		p.Secret = &v
 	}
 	if !u.set && !types.set && !tenant.set && !description.set && !rps.set && !conc.set && len(headers) == 0 && !*clearHeaders &&
 		!scheme.set && !ordering.set && !orderingFailure.set {
@@ -691,12 +715,17 @@ func runEndpointsEnable(ctx context.Context, env *environment, args []string) er
 }
 
 func runEndpointsRotateSecret(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("endpoints rotate-secret", env, "fluxhook endpoints rotate-secret ID [--secret S] [--grace 24h] [--json]")
+	fs := newFlagSet("endpoints rotate-secret", env, "fluxhook endpoints rotate-secret ID [--secret S|- | --secret-file PATH] [--grace 24h] [--json]")
 	dbURL := databaseURLFlag(fs, env)
-	secret := fs.String("secret", "", "the new secret (default: generated in the endpoint's scheme)")
+	secret := fs.String("secret", "", "the new secret, or - to read it from standard input (default: generated in the endpoint's scheme)")
+	secretFile := fs.String("secret-file", "", "read the new secret from this `file` (one line), keeping it off the command line")
 	grace := fs.Duration("grace", endpoints.DefaultGrace, "how long the old secret keeps signing; 0 drops it at once (a leaked secret)")
 	asJSON := fs.Bool("json", false, "print the endpoint, with its new secret, as one JSON object")
 	id, err := oneID(fs, args, "rotate-secret")
+	if err != nil {
+		return err
+	}
+	newSecret, err := secretArg(env, "secret", *secret, *secretFile)
 	if err != nil {
 		return err
 	}
@@ -707,9 +736,8 @@ func runEndpointsRotateSecret(ctx context.Context, env *environment, args []stri
 	case g == 0:
 		g = endpoints.NoGrace
 	}
-	var newSecret string
 	d, c, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, c *endpoints.Cipher) (err error) {
-		newSecret, err = endpoints.RotateSecret(ctx, pool, c, id, *secret, g)
+		newSecret, err = endpoints.RotateSecret(ctx, pool, c, id, newSecret, g)
 		return err
 	})
 	if err != nil {
@@ -802,7 +830,7 @@ func runEndpointsReencrypt(ctx context.Context, env *environment, args []string)
 		_, err = fmt.Fprintf(env.stdout, "re-encrypted the secrets of %d endpoints with WEBHOOK_ENCRYPTION_KEY (secrets: %d, header values: %d)\n",
 			r.Endpoints, r.Secrets, r.Headers)
 	}
-	if err == nil && env.getenv("WEBHOOK_ENCRYPTION_KEY_PREVIOUS") != "" {
+	if err == nil && (env.getenv("WEBHOOK_ENCRYPTION_KEY_PREVIOUS") != "" || env.getenv("WEBHOOK_ENCRYPTION_KEY_PREVIOUS_FILE") != "") {
 		_, err = fmt.Fprintln(env.stdout, "WEBHOOK_ENCRYPTION_KEY_PREVIOUS can be removed once every dispatcher runs with the new key.")
 	}
 	return err

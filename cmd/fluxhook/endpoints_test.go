@@ -179,7 +179,7 @@ func TestEndpointsEncryptedAtRest(t *testing.T) {
 	db := sqltest.NewMigrated(t)
 	key := map[string]string{"WEBHOOK_ENCRYPTION_KEY": endpoints.GenerateKey()}
 
-	r := runEndpointsCLI(t, db, key, "add", "--url", "https://consumer.example/", "--secret", "my-plaintext-secret-42")
+	r := runEndpointsCLI(t, db, key, "add", "--url", "https://consumer.example/", "--secret-file", writeSecretFile(t, "secret", "my-plaintext-secret-42\n"))
 	if r.code != 0 || strings.Contains(r.stderr, "warning") {
 		t.Fatalf("add with a key: exit %d, stderr %q", r.code, r.stderr)
 	}

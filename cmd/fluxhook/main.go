@@ -30,6 +30,8 @@ type command struct {
 
 // environment is what a command may touch of the process, injectable for tests.
 type environment struct {
+	// stdin is where `--secret -` reads a secret from; nil when there is none.
+	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
 	// getenv reads configuration variables; tests pass a map.
@@ -66,8 +68,14 @@ func main() {
 // restores Go's default where memory is tighter than CPU.
 const serveGCPercent = 400
 
-// run is main without the process: it returns the exit status.
+// run is main without the process: it returns the exit status. Standard input is the
+// process's, read only by `--secret -`.
 func run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	return runWithStdin(args, os.Stdin, stdout, stderr, getenv)
+}
+
+// runWithStdin is run with standard input given, so that tests can pipe a secret in.
+func runWithStdin(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(stdout)
 		if len(args) == 0 {
@@ -83,7 +91,7 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	}
 	ctx, signals, stop := notifyContext()
 	defer stop()
-	env := &environment{stdout: stdout, stderr: stderr, getenv: getenv, signals: signals}
+	env := &environment{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, signals: signals}
 	if err := cmd.run(ctx, env, args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0 // the command printed its flags: asking for help is not a failure

@@ -26,10 +26,12 @@ func init() {
 // (docs/wire-format.md) and printed. --status and --delay make it a failing or slow
 // consumer, to watch retries, dead letters and the circuit breaker.
 func runReceive(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("receive", env, "fluxhook receive [--addr HOST:PORT] [--secret S] [--previous-secret S] [--status N] [--delay D] [--quiet]")
+	fs := newFlagSet("receive", env, "fluxhook receive [--addr HOST:PORT] [--secret S|- | --secret-file PATH] [--previous-secret S|- | --previous-secret-file PATH] [--status N] [--delay D] [--quiet]")
 	addr := fs.String("addr", "127.0.0.1:8089", "address to listen on")
-	secret := fs.String("secret", "", "secret the signatures must match [$WEBHOOK_SECRET]")
+	secret := fs.String("secret", "", "secret the signatures must match, or - to read it from standard input [$WEBHOOK_SECRET]")
+	secretFile := fs.String("secret-file", "", "read the secret from this `file` (one line) [$WEBHOOK_SECRET_FILE]")
 	previous := fs.String("previous-secret", "", "also accept this secret, as during a rotation [$WEBHOOK_SECRET_PREVIOUS]")
+	previousFile := fs.String("previous-secret-file", "", "read the previous secret from this `file` (one line) [$WEBHOOK_SECRET_PREVIOUS_FILE]")
 	status := fs.Int("status", receiver.DefaultStatus, "answer verified requests with this status (500 or 503 to watch retries, 410 for dead letters)")
 	delay := fs.Duration("delay", 0, "wait this long before answering a verified request (a slow consumer)")
 	quiet := fs.Bool("quiet", false, "print only rejected requests, not each delivery")
@@ -39,11 +41,24 @@ func runReceive(ctx context.Context, env *environment, args []string) error {
 		}
 		return err
 	}
-	if *secret == "" {
-		*secret = env.getenv("WEBHOOK_SECRET")
+	if *secret == "-" && *previous == "-" {
+		return usageError("--secret - and --previous-secret - both read standard input: give one of them with a file (--secret-file, --previous-secret-file)")
 	}
-	if *previous == "" {
-		*previous = env.getenv("WEBHOOK_SECRET_PREVIOUS")
+	for _, s := range []struct {
+		value      *string
+		name, file string
+		variable   string
+	}{{secret, "secret", *secretFile, "WEBHOOK_SECRET"}, {previous, "previous-secret", *previousFile, "WEBHOOK_SECRET_PREVIOUS"}} {
+		v, err := secretArg(env, s.name, *s.value, s.file)
+		if err != nil {
+			return err
+		}
+		if v == "" {
+			if v, err = secretEnv(env, s.variable); err != nil {
+				return usageError("%v", err)
+			}
+		}
+		*s.value = v
 	}
 	// Trimmed like serve trims its settings, so both sides use the same key.
 	*secret, *previous = strings.TrimSpace(*secret), strings.TrimSpace(*previous)

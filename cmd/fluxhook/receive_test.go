@@ -35,6 +35,7 @@ func startReceive(t *testing.T, args ...string) (addr string, out *syncBuffer) {
 	pollUntil(t, 10*time.Second, "receive to listen", func() bool {
 		select {
 		case err := <-done:
+			done <- err // for the cleanup, which waits for it
 			t.Fatalf("receive exited early: %v\n%s%s", err, out.String(), errOut.String())
 		default:
 		}

@@ -26,7 +26,7 @@ func init() {
 func runServe(ctx context.Context, env *environment, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
-	values, err := loadSettings(fs, args, env.getenv)
+	values, err := loadSettings(fs, args, env)
 	if err != nil {
 		return err
 	}

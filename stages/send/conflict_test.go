@@ -208,3 +208,45 @@ func TestConflictInProgressFromVerifyIsRetried(t *testing.T) {
 		t.Errorf("409 to an acknowledged id: Outcome = %+v, want already delivered", o)
 	}
 }
+
+// TestReplayConflictFromVerifyIsRetried: verify refuses the same signed request under a second
+// delivery id (its replay check, ErrReplay). The dispatcher never sends a request twice under
+// two ids, but two distinct events with identical bodies signed in the same second look just
+// like that; verify's 409 then carries Retry-After, which must make this a retry (signed
+// anew, later) and not "already delivered", or the second event would be lost.
+func TestReplayConflictFromVerifyIsRetried(t *testing.T) {
+	t.Parallel()
+	const secret = "consumer-secret"
+	v := &verify.Verifier{Secret: secret}
+	srv := newServer(t, v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})).ServeHTTP)
+	signer, err := sign.New(sign.Config{Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSender(t, send.Config{})
+	now := time.Now()
+	attempt := func(id string, at time.Time) *delivery.Delivery {
+		d := newDelivery(t, s, srv.URL+"/hook")
+		d.DeliveryID, d.Attempt = id, 1
+		signer.Sign(d, at)
+		return d
+	}
+
+	first := attempt("evt-a", now)
+	s.Send(context.Background(), first)
+	if o := first.Outcome; o.Kind != delivery.Delivered || o.Status != http.StatusNoContent {
+		t.Fatalf("first event: Outcome = %+v, want delivered with 204", o)
+	}
+	twin := attempt("evt-b", now) // same body, same second: the same signature
+	s.Send(context.Background(), twin)
+	if o := twin.Outcome; o.Kind != delivery.Retry || o.Status != http.StatusConflict || o.AlreadyDelivered {
+		t.Fatalf("identical body signed in the same second under another id: Outcome = %+v, want a retry", o)
+	}
+	retry := attempt("evt-b", now.Add(time.Second))
+	s.Send(context.Background(), retry)
+	if o := retry.Outcome; o.Kind != delivery.Delivered || o.Status != http.StatusNoContent {
+		t.Errorf("the twin's retry, signed a second later: Outcome = %+v, want delivered with 204", o)
+	}
+}

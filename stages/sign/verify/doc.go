@@ -2,8 +2,9 @@
 // request really comes from the dispatcher, is fresh, and is not a delivery already handled,
 // and answers the ones that are not with the status the dispatcher expects.
 //
-// The checks and their answers are the original Fluxora receiver's (docs/wire-format.md, "Consumer
-// side"), in its order, so that a consumer written against the original answers the same:
+// Checks 1 to 7 and their answers are the original Fluxora receiver's (docs/wire-format.md),
+// in its order, so that a consumer written against the original answers the same; check 8 is
+// fluxhook's addition against replays (see "What the middleware promises"):
 //
 //  1. a secret is configured, else 500 (the consumer's own misconfiguration);
 //  2. the x-fluxora-delivery-id, x-fluxora-timestamp and x-fluxora-signature headers are
@@ -14,14 +15,18 @@
 //  6. the signature, trimmed and lower-cased, equals the HMAC under the current secret or an
 //     unexpired previous one, compared in constant time, else 401;
 //  7. the delivery id has not been acknowledged before (nor is being handled right now),
-//     else 409.
+//     else 409;
+//  8. the same signed request (the same signature, so the same timestamp and body) has not
+//     been acknowledged (nor is being handled) under another delivery id, else 409 with
+//     Retry-After: 1.
 //
 // Checks 1 to 6 are stateless: [Verifier.Verify] runs them on headers and a body the caller
-// has already read. Check 7 needs memory of past deliveries, kept in a [DedupStore]
-// ([MemoryStore], bounded, by default); [Verifier.Claim] and [Verifier.Settle] run it.
-// [Verifier.Middleware] does all seven around an http.Handler: it reads the body with the size
-// limit, answers rejections itself, and hands the handler the body (restored, readable again)
-// and the verified [Delivery] (see [FromContext]).
+// has already read. Checks 7 and 8 need memory of past deliveries, kept in a [DedupStore]
+// ([MemoryStore], bounded, by default); [Verifier.ClaimDelivery] and
+// [Verifier.SettleDelivery] run them. [Verifier.Middleware] does all eight around an
+// http.Handler: it reads the body with the size limit, answers rejections itself, and hands
+// the handler the body (restored, readable again) and the verified [Delivery] (see
+// [FromContext]).
 //
 // # When an id counts as seen
 //
@@ -37,10 +42,37 @@
 // retry when the first attempt outlived its timeout (30 s by default): keep handlers well
 // under the timeout, queueing slow work.
 //
-// The delivery id is not covered by the signature (only the timestamp and the body are, by the
-// wire format), so deduplication protects against the dispatcher's own retries and replays,
-// not against someone who captured a request and resends it under a new id; the tolerance
-// bounds how long such a capture is usable.
+// # What the middleware promises
+//
+// The fluxora signature covers the timestamp and the body, not the delivery id, so the id
+// alone cannot tell a replay from a new delivery: someone who captured a request could resend
+// it under fresh ids. Check 8 closes that: the signature is remembered with the id, and the
+// same signed request under another id is refused. Every attempt is signed anew, with its own
+// timestamp, so the dispatcher's retries and replays are not affected. Together, within the
+// tolerance window and while the store remembers both keys:
+//
+//   - the handler acknowledges a delivery id at most once: a retry of an acknowledged
+//     delivery gets 409, which the dispatcher settles as delivered;
+//   - the handler acknowledges a signed request (timestamp and body) at most once, whatever
+//     id it comes with: a captured request resent under a new id gets 409 ErrReplay;
+//   - a delivery the handler did not acknowledge (failure status, panic, client gone) is
+//     handled again when the dispatcher retries it.
+//
+// After the tolerance, check 5 refuses any capture. What the middleware cannot do under this
+// scheme is tell which id a request was really sent with: an attacker who captures an attempt
+// and gets it to the consumer first, under another id, has it handled under that id, and the
+// dispatcher's next attempt of the real id (signed later) is then handled too. Handlers that
+// must never process an event twice should deduplicate on an identifier inside the body,
+// which the signature covers. Two distinct events with identical bodies, signed in the same
+// second, also look like a replay: the second gets 409 with Retry-After, which the dispatcher
+// retries (signed at a later second) instead of counting it delivered; consumers that receive
+// many identical bodies per second can set [Verifier.IDOnly] and deduplicate on the body.
+//
+// The store must remember a signature while its timestamp can still pass check 5, up to twice
+// the tolerance after it was acknowledged (when the sender's clock is ahead): MemoryStore
+// forgets the oldest keys first, so size it for the deliveries of that window (two keys
+// each). Under the standard scheme (Standard Webhooks) the id is signed, so deduplicating on
+// it is enough there; this package verifies the fluxora scheme only.
 //
 // # Rotating the secret
 //

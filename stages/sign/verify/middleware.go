@@ -9,17 +9,18 @@ import (
 	"net/http"
 )
 
-// Middleware puts the seven checks in front of next, so that next sees only verified,
+// Middleware puts the eight checks in front of next, so that next sees only verified,
 // first-time deliveries: it reads the body (at most MaxBody bytes), answers a rejected
 // request itself (ErrorHandler, or WriteError), and calls next with the body restored and
-// the Delivery in the request's context (FromContext). The id is remembered when next
-// answers with a 2xx while the client is still there, and released otherwise (another
-// status, a panic, a client gone), so that the sender's retry is handled again.
+// the Delivery in the request's context (FromContext). The id and the signature are
+// remembered when next answers with a 2xx while the client is still there, and released
+// otherwise (another status, a panic, a client gone), so that the sender's retry is handled
+// again.
 func (v *Verifier) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		d, err := v.verifyRequest(w, r)
 		if err == nil {
-			err = v.Claim(r.Context(), d.ID)
+			err = v.ClaimDelivery(r.Context(), d)
 		}
 		if err != nil {
 			v.reject(w, r, err)
@@ -30,7 +31,7 @@ func (v *Verifier) Middleware(next http.Handler) http.Handler {
 		defer func() {
 			// Not the request's context, which ends with the client: the store must
 			// still hear about it.
-			if err := v.Settle(context.WithoutCancel(r.Context()), d.ID, acknowledged); err != nil && v.SettleError != nil {
+			if err := v.SettleDelivery(context.WithoutCancel(r.Context()), d, acknowledged); err != nil && v.SettleError != nil {
 				v.SettleError(r, err)
 			}
 		}()
@@ -67,6 +68,8 @@ func (v *Verifier) verifyRequest(w http.ResponseWriter, r *http.Request) (Delive
 
 func (v *Verifier) reject(w http.ResponseWriter, r *http.Request, err error) {
 	if v.ErrorHandler != nil {
+		setRetryAfter(w, err) // so that a custom answer keeps a genuine twin from being taken for delivered
+
 		v.ErrorHandler(w, r, err)
 		return
 	}
@@ -74,10 +77,21 @@ func (v *Verifier) reject(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // WriteError is the default answer to a rejected request: the error's status and its
-// message as plain text, which the dispatcher records with a failed attempt. Custom
-// ErrorHandlers can call it after logging.
+// message as plain text, which the dispatcher records with a failed attempt, and for
+// ErrReplay a Retry-After header. Custom ErrorHandlers can call it after logging.
 func WriteError(w http.ResponseWriter, err error) {
+	setRetryAfter(w, err)
 	http.Error(w, err.Error(), StatusOf(err))
+}
+
+// setRetryAfter marks ErrReplay's 409 as "come back later": the dispatcher reads a fluxora
+// 409 as "already delivered" unless it carries Retry-After, and a second, distinct event
+// with the same body signed in the same second must be sent again (with a new timestamp),
+// not given up. One second is enough for the new timestamp to differ.
+func setRetryAfter(w http.ResponseWriter, err error) {
+	if errors.Is(err, ErrReplay) {
+		w.Header().Set("Retry-After", "1")
+	}
 }
 
 type deliveryKey struct{}

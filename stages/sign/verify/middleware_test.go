@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fluxora/fluxhook/stages/sign/verify"
 )
@@ -283,3 +284,175 @@ func TestFromContextOutsideMiddleware(t *testing.T) {
 		t.Errorf("FromContext(Background) = %+v, true; want false", d)
 	}
 }
+
+// TestMiddlewareRefusesReplayUnderNewID: the fluxora signature does not cover the delivery
+// id, so a captured request resent under fresh ids must be recognised by what is signed.
+// Only the first reaches the handler; the others get 409 ErrReplay with Retry-After (so a
+// genuine twin is retried by the dispatcher, not taken for delivered).
+func TestMiddlewareRefusesReplayUnderNewID(t *testing.T) {
+	t.Parallel()
+	b := setupHandler(t)
+	if w := b.serve(validRequest().http(context.Background())); w.Code != http.StatusNoContent {
+		t.Fatalf("first request: %d %q, want 204", w.Code, w.Body)
+	}
+	for _, id := range []string{"d-2", "d-3"} {
+		r := validRequest()
+		r.id = id
+		w := b.serve(r.http(context.Background()))
+		if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), verify.ErrReplay.Error()) ||
+			!strings.Contains(w.Body.String(), id) {
+			t.Errorf("replay as %s: %d %q, want 409 saying it is a replay and naming the id", id, w.Code, w.Body)
+		}
+		if ra := w.Header().Get("Retry-After"); ra != "1" {
+			t.Errorf("replay as %s: Retry-After %q, want 1", id, ra)
+		}
+		if strings.Contains(w.Body.String(), "still being handled") {
+			t.Errorf("replay as %s: %q claims the delivery is in progress", id, w.Body)
+		}
+	}
+	// Case and spacing of the signature are not a new request either.
+	r := validRequest()
+	r.id, r.sig = "d-4", " "+strings.ToUpper(vecSig)
+	if w := b.serve(r.http(context.Background())); w.Code != http.StatusConflict {
+		t.Errorf("replay with an upper-case signature: %d, want 409", w.Code)
+	}
+	if b.calls != 1 {
+		t.Errorf("next called %d times, want once", b.calls)
+	}
+	// The refused replays left nothing held: the original id is still a plain duplicate,
+	// and a replay id is free for a request of its own.
+	if w := b.serve(validRequest().http(context.Background())); w.Code != http.StatusConflict || strings.Contains(w.Body.String(), verify.ErrReplay.Error()) {
+		t.Errorf("original again: %d %q, want the id's 409", w.Code, w.Body)
+	}
+	other := validRequest().signed(vecSecret, vecTS+1)
+	other.id = "d-2"
+	if w := b.serve(other.http(context.Background())); w.Code != http.StatusNoContent {
+		t.Errorf("a new signed request as d-2: %d %q, want 204", w.Code, w.Body)
+	}
+}
+
+// TestMiddlewareReplayWhileHandled: the same signed request under another id is refused
+// while the first is still in the handler, not only once it is acknowledged.
+func TestMiddlewareReplayWhileHandled(t *testing.T) {
+	t.Parallel()
+	v := &verify.Verifier{Secret: vecSecret, Now: fixedClock(vecTime)}
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		close(entered)
+		<-release
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	done := make(chan int)
+	go func() {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, validRequest().http(context.Background()))
+		done <- w.Code
+	}()
+	<-entered
+	r := validRequest()
+	r.id = "d-2"
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r.http(context.Background()))
+	close(release)
+	if code := <-done; code != http.StatusNoContent {
+		t.Errorf("first: %d, want 204", code)
+	}
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), verify.ErrReplay.Error()) || w.Header().Get("Retry-After") == "" {
+		t.Errorf("replay during the first: %d %q, want 409 ErrReplay with Retry-After", w.Code, w.Body)
+	}
+}
+
+// TestMiddlewareRetriesStillHandled: the dispatcher's retry of a delivery is the same id
+// and body under a new timestamp (sometimes the same second). A retry of an unacknowledged
+// delivery is handled; once acknowledged, the id's retry gets the plain duplicate 409 the
+// dispatcher settles as delivered.
+func TestMiddlewareRetriesStillHandled(t *testing.T) {
+	t.Parallel()
+	b := setupHandler(t)
+	b.v.Now = fixedClock(vecTime.Add(5 * time.Second))
+
+	b.status = http.StatusServiceUnavailable
+	for _, ts := range []int64{vecTS, vecTS, vecTS + 2} { // a same-second retry is the same signed request
+		if w := b.serve(validRequest().signed(vecSecret, ts).http(context.Background())); w.Code != http.StatusServiceUnavailable {
+			t.Fatalf("unacknowledged attempt at %d: %d %q, want next's 503", ts, w.Code, w.Body)
+		}
+	}
+	b.status = http.StatusNoContent
+	if w := b.serve(validRequest().signed(vecSecret, vecTS+4).http(context.Background())); w.Code != http.StatusNoContent {
+		t.Fatalf("retry after the failures: %d %q, want 204", w.Code, w.Body)
+	}
+	for _, ts := range []int64{vecTS + 4, vecTS + 5} {
+		w := b.serve(validRequest().signed(vecSecret, ts).http(context.Background()))
+		if w.Code != http.StatusConflict || strings.Contains(w.Body.String(), verify.ErrReplay.Error()) || w.Header().Get("Retry-After") != "" {
+			t.Errorf("retry at %d of the acknowledged id: %d %q (Retry-After %q), want the id's plain 409", ts, w.Code, w.Body, w.Header().Get("Retry-After"))
+		}
+	}
+	if b.calls != 4 {
+		t.Errorf("next called %d times, want 4", b.calls)
+	}
+}
+
+// TestMiddlewareIDOnly: with IDOnly the signature is not remembered, so an identical body
+// signed in the same second under another id is handled (the old, id-only promise).
+func TestMiddlewareIDOnly(t *testing.T) {
+	t.Parallel()
+	b := setupHandler(t)
+	b.v.IDOnly = true
+	for _, id := range []string{"d-1", "d-2"} {
+		r := validRequest()
+		r.id = id
+		if w := b.serve(r.http(context.Background())); w.Code != http.StatusNoContent {
+			t.Errorf("%s: %d %q, want 204", id, w.Code, w.Body)
+		}
+	}
+}
+
+// TestClaimDeliveryReleasesOnReplay: the function API refuses the replay and leaves its id
+// free, and a store failure on the signature is a 503, not a duplicate.
+func TestClaimDeliveryReleasesOnReplay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	v := &verify.Verifier{Secret: vecSecret}
+	d, err := v.Verify(validRequest().header(), []byte(vecBody), vecTime)
+	if err != nil || d.Signature != vecSig {
+		t.Fatalf("Verify: %+v, %v; want the vector's signature in the Delivery", d, err)
+	}
+	if err := v.ClaimDelivery(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.SettleDelivery(ctx, d, true); err != nil {
+		t.Fatal(err)
+	}
+	replay := d
+	replay.ID = "d-2"
+	err = v.ClaimDelivery(ctx, replay)
+	if !errors.Is(err, verify.ErrReplay) || errors.Is(err, verify.ErrDuplicate) || verify.StatusOf(err) != http.StatusConflict {
+		t.Fatalf("replay: %v (status %d), want 409 ErrReplay", err, verify.StatusOf(err))
+	}
+	if err := v.Claim(ctx, "d-2"); err != nil {
+		t.Errorf("the replay's id stayed held: %v", err)
+	}
+
+	broken := &verify.Verifier{Secret: vecSecret, Store: &secondClaimFails{}}
+	if err := broken.ClaimDelivery(ctx, d); !errors.Is(err, verify.ErrStore) || verify.StatusOf(err) != http.StatusServiceUnavailable {
+		t.Errorf("store failing on the signature: %v, want 503 ErrStore", err)
+	}
+}
+
+// secondClaimFails accepts the id's claim and fails the signature's.
+type secondClaimFails struct {
+	mu     sync.Mutex
+	claims int
+}
+
+func (s *secondClaimFails) Claim(context.Context, string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.claims++
+	if s.claims == 2 {
+		return errBackend
+	}
+	return nil
+}
+
+func (s *secondClaimFails) Settle(context.Context, string, bool) error { return nil }

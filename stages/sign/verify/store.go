@@ -6,9 +6,12 @@ import (
 	"sync"
 )
 
-// DedupStore is where a Verifier remembers delivery ids (check 7). Implement it over a shared
-// database or Redis when several consumer instances receive the same endpoint's deliveries;
-// the default, MemoryStore, only knows what one process has seen.
+// DedupStore is where a Verifier remembers delivery ids (check 7) and signatures (check 8,
+// as keys starting "x-fluxora-signature:"). Implement it over a shared database or Redis when
+// several consumer instances receive the same endpoint's deliveries; the default,
+// MemoryStore, only knows what one process has seen. A store that forgets keys must keep
+// each for at least twice the Verifier's tolerance, or a replay can pass check 8 once its
+// signature is forgotten.
 //
 // Checking and recording are one operation, Claim, because two requests with the same id can
 // arrive together (a retry overtaking a slow first attempt, two dispatcher instances): with a
@@ -27,10 +30,11 @@ type DedupStore interface {
 }
 
 // MemoryStore is the in-process DedupStore, bounded so that a long-running consumer does not
-// grow without limit: it remembers the most recently acknowledged ids, forgetting the oldest
-// first. Ids are kept as SHA-256 digests, so the memory per id is fixed whatever the id's
-// length. Claims in progress are few (one per request being handled) and are not counted.
-// The zero value is ready to use and remembers DefaultStoreSize ids.
+// grow without limit: it remembers the most recently acknowledged keys (ids and signatures,
+// two per delivery), forgetting the oldest first. Keys are kept as SHA-256 digests, so the
+// memory per key is fixed whatever its length. Claims in progress are few (two per request
+// being handled) and are not counted. The zero value is ready to use and remembers
+// DefaultStoreSize keys.
 type MemoryStore struct {
 	mu      sync.Mutex
 	size    int
@@ -42,8 +46,8 @@ type MemoryStore struct {
 
 type digest [sha256.Size]byte
 
-// NewMemoryStore returns a store remembering up to size acknowledged ids; size <= 0 means
-// DefaultStoreSize.
+// NewMemoryStore returns a store remembering up to size acknowledged keys (a delivery takes
+// two under Middleware); size <= 0 means DefaultStoreSize.
 func NewMemoryStore(size int) *MemoryStore {
 	if size <= 0 {
 		size = DefaultStoreSize
@@ -102,7 +106,7 @@ func (s *MemoryStore) Settle(_ context.Context, id string, acknowledged bool) er
 	return nil
 }
 
-// Len is how many acknowledged ids the store remembers, at most its size.
+// Len is how many acknowledged keys the store remembers, at most its size.
 func (s *MemoryStore) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -19,10 +19,10 @@ const (
 	// DefaultMaxBody is far above any event payload yet bounds what one request can make
 	// the consumer buffer.
 	DefaultMaxBody = 256 << 10
-	// DefaultStoreSize is how many acknowledged ids the default MemoryStore keeps: more
-	// than a day of deliveries at one a second, longer than the dispatcher's early retries
-	// are apart, in about ten megabytes.
-	DefaultStoreSize = 100_000
+	// DefaultStoreSize is how many keys the default MemoryStore keeps, two per acknowledged
+	// delivery (its id and its signature): more than a day of deliveries at one a second,
+	// longer than the dispatcher's early retries are apart, in about twenty megabytes.
+	DefaultStoreSize = 200_000
 )
 
 // The reasons a request is rejected. Match them with errors.Is on the error Verify, Claim or
@@ -54,6 +54,14 @@ var (
 	// handled; it matches ErrDuplicate too. A DedupStore returns it from Claim when it can
 	// tell the two apart.
 	ErrInProgress = fmt.Errorf("%w (another request with it is still being handled)", ErrDuplicate)
+	// ErrReplay (409, with Retry-After) is check 8: this signed request (the same timestamp
+	// and body, so the same signature) was already acknowledged, or is being handled, under
+	// another delivery id. The fluxora signature does not cover the id, so this is how a
+	// captured request resent under a new id is recognised. The dispatcher never sends one
+	// request under two ids; two distinct events with identical bodies signed in the same
+	// second look alike, though, and the Retry-After makes the dispatcher send the second
+	// again later, signed with a new timestamp, instead of taking the 409 for "delivered".
+	ErrReplay = errors.New("verify: this signed request (same timestamp and body) was already received under another delivery id")
 	// ErrStore (503): the DedupStore failed, so whether the id is new is unknown. The
 	// answer is retryable: the dispatcher comes back later instead of the consumer
 	// risking a duplicate.
@@ -102,6 +110,10 @@ type Delivery struct {
 	Secret int
 	// Body is the raw body, exactly the bytes that were signed.
 	Body []byte
+	// Signature is the verified x-fluxora-signature, lower-case hex. Unlike ID it is covered
+	// by the signature: it stands for this timestamp and body, so ClaimDelivery keys replays
+	// on it.
+	Signature string
 }
 
 // Previous is a secret being rotated out, accepted until the end of its grace window.
@@ -127,9 +139,14 @@ type Verifier struct {
 	Tolerance time.Duration
 	// MaxBody is the largest accepted body in bytes; 0 means DefaultMaxBody.
 	MaxBody int64
-	// Store remembers delivery ids for check 7; nil means a MemoryStore of
-	// DefaultStoreSize ids, private to this Verifier.
+	// Store remembers delivery ids and signatures for checks 7 and 8; nil means a
+	// MemoryStore of DefaultStoreSize keys, private to this Verifier.
 	Store DedupStore
+	// IDOnly turns check 8 off: deliveries are deduplicated on their id alone, so a captured
+	// request resent under a new id within the tolerance is handled again. It is for
+	// consumers that receive many identical bodies each second and deduplicate on something
+	// in the body themselves (or count duplicates, as a benchmark does).
+	IDOnly bool
 	// Now is Middleware's clock for the tolerance and the grace windows (Verify takes the
 	// time as an argument instead); nil means time.Now.
 	Now func() time.Time
@@ -171,7 +188,7 @@ func (v *Verifier) Validate() error {
 
 // Verify runs checks 1 to 6 on a request whose body the caller has read, answering with the
 // first failing check's *Error. It keeps no state, so it does not look for duplicates: follow
-// it with Claim and Settle, or use Middleware, which does all of it.
+// it with ClaimDelivery and SettleDelivery, or use Middleware, which does all of it.
 func (v *Verifier) Verify(h http.Header, body []byte, now time.Time) (Delivery, error) {
 	keys, err := v.checkHeaders(h, now)
 	if err != nil {
@@ -183,9 +200,56 @@ func (v *Verifier) Verify(h http.Header, body []byte, now time.Time) (Delivery, 
 	return v.checkSignature(h, body, now, keys)
 }
 
-// Claim is check 7: it holds id for the calling request until Settle, failing with 409 if id
-// was acknowledged or is held by another request, and with 503 if the store fails. Call it
-// after Verify accepted the request, and Settle exactly once after a nil error.
+// ClaimDelivery runs checks 7 and 8 on a Delivery that Verify accepted: it holds d.ID (Claim)
+// and then d.Signature for the calling request until SettleDelivery. It fails with 409
+// ErrDuplicate if the id was acknowledged or is held, with 409 ErrReplay if the same signed
+// request was acknowledged or is held under another id, and with 503 if the store fails;
+// on failure nothing stays held. Call SettleDelivery exactly once after a nil error. With
+// IDOnly, or a Delivery without a Signature (not from Verify), only the id is claimed.
+func (v *Verifier) ClaimDelivery(ctx context.Context, d Delivery) error {
+	if err := v.Claim(ctx, d.ID); err != nil {
+		return err
+	}
+	if v.IDOnly || d.Signature == "" {
+		return nil
+	}
+	err := v.dedup().Claim(ctx, signatureKey(d.Signature))
+	if err == nil {
+		return nil
+	}
+	var refused error
+	if errors.Is(err, ErrDuplicate) {
+		refused = &Error{Status: http.StatusConflict, Err: fmt.Errorf("%w (this one's id: %.64q)", ErrReplay, d.ID)}
+	} else {
+		refused = &Error{Status: http.StatusServiceUnavailable, Err: fmt.Errorf("%w: %w", ErrStore, err)}
+	}
+	if rerr := v.Settle(ctx, d.ID, false); rerr != nil {
+		return errors.Join(refused, fmt.Errorf("%w: releasing the id: %w", ErrStore, rerr))
+	}
+	return refused
+}
+
+// SettleDelivery ends the claims ClaimDelivery took for d. Pass acknowledged true only when
+// the request was answered with a 2xx that reached the sender: then the id and the signature
+// are remembered, and later requests with either are refused; otherwise both are released,
+// so the sender's retry is handled again.
+func (v *Verifier) SettleDelivery(ctx context.Context, d Delivery, acknowledged bool) error {
+	err := v.Settle(ctx, d.ID, acknowledged)
+	if v.IDOnly || d.Signature == "" {
+		return err
+	}
+	return errors.Join(err, v.dedup().Settle(ctx, signatureKey(d.Signature), acknowledged))
+}
+
+// signatureKey is the store key of a verified signature. Its prefix keeps it apart from the
+// dispatcher's delivery ids (UUIDs); a request whose id is made to look like one is refused
+// anyway, as only verified signatures are ever stored.
+func signatureKey(sig string) string { return "x-fluxora-signature:" + sig }
+
+// Claim is check 7 alone: it holds id for the calling request until Settle, failing with 409
+// if id was acknowledged or is held by another request, and with 503 if the store fails. It
+// does not recognise a captured request resent under a new id (check 8): prefer
+// ClaimDelivery. Call Settle exactly once after a nil error.
 func (v *Verifier) Claim(ctx context.Context, id string) error {
 	err := v.dedup().Claim(ctx, id)
 	switch {
@@ -274,6 +338,7 @@ func (v *Verifier) checkSignature(h http.Header, body []byte, now time.Time, key
 		Attempt:   attempt,
 		Secret:    matched,
 		Body:      body,
+		Signature: strings.ToLower(strings.TrimSpace(h.Get(sign.HeaderSignature))), // equals the HMAC: verified
 	}, nil
 }
 

@@ -1,6 +1,8 @@
 // Package pgtemp starts a throwaway PostgreSQL cluster: its own data directory in a temporary
-// directory, trust authentication, a free port on 127.0.0.1, durability switched off for
-// speed. The demo uses it so that `fluxhook demo` needs nothing but the server binaries, and
+// directory (mode 0700), a free port on 127.0.0.1, durability switched off for speed. Every
+// connection, over TCP or the Unix socket, must authenticate (scram-sha-256) as the superuser
+// postgres with a password generated for the cluster and known only through [Cluster.URL]:
+// other local users can reach the port, and a superuser can run programs on the host. The demo uses it so that `fluxhook demo` needs nothing but the server binaries, and
 // fault tests use it because they restart PostgreSQL, which they must not do to a shared
 // server.
 //

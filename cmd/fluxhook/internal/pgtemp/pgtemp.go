@@ -3,10 +3,13 @@ package pgtemp
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -50,8 +53,12 @@ type Cluster struct {
 	data    string // data directory
 	logFile string
 	port    int
-	runAs   *osUser // nil: run as the current user
-	timeout time.Duration
+	// password is the postgres superuser's, generated for this cluster: every connection,
+	// over TCP or the socket, must give it (scram-sha-256), so that no other local user can
+	// connect as superuser while the cluster runs.
+	password string
+	runAs    *osUser // nil: run as the current user
+	timeout  time.Duration
 
 	mu      sync.Mutex
 	stopped bool
@@ -101,9 +108,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}()
 
 	fmt.Fprintf(progress, "pgtemp: creating a cluster in %s with %s\n", dir, bin)
-	if out, err := c.run(ctx, "initdb", "-D", c.data, "-U", "postgres", "-A", "trust",
-		"-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
-		return nil, fmt.Errorf("pgtemp: initdb: %w\n%s", err, out)
+	if err := c.initdb(ctx); err != nil {
+		return nil, err
 	}
 	if err := c.appendInclude(); err != nil {
 		return nil, err
@@ -134,9 +140,45 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-// URL is the connection URL of the cluster's postgres database, as the superuser postgres.
+// initdb creates the data directory with password authentication for every connection: the
+// cluster listens on 127.0.0.1 and its superuser can run programs (COPY ... TO PROGRAM), so
+// trust would hand that to every local user. The password goes to initdb in a file readable
+// by the server's user alone, removed once initdb is done, never on a command line.
+func (c *Cluster) initdb(ctx context.Context) error {
+	raw := make([]byte, 24)
+	if _, err := rand.Read(raw); err != nil {
+		return fmt.Errorf("pgtemp: generating the superuser's password: %w", err)
+	}
+	c.password = hex.EncodeToString(raw)
+	pwfile := filepath.Join(c.dir, "pwfile")
+	if err := os.WriteFile(pwfile, []byte(c.password+"\n"), 0o600); err != nil {
+		return fmt.Errorf("pgtemp: %w", err)
+	}
+	defer os.Remove(pwfile)
+	if c.runAs != nil {
+		if err := os.Chown(pwfile, int(c.runAs.uid), int(c.runAs.gid)); err != nil {
+			return fmt.Errorf("pgtemp: %w", err)
+		}
+	}
+	out, err := c.run(ctx, "initdb", "-D", c.data, "-U", "postgres", "-A", "scram-sha-256",
+		"--pwfile="+pwfile, "-E", "UTF8", "--locale=C", "--no-sync")
+	if err != nil {
+		return fmt.Errorf("pgtemp: initdb: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// URL is the connection URL of the cluster's postgres database, as the superuser postgres
+// with its generated password. It is a credential: print it through a redacting function.
 func (c *Cluster) URL() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+	u := url.URL{
+		Scheme:   "postgres",
+		User:     url.UserPassword("postgres", c.password),
+		Host:     net.JoinHostPort("127.0.0.1", strconv.Itoa(c.port)),
+		Path:     "/postgres",
+		RawQuery: "sslmode=disable",
+	}
+	return u.String()
 }
 
 // Port is the TCP port the server listens on, on 127.0.0.1. It stays the same across restarts.

@@ -80,9 +80,13 @@ type Receiver struct {
 	Tolerance time.Duration
 	// MaxBody is the largest accepted body in bytes; 0 means 256 KiB.
 	MaxBody int64
-	// DedupSize bounds the set of acknowledged delivery ids; the oldest are forgotten first.
-	// 0 means 100,000.
+	// DedupSize bounds the set of acknowledged keys, two per delivery (its id and its
+	// signature, see verify's check 8); the oldest are forgotten first. 0 means 200,000.
 	DedupSize int
+	// IDOnly deduplicates on the delivery id alone (verify.Verifier.IDOnly): identical
+	// bodies signed in the same second under different ids are then all handled, as a
+	// benchmark sending one payload thousands of times a second needs.
+	IDOnly bool
 	// Status is the answer to a request that passed every check; 0 means 204. Only a 2xx
 	// answer marks the delivery id as seen, so that with a failure status the dispatcher's
 	// retries are verified again rather than refused as duplicates.
@@ -127,6 +131,7 @@ func (r *Receiver) init() {
 		Tolerance:    r.Tolerance,
 		MaxBody:      r.MaxBody,
 		Store:        verify.NewMemoryStore(r.DedupSize),
+		IDOnly:       r.IDOnly,
 		Now:          r.now,
 		ErrorHandler: r.reject,
 	}

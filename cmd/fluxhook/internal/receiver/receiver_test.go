@@ -269,10 +269,16 @@ func TestDuplicateIsRefused(t *testing.T) {
 	if w := serve(rc, bad); w.Code != 401 {
 		t.Fatalf("bad signature on a seen id = %d, want 401", w.Code)
 	}
-	other := validRequest()
+	other := validRequest().signed(vectorSecret, vectorTimestamp+1)
 	other.id = "d-2"
 	if w := serve(rc, other); w.Code != 200 {
 		t.Fatalf("another id = %d, want 200", w.Code)
+	}
+	// The first request resent as is under a new id is a replay: its signature is known.
+	replay := validRequest()
+	replay.id = "d-3"
+	if w := serve(rc, replay); w.Code != 409 || !strings.Contains(w.Body.String(), "another delivery id") {
+		t.Fatalf("replay under a new id = %d (%q), want 409 saying so", w.Code, w.Body)
 	}
 }
 
@@ -297,9 +303,10 @@ func TestFailureStatusDoesNotRemember(t *testing.T) {
 
 func TestDedupSetIsBounded(t *testing.T) {
 	t.Parallel()
-	rc := &receiver.Receiver{Secrets: []string{vectorSecret}, Now: fixedClock(vectorTime), DedupSize: 2}
+	// Two keys per delivery (the id and the signature): the set holds two deliveries.
+	rc := &receiver.Receiver{Secrets: []string{vectorSecret}, Now: fixedClock(vectorTime), DedupSize: 4}
 	send := func(id string) int {
-		r := validRequest()
+		r := validRequest().signed(vectorSecret, vectorTimestamp+int64(id[0]-'a')) // a signed request of its own
 		r.id = id
 		return serve(rc, r).Code
 	}
@@ -312,7 +319,7 @@ func TestDedupSetIsBounded(t *testing.T) {
 		t.Errorf("recent id c again = %d, want 409", code)
 	}
 	if code := send("a"); code != 204 {
-		t.Errorf("evicted id a again = %d, want 204 (the set holds 2)", code)
+		t.Errorf("evicted id a again = %d, want 204 (the set holds 2 deliveries)", code)
 	}
 	if code := send("b"); code != 204 {
 		t.Errorf("evicted id b again = %d, want 204", code)
@@ -420,4 +427,16 @@ func FuzzReceiver(f *testing.F) {
 			t.Fatalf("status %d", w.Code)
 		}
 	})
+}
+
+func TestIDOnlyHandlesSameSignatureUnderNewID(t *testing.T) {
+	t.Parallel()
+	rc := &receiver.Receiver{Secrets: []string{vectorSecret}, Now: fixedClock(vectorTime), IDOnly: true}
+	for _, id := range []string{"d-1", "d-2"} {
+		r := validRequest()
+		r.id = id
+		if w := serve(rc, r); w.Code != 204 {
+			t.Errorf("%s = %d (%q), want 204: IDOnly does not remember signatures", id, w.Code, w.Body)
+		}
+	}
 }
