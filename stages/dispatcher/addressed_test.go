@@ -79,3 +79,43 @@ func TestAddressedRowsOutsideTheEndpointsRulesAreNeverSent(t *testing.T) {
 		}
 	}
 }
+
+// TestStaleFilterIsReadAgainWhileConfirmationWaits: an instance loads the endpoints while a
+// change that widens an endpoint's filter (acme.* to every type) is still uncommitted, so its
+// cache keeps acme.*, and a long transaction elsewhere keeps the cache from being confirmed. An
+// event of another type, routed by statement after the commit, meets the stale filter where
+// its request is built: the instance reads the committed endpoint, finds that it takes the
+// event, and reads the endpoints again, so the event is delivered, not dead-lettered by stale
+// data.
+func TestStaleFilterIsReadAgainWhileConfirmationWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Tenant: "acme", EventTypes: []string{"acme.*"}})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	b.holdXmin()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET event_types = '{}' WHERE id = $1`, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Claimed, and the endpoints loaded at the moved version, while the change is open.
+	b.enqueue(outbox.Event{EventType: "acme.order.paid", Tenant: "acme"})
+	eventually(t, 10*time.Second, "acme's event before the change commits", func() bool { return c.received() == 1 })
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := b.enqueue(outbox.Event{EventType: "billing.invoiced", Tenant: "acme"})
+	eventually(t, 10*time.Second, "the event the widened filter takes delivered while the cache is not confirmed", func() bool {
+		return len(c.byDelivery()[other]) == 1
+	})
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1`, other); n != 0 {
+		t.Errorf("the event was dead-lettered by the stale filter")
+	}
+}
