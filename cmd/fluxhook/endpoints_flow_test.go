@@ -119,3 +119,59 @@ func TestUpgradeFromSchema3WithPendingRows(t *testing.T) {
 		t.Error("a row delivered before the upgrade was sent again")
 	}
 }
+
+// TestReplayWaivesTheFilterAndCreationTime: dead letters of an acme event enqueued an hour
+// ago, of a type no endpoint's filter names now, are replayed by the commands: one to its own
+// endpoint, whose filter no longer names it, the other with --to-endpoint to an endpoint
+// created after the event. serve delivers both, each once: the request for a managed endpoint
+// is built only for an event its filter and creation time admit, except a replay, which an
+// operator sends on purpose (the tenant still has to match).
+func TestReplayWaivesTheFilterAndCreationTime(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	c := newHookConsumer(t, func(context.Context, *hookRequest) int { return http.StatusOK })
+	var ids [2]string
+	for i := range ids {
+		r := runCLI(t, db.URL, "endpoints", "add", "--url", c.URL(), "--secret", serveSecret, "--tenant", "acme",
+			"--event-types", "shipping.*", "--json")
+		var ep struct{ ID string }
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &ep) != nil || ep.ID == "" {
+			t.Fatalf("endpoints add exited %d: %s%s", r.code, r.stdout, r.stderr)
+		}
+		ids[i] = ep.ID
+	}
+	own, other := ids[0], ids[1]
+	var toOwn, toOther int64
+	var ownDelivery, otherDelivery string
+	for _, d := range []struct {
+		id       *int64
+		delivery *string
+	}{{&toOwn, &ownDelivery}, {&toOther, &otherDelivery}} {
+		if err := db.Pool.QueryRow(context.Background(), `
+			INSERT INTO webhook_dead_letter (delivery_id, event_type, payload, attempts, reason, enqueued_at, tenant, endpoint_id)
+			VALUES (gen_random_uuid(), 'invoice.paid', '{"n": 1}', 3, 'attempts exhausted', now() - interval '1 hour', 'acme', $1::uuid)
+			RETURNING id, delivery_id::text`, own).Scan(d.id, d.delivery); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := faultEnv(db.URL, "")
+	delete(env, "WEBHOOK_URL")
+	p := startServe(t, "serve", env)
+	p.instanceID()
+	for _, args := range [][]string{{strconv.FormatInt(toOwn, 10)}, {"--to-endpoint", other, strconv.FormatInt(toOther, 10)}} {
+		if r := runCLI(t, db.URL, append([]string{"dlq", "replay"}, args...)...); r.code != 0 {
+			t.Fatalf("dlq replay %v exited %d: %s%s", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	pollUntil(t, faultWait, "both replays delivered", func() bool {
+		return queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND endpoint_id = $2 AND status_code = 200`, ownDelivery, own) == 1 &&
+			queryInt(t, db, `SELECT count(*) FROM webhook_deliveries WHERE delivery_id = $1 AND endpoint_id = $2 AND status_code = 200`, otherDelivery, other) == 1
+	})
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE replayed_at IS NULL`); n != 0 {
+		t.Errorf("%d replays were dead-lettered again, want none", n)
+	}
+	if n := len(c.requests()); n != 2 {
+		t.Errorf("the consumer got %d requests, want the two replays", n)
+	}
+	p.stopCleanly()
+}

@@ -543,6 +543,15 @@ func (d *Dispatcher) settleAnchored(ctx context.Context, batch []*delivery.Deliv
 
 // resolveManaged sets del.Endpoint for a managed endpoint's delivery, or returns why it cannot
 // be delivered.
+//
+// The row is checked against the endpoint as route.sql matches them, where the request is
+// built: the event's tenant must be the endpoint's, and, unless the row is a replay, its type
+// must pass the endpoint's filter and it must have been enqueued after the endpoint was
+// created. Routing already made sure of it, and producers cannot address an endpoint (schema
+// 11 refuses their endpoint_id); this is the defence behind both, so that no row written by
+// other means (a role that may update the outbox, a restore, a filter narrowed since the row
+// was routed) carries an event to a consumer, signed with its secret and its headers, that
+// did not ask for it.
 func (d *Dispatcher) resolveManaged(del *delivery.Delivery) string {
 	m := d.endpoints.lookup(del.EndpointID)
 	switch {
@@ -552,38 +561,105 @@ func (d *Dispatcher) resolveManaged(del *delivery.Delivery) string {
 		return m.invalid
 	case !m.ep.Enabled:
 		return "endpoint disabled: " + m.ep.DisabledReason
-	case !m.target.Admits(del):
-		if !d.endpoints.confirmedFor(del) && d.tenantMatchesNow(del) {
-			// The cache is behind the committed endpoint: read it again before the row's
-			// next claim (confirmation may wait for a long transaction elsewhere).
-			d.endpoints.forceCheck.Store(true)
-			return unconfirmedTenant
+	}
+	admits, reason := m.target.Admits(del), routeRefusal(m, del)
+	if !admits || reason != "" {
+		if !d.endpoints.confirmedFor(del) {
+			if tenant, route := d.admitsNow(del); !admits && tenant || admits && route {
+				// The cache is behind the committed endpoint: read it again before the
+				// row's next claim (confirmation may wait for a long transaction elsewhere).
+				d.endpoints.forceCheck.Store(true)
+				return unconfirmedEndpoint
+			}
 		}
-		return send.TenantMismatch(del, m.target)
+		if !admits {
+			return send.TenantMismatch(del, m.target)
+		}
+		switch replay, err := d.replayed(del); {
+		case err != nil:
+			return replayUnchecked
+		case !replay:
+			return reason
+		}
 	}
 	del.Endpoint = m.target
 	return ""
 }
 
-// unconfirmedTenant is resolveManaged's answer for a delivery whose tenant is not its
-// endpoint's in a cache that may not hold the latest change yet (a tenant change whose
-// commit the cache's load did not see, while the routing statement did): the row is not
-// sent, and comes back once the cache is confirmed, rather than dead-lettered by stale data.
-const unconfirmedTenant = "the endpoint's tenant is not the event's in this instance's endpoint cache, not yet confirmed at the endpoints' current version: claimed again once it is"
+// routeRefusal returns why routing would not have sent del's event to m (its filter, or its
+// creation after the event was enqueued), as route.sql and routeInMemory decide it, or "".
+func routeRefusal(m *managed, del *delivery.Delivery) string {
+	if !endpoints.Matches(m.ep.EventTypes, del.EventType) {
+		return fmt.Sprintf("event type %q does not match the filter of endpoint %s (%s): an endpoint receives only the event types its filter names; `fluxhook dlq replay` sends it anyway",
+			del.EventType, m.ep.ID, strings.Join(m.ep.EventTypes, ","))
+	}
+	if m.ep.CreatedAt.After(del.EnqueuedAt) {
+		return fmt.Sprintf("the event was enqueued at %s, before endpoint %s was created (%s): an endpoint receives only the events enqueued after it was created; `fluxhook dlq replay` sends it anyway",
+			del.EnqueuedAt.UTC().Format(time.RFC3339Nano), m.ep.ID, m.ep.CreatedAt.UTC().Format(time.RFC3339Nano))
+	}
+	return ""
+}
 
-// tenantMatchesNow reports whether del's endpoint, as committed now, has del's tenant (a
-// failed read counts as yes: the row is released, not dead-lettered, and checked again).
-func (d *Dispatcher) tenantMatchesNow(del *delivery.Delivery) bool {
+// unconfirmedEndpoint is resolveManaged's answer for a delivery its endpoint does not take in
+// a cache that may not hold the latest change yet (a change of tenant, filter or creation time
+// whose commit the cache's load did not see, while the routing statement did): the row is not
+// sent, and comes back once the cache is confirmed, rather than dead-lettered by stale data.
+const unconfirmedEndpoint = "the endpoint does not take the event (its tenant, filter or creation time) in this instance's endpoint cache, not yet confirmed at the endpoints' current version: claimed again once it is"
+
+// admitsNowSQL reports whether an endpoint, as committed now, has an event's tenant, and
+// whether route.sql's other rules (the filter, the creation time) send the event to it.
+//
+//	$1 the endpoint's id, $2 the event's tenant, $3 its type, $4 its enqueue time.
+const admitsNowSQL = `SELECT e.tenant IS NOT DISTINCT FROM $2::text,
+	e.created_at <= $4::timestamptz
+	AND (cardinality(e.event_types) = 0 OR $3::text = ANY (e.event_types)
+	     OR EXISTS (SELECT 1 FROM unnest(e.event_types) f WHERE f LIKE '%.*' AND starts_with($3::text, left(f, -1))))
+	FROM webhook_endpoints e WHERE e.id = $1::uuid`
+
+// admitsNow reports whether del's endpoint, as committed now, has del's tenant, and whether
+// its filter and creation time let del's event through (a failed read counts as yes to both:
+// the row is released, not dead-lettered, and checked again).
+func (d *Dispatcher) admitsNow(del *delivery.Delivery) (tenant, route bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var match bool
-	err := d.pool.QueryRow(ctx, `SELECT tenant IS NOT DISTINCT FROM $2 FROM webhook_endpoints WHERE id = $1::uuid`,
-		del.EndpointID, tenantParam(del)).Scan(&match)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false
+	err := d.pool.QueryRow(ctx, admitsNowSQL, del.EndpointID, tenantParam(del), del.EventType, del.EnqueuedAt).Scan(&tenant, &route)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, false
+	case err != nil:
+		return true, true
 	}
-	return err != nil || match
+	return tenant, route
 }
+
+// replayedSQL finds the dead letter a replay was made of: `fluxhook dlq replay` marks the dead
+// letters it re-enqueues (replayed_at), and the replayed row carries the event unchanged.
+//
+//	$1 the delivery id, $2 the tenant, $3 the event type, $4 the payload.
+const replayedSQL = `SELECT EXISTS (SELECT 1 FROM webhook_dead_letter
+	WHERE delivery_id = $1::uuid AND replayed_at IS NOT NULL AND tenant IS NOT DISTINCT FROM $2::text
+	  AND event_type = $3::text AND payload = $4::jsonb)`
+
+// replayed reports whether del is a replay of a dead letter of the same event: an operator's
+// replay goes to an endpoint whatever its filter and creation time (its own endpoint, whose
+// filter may have changed since, or --to-endpoint's, possibly created after the event), so
+// routing's own rules are waived for it, never the tenant's.
+func (d *Dispatcher) replayed(del *delivery.Delivery) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var ok bool
+	if err := d.pool.QueryRow(ctx, replayedSQL, del.DeliveryID, tenantParam(del), del.EventType, string(del.Payload)).Scan(&ok); err != nil {
+		d.log.Warn("checking whether a delivery is a replay failed; it is claimed again", zap.Error(err),
+			zap.String("endpoint_id", del.EndpointID))
+		return false, err
+	}
+	return ok, nil
+}
+
+// replayUnchecked is resolveManaged's answer when it could not read whether a delivery its
+// endpoint's filter or creation time refuses is a replay: the row is released and checked
+// again, rather than dead-lettered for a failed read.
+const replayUnchecked = "could not check whether the delivery is a replay (the database did not answer): claimed again"
 
 // tenantParam is del's tenant as SQL has it: NULL for none.
 func tenantParam(del *delivery.Delivery) any {
@@ -597,9 +673,10 @@ func tenantParam(del *delivery.Delivery) any {
 const unconfirmedDelay = 250 * time.Millisecond
 
 // refusal is the outcome of a row the dispatcher will not send for reason: dead-lettered, or,
-// refused by an endpoint cache not yet confirmed, released to be claimed again.
+// refused by an endpoint cache not yet confirmed or for a replay check the database did not
+// answer, released to be claimed again.
 func refusal(reason string) delivery.Outcome {
-	if reason == unconfirmedTenant {
+	if reason == unconfirmedEndpoint || reason == replayUnchecked {
 		return delivery.Outcome{Kind: delivery.Release, Delay: unconfirmedDelay, Error: reason}
 	}
 	return delivery.Outcome{Kind: delivery.Permanent, Reason: reason}
