@@ -450,7 +450,8 @@ func (b *bundle) holdXmin() {
 // and reads the endpoints again before the row's next claim, so the event is delivered at
 // once, not released every 250 ms for as long as the long transaction lasts.
 func TestStaleTenantIsReadAgainWhileConfirmationWaits(t *testing.T) {
-	t.Parallel()
+	// Not parallel: holdXmin holds back every cache confirmation on the server (in-memory
+	// routing tests wait for one).
 	b := setup(t)
 	c := newConsumer(t, nil)
 	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Tenant: "acme"})
@@ -488,7 +489,8 @@ func TestStaleTenantIsReadAgainWhileConfirmationWaits(t *testing.T) {
 // since the cache cannot yet say that nothing orders), in order, while the transaction lasts,
 // rather than left to a confirmed cache that no instance has.
 func TestKeyedRowsGoWhileConfirmationWaits(t *testing.T) {
-	t.Parallel()
+	// Not parallel: holdXmin holds back every cache confirmation on the server (in-memory
+	// routing tests wait for one).
 	b := setup(t)
 	var healthy atomic.Bool
 	var mu sync.Mutex
