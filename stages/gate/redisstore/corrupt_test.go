@@ -467,3 +467,35 @@ func (c *checker) key(key, typ string) {
 		}
 	}
 }
+
+// TestForgedOpenUntilIsBoundedByTheReset: a breaker opened by something other than the scripts
+// (anyone who may write to Redis), well-formed and with an expiry, but open for a day, holds
+// the endpoint's rows back for at most this configuration's reset, after which a probe goes:
+// what the gate believes is bounded by its own settings, not by what it reads.
+func TestForgedOpenUntilIsBoundedByTheReset(t *testing.T) {
+	t.Parallel()
+	s := redistest.Open(t, redistest.Prefix(t))
+	c := &checker{t: t, s: s, hash: "forged-open-until", p: gate.Params{Threshold: 3, Reset: 500 * time.Millisecond,
+		RetryRPS: 3, Window: time.Second, ProbeTimeout: 30 * time.Second}.WithDefaults()}
+	ep := &delivery.Endpoint{Hash: c.hash}
+	corrupt(t, s, ep, corruption{"open for a day", breakerKey,
+		func(ctx context.Context, cl redis.UniversalClient, key string, now time.Time) error {
+			return fields(48*time.Hour, "state", "open", "failures", "3",
+				"open_until", strconv.FormatInt(now.Add(24*time.Hour).UnixMicro(), 10))(ctx, cl, key, now)
+		}})
+	dec := c.decide(true)
+	if v := dec.Rows[0]; v.Verdict != gate.DeferOpen || v.Delay > c.p.Reset {
+		t.Fatalf("a row behind a circuit forged open for a day: %v for %s, want deferred for at most the reset (%s)", v.Verdict, v.Delay, c.p.Reset)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		dec = c.decide(true)
+		if dec.Rows[0].Verdict == gate.Probe {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no probe 10 s after a reset of %s: the forged open_until held (last verdict %v)", c.p.Reset, dec.Rows[0].Verdict)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the store's own clock: no event to wait on
+	}
+}

@@ -24,6 +24,10 @@
 --                                          there is a limit: gate.Params.RetryReserve)
 -- ARGV[7] this check's token (probe owner; makes window entries unique)
 -- ARGV[8] the rows, one character each: '1' a retry (may be refused), '0' a first attempt
+-- ARGV[9] the breaker's reset (ms): an open circuit is believed open for at most this long from
+--         now; a later open_until (which record.lua never writes: it opens for one reset) was
+--         written by something else, and is cut back to it, so that whoever may write to
+--         Redis can hold an endpoint's rows back for one reset at a time, never for longer
 -- Returns {transition, verdict1, delay1, verdict2, delay2, ...}: transition is '' or
 -- 'open>half_open'; verdict 0 allow, 1 probe, 2 defer (open), 3 defer (probe held, until it
 -- expires), 4 defer (rate limit, until the slot handed to the row); delay in µs.
@@ -42,6 +46,7 @@ local state_ttl_ms = tonumber(ARGV[5])
 local reserve = math.max(tonumber(ARGV[6]), 1) -- gate.Params.RetryReserve is at least 1 with a limit
 local token = ARGV[7]
 local rows = ARGV[8]
+local reset_us = tonumber(ARGV[9]) * 1000
 local n = #rows
 local out = {''}
 
@@ -170,6 +175,10 @@ local state, open_until = 'closed', 0
 if threshold > 0 then
   local _
   state, _, open_until = read_breaker(KEYS[1], true)
+  if state == 'open' and open_until > now + reset_us then
+    open_until = now + reset_us
+    redis.call('HSET', KEYS[1], 'open_until', us(open_until))
+  end
 end
 
 if state == 'open' and now < open_until then

@@ -160,7 +160,7 @@ func (s *Store) Decide(ctx context.Context, p gate.Params, checks []gate.Endpoin
 		}
 		return []string{cb, probe, rl, retries, slot}, []any{
 			max(p.Threshold, 0), limit, max(1, p.Window.Microseconds()), ms(p.ProbeTimeout),
-			ms(gate.StateTTL), reserve, c.Token, string(flags),
+			ms(gate.StateTTL), reserve, c.Token, string(flags), ms(p.Reset),
 		}
 	})
 	if err != nil {
