@@ -140,6 +140,34 @@ type Endpoint struct {
 	EmptyTenant bool
 }
 
+// Origin is the URL's scheme, host and port ("https://hooks.example.com:8443"), or "" when
+// the URL does not parse. Logs name a consumer by it: an operator sees which consumer a line is
+// about, and never its path, query or credentials, where tokens live.
+func (e *Endpoint) Origin() string {
+	u := e.Parsed
+	if u == nil {
+		return URLOrigin(e.URL)
+	}
+	return origin(u)
+}
+
+// URLOrigin is Endpoint.Origin for a URL that has no Endpoint (a row's endpoint_url refused
+// before it got one).
+func URLOrigin(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	return origin(u)
+}
+
+func origin(u *url.URL) string {
+	if u.Scheme == "" || u.Host == "" {
+		return ""
+	}
+	return u.Scheme + "://" + u.Host
+}
+
 // Admits reports whether d may be sent to e: always for an endpoint_url or the configured
 // default, and for a managed endpoint only when d's event has the endpoint's tenant (both
 // none, or equal). The send stage asks it where the request is built, so that no path

@@ -1321,18 +1321,19 @@ func (d *Dispatcher) stale(del *delivery.Delivery) {
 }
 
 // deliveryFields are the fields every line about one delivery carries, for log shipping: the
-// endpoint by its hash (never its URL), a managed endpoint also by its id.
+// consumer by its URL's origin (scheme, host and port: never the path, query or credentials,
+// where tokens live) and by its hash (the breaker's key), a managed endpoint also by its id.
 func deliveryFields(del *delivery.Delivery) []zap.Field {
 	o := del.Outcome
-	endpoint := ""
+	endpoint, origin := "", ""
 	switch {
 	case del.Endpoint != nil:
-		endpoint = del.Endpoint.Hash
+		endpoint, origin = del.Endpoint.Hash, del.Endpoint.Origin()
 	case del.EndpointURL != "":
 		// A row dead-lettered for its endpoint_url before it had an endpoint: named by the
 		// same hash (of the URL as written), never by the URL, which may carry a token.
 		sum := sha256.Sum256([]byte(del.EndpointURL))
-		endpoint = hex.EncodeToString(sum[:])
+		endpoint, origin = hex.EncodeToString(sum[:]), delivery.URLOrigin(del.EndpointURL)
 	}
 	f := []zap.Field{
 		zap.String("delivery_id", del.DeliveryID),
@@ -1343,6 +1344,9 @@ func deliveryFields(del *delivery.Delivery) []zap.Field {
 	}
 	if endpoint != "" { // none before an endpoint was resolved (an invalid row of WEBHOOK_URL)
 		f = append(f, zap.String("endpoint", endpoint))
+	}
+	if origin != "" {
+		f = append(f, zap.String("origin", origin))
 	}
 	if del.EndpointID != "" {
 		f = append(f, zap.String("endpoint_id", del.EndpointID))

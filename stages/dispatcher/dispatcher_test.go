@@ -7,8 +7,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"go.uber.org/zap/zaptest/observer"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -735,21 +737,60 @@ func TestInvalidURLDeadLetterLogFields(t *testing.T) {
 	if e, ok := fields["error"]; ok {
 		t.Errorf("error field %q present, want it left out when there was no attempt", e)
 	}
+	if fields["origin"] != "ftp://example.com" {
+		t.Errorf("origin field = %v, want ftp://example.com (the URL's scheme and host, without its credentials)", fields["origin"])
+	}
 	if fmt.Sprint(fields["reason"]) == "" || strings.Contains(fmt.Sprint(fields), "token") {
 		t.Errorf("fields %v: want a reason and no part of the URL", fields)
 	}
 }
 
-// stallingGate holds its first batch until just past the batch's send-by time, as a
-// dispatcher paused between claim and send would be (a stop-the-world pause, SIGSTOP, a
-// starved CPU), and allows everything.
+// TestDeliveryLinesNameTheConsumersOrigin: a failed attempt's line names the consumer by its
+// URL's origin (scheme, host and port), so that an operator sees which consumer fails without
+// hashing URLs, and never carries the URL's path or query, where tokens live.
+func TestDeliveryLinesNameTheConsumersOrigin(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusServiceUnavailable) })
+	cfg, logs := b.observedConfig(c.URL()+"/hooks/secret-path?token=secret-query", zap.InfoLevel)
+	cfg.RetrySchedule = []time.Duration{time.Hour}
+	b.start(cfg)
+	id := b.enqueue(outbox.Event{})
+	lines := func() *observer.ObservedLogs { return logs.FilterField(zap.String("delivery_id", id)) }
+	eventually(t, 10*time.Second, "the failed attempt logged", func() bool { return lines().Len() > 0 })
+	u, err := url.Parse(c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range lines().All() {
+		if got := e.ContextMap()["origin"]; got != "http://"+u.Host {
+			t.Errorf("%q: origin = %v, want http://%s", e.Message, got, u.Host)
+		}
+	}
+	for _, e := range logs.All() {
+		if s := fmt.Sprint(e.Message, e.ContextMap()); strings.Contains(s, "secret-") {
+			t.Errorf("a log line carries the URL's path or query: %s", s)
+		}
+	}
+}
+
+// stallingGate makes its first batch reach its requests past the batch's send-by time, as a
+// dispatcher paused between claim and send would (a stop-the-world pause, SIGSTOP, a starved
+// CPU), and allows everything.
 type stallingGate struct {
 	gate.AllowAll
 	once sync.Once
 }
 
 func (g *stallingGate) Check(ctx context.Context, batch []*delivery.Delivery) {
-	g.once.Do(func() { time.Sleep(time.Until(batch[0].SendBy) + 50*time.Millisecond) }) // the pause under test
+	// The pause under test, without sleeping through the 500 ms left before the lease ends (a
+	// loaded machine could let a claim take the row again first): the rows reach their
+	// request past their send-by time.
+	g.once.Do(func() {
+		for _, del := range batch {
+			del.SendBy = time.Now().Add(-time.Millisecond)
+		}
+	})
 }
 
 // TestHeldUpPastTheLeaseReleasesUnsent: a row that reaches its request when its lease has
