@@ -472,3 +472,59 @@ func TestOrderingChecksTheOutboxIDs(t *testing.T) {
 		t.Errorf("ordered_rows_beyond_sequence = %v, want 1 (the row keyed 1000000)", got)
 	}
 }
+
+// TestOrderedEndpointHoldBack: the hold-back applies to a managed endpoint that orders streams
+// as it does to WEBHOOK_ORDERING (TestOrderedHoldBack). A producer transaction that drew a
+// smaller id of a stream and has not committed (a plain INSERT in an open transaction, as
+// producers write) holds back the endpoint's delivery of the stream's later event, committed
+// by another transaction and already routed, until it ends; then both arrive, the smaller id
+// first. Otherwise the later event goes, and the earlier one, once committed, arrives after
+// it: the stream went backwards.
+func TestOrderedEndpointHoldBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ordered := newConsumer(t, nil)
+	plain := newConsumer(t, nil)
+	oep := b.addEndpoint(endpoints.New{URL: ordered.URL(), EventTypes: []string{"stream.*"}, Ordering: endpoints.OrderingStream})
+	b.addEndpoint(endpoints.New{URL: plain.URL(), EventTypes: []string{"test.unordered"}})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	ctx := context.Background()
+	slow, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(ctx)
+	if _, err := slow.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+		VALUES ('h', 'stream.created', '{"stream": "h", "seq": 0}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+		VALUES ('h', 'stream.updated', '{"stream": "h", "seq": 1}')`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the later event routed to the ordered endpoint", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'h'`, oep.ID) == 1
+	})
+	// An unordered event committed after that delivery: its arrival shows a claim saw it.
+	unordered := b.enqueue(outbox.Event{EventType: "test.unordered"})
+	eventually(t, 30*time.Second, "the unordered event delivered", func() bool {
+		return len(plain.byDelivery()[unordered]) > 0
+	})
+	if got := ordered.arrivals(); len(got) > 0 {
+		t.Fatalf("stream h's event %s arrived while an older producer transaction was open", got[0].Body)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'h'
+		AND lease_until IS NULL AND NOT processed`, oep.ID); n != 1 {
+		t.Fatal("the later event's ordered delivery was claimed while an older producer transaction was open")
+	}
+	if err := slow.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitSettled(30 * time.Second)
+	if got := checkStreamOrder(t, ordered, true, nil); got["h"] != 2 {
+		t.Errorf("stream h: %d events arrived, want 2", got["h"])
+	}
+}
