@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -526,5 +527,76 @@ func TestOrderedEndpointHoldBack(t *testing.T) {
 	b.waitSettled(30 * time.Second)
 	if got := checkStreamOrder(t, ordered, true, nil); got["h"] != 2 {
 		t.Errorf("stream h: %d events arrived, want 2", got["h"])
+	}
+}
+
+// TestRetriedHeadKeepsItsPlace: a stream's head that fails several times in a row keeps its
+// place through every retry: its later events, waiting, are not sent before its first 2xx,
+// and the consumer's first 2xx of each event come in id order. Each retry is a new row, so
+// the order key must be carried from retry to retry: a retry keyed anew (its own id, or the
+// failed attempt's: the same as the event's only for the first retry of a WEBHOOK_URL row)
+// lets the later events go past it. Both consumers that order: a managed endpoint and
+// WEBHOOK_ORDERING's default URL.
+func TestRetriedHeadKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	const fails = 3 // the head's first three attempts fail
+	for _, managed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("managed=%v", managed), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			refused := func(a arrival) bool {
+				var ev streamEvent
+				_ = json.Unmarshal(a.Body, &ev)
+				n, _ := strconv.Atoi(a.Attempt)
+				return ev.Seq == 0 && n <= fails
+			}
+			c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+				if refused(a) {
+					w.WriteHeader(http.StatusServiceUnavailable)
+				}
+			})
+			cfg := b.config(c.URL())
+			cfg.Ordering = true
+			if managed {
+				b.addEndpoint(endpoints.New{URL: c.URL(), Ordering: endpoints.OrderingStream})
+				cfg = b.config("")
+				cfg.Secret = ""
+				cfg.EncryptionKey = testKey
+			}
+			cfg.RetrySchedule = []time.Duration{20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}
+			b.start(cfg)
+			// The head and three later events, committed together: the later ones wait.
+			if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+				SELECT 'r', 'stream.updated', jsonb_build_object('stream', 'r', 'seq', i) FROM generate_series(0, 3) i ORDER BY i`); err != nil {
+				t.Fatal(err)
+			}
+			b.waitSettled(30 * time.Second)
+			headOK := -1
+			attempts := 0
+			for i, a := range c.arrivals() {
+				var ev streamEvent
+				if err := json.Unmarshal(a.Body, &ev); err != nil {
+					t.Fatalf("payload %s: %v", a.Body, err)
+				}
+				switch {
+				case ev.Seq == 0:
+					attempts++
+					if !refused(a) && headOK < 0 {
+						headOK = i
+					}
+				case headOK < 0:
+					t.Errorf("event %d was sent before the head's 2xx (after %d of its attempts)", ev.Seq, attempts)
+				}
+			}
+			if attempts != fails+1 || headOK < 0 {
+				t.Fatalf("the head was attempted %d times (2xx: %v), want %d: the test did not retry it enough", attempts, headOK >= 0, fails+1)
+			}
+			if got := checkStreamOrder(t, c, managed, refused); got["r"] != 4 {
+				t.Errorf("stream r: %d events arrived, want 4", got["r"])
+			}
+			if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+				t.Errorf("%d dead letters, want none", n)
+			}
+		})
 	}
 }
