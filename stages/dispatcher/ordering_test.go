@@ -600,3 +600,58 @@ func TestRetriedHeadKeepsItsPlace(t *testing.T) {
 		})
 	}
 }
+
+// TestOrderedEndpointWaitsForUnroutedEvents: an ordered endpoint's delivery of a stream's
+// event waits while an earlier event of the stream has not been routed yet, here because
+// another instance holds its lease (as while that instance routes it, or after it crashed):
+// the dispatcher routes the later event but does not send it, though an unrelated event goes.
+// Once the earlier event's lease ends, the dispatcher routes and sends it, and then the later
+// one. The claim statement's head check counts events waiting to be routed
+// (TestOrderedClaimWaitsForTheStreamsUnroutedEvents pins it at the claim level).
+func TestOrderedEndpointWaitsForUnroutedEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ordered := newConsumer(t, nil)
+	plain := newConsumer(t, nil)
+	oep := b.addEndpoint(endpoints.New{URL: ordered.URL(), EventTypes: []string{"stream.*"}, Ordering: endpoints.OrderingStream})
+	b.addEndpoint(endpoints.New{URL: plain.URL(), EventTypes: []string{"test.unordered"}})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	ctx := context.Background()
+	// Event 0 of stream u, leased by another instance that has not routed it.
+	var first int64
+	if err := b.pool.QueryRow(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload, leased_by, lease_token, lease_until)
+		VALUES ('u', 'stream.created', '{"stream": "u", "seq": 0}', 'other', 1, now() + interval '1 hour') RETURNING id`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+		VALUES ('u', 'stream.updated', '{"stream": "u", "seq": 1}')`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the later event routed to the ordered endpoint", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'u'`, oep.ID) == 1
+	})
+	// An unordered event committed after that delivery: its arrival shows a claim saw it.
+	unordered := b.enqueue(outbox.Event{EventType: "test.unordered"})
+	eventually(t, 30*time.Second, "the unordered event delivered", func() bool {
+		return len(plain.byDelivery()[unordered]) > 0
+	})
+	if got := ordered.arrivals(); len(got) > 0 {
+		t.Fatalf("stream u's event %s arrived while its earlier event waited to be routed", got[0].Body)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'u'
+		AND lease_until IS NULL AND NOT processed`, oep.ID); n != 1 {
+		t.Fatal("the later event's ordered delivery was claimed while its earlier event waited to be routed")
+	}
+	// The other instance's lease ends; another event wakes the dispatcher.
+	if _, err := b.pool.Exec(ctx, `UPDATE webhook_outbox SET lease_until = now() - interval '1 second' WHERE id = $1`, first); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(outbox.Event{EventType: "test.unordered"})
+	b.waitSettled(30 * time.Second)
+	if got := checkStreamOrder(t, ordered, true, nil); got["u"] != 2 {
+		t.Errorf("stream u: %d events arrived, want 2", got["u"])
+	}
+}
