@@ -11,6 +11,7 @@ import (
 
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/claim"
+	"github.com/fluxora/fluxhook/stages/delivery"
 )
 
 func TestClaimLeasesArmsAndSkips(t *testing.T) {
@@ -649,5 +650,84 @@ func TestOrderedClaimSeesTheFirstEndpoint(t *testing.T) {
 	}
 	if len(res.Rows) != 0 {
 		t.Fatalf("the claim took row %d (key %d) while event %d of its stream waits to be routed", res.Rows[0].ID, res.Rows[0].OrderKey, first)
+	}
+}
+
+// TestOrderedClaimWaitsForTheStreamsUnroutedEvents: an ordered endpoint's delivery of a
+// stream's event is not its stream's head while an earlier event of the stream has not been
+// routed yet (leased by another instance, or left for a later batch): once routed, that event's
+// delivery will have the smaller key. Here instance b holds event 1 of stream s, and instance
+// a, which knows its endpoints (Routed), routes event 2 and claims: the claim must not take
+// event 2's delivery. Once b's lease lapses and a routes event 1, a claim takes event 1's
+// delivery and still not event 2's. Without the head check's unrouted events clause the
+// stream's second event went first.
+func TestOrderedClaimWaitsForTheStreamsUnroutedEvents(t *testing.T) {
+	t.Parallel()
+	db, a := newRegistered(t, "a")
+	ctx := deadline(t)
+	b := claim.New(db.Pool, "b", time.Minute)
+	if err := b.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, ordering, created_at)
+		VALUES ('http://127.0.0.1:1/', 's', 'stream', now() - interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	var first, second int64
+	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload) VALUES ('s', 'order.created', '{}') RETURNING id`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload) VALUES ('s', 'order.updated', '{}') RETURNING id`).Scan(&second); err != nil {
+		t.Fatal(err)
+	}
+	// As a dispatcher that knows an endpoint orders streams, with no producer holding the
+	// horizon back.
+	ordering := claim.Ordering{Active: true, Routed: true, Horizon: 1 << 62}
+	a.SetOrdering(ordering)
+	b.SetOrdering(ordering)
+	claimed := func(c *claim.Claimer) []*delivery.Delivery {
+		t.Helper()
+		res, err := c.Claim(ctx, 1, claim.Skip{}, false, claim.Cursor{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Rows
+	}
+	route := func(rows []*delivery.Delivery, event int64) {
+		t.Helper()
+		if len(rows) != 1 || rows[0].ID != event {
+			t.Fatalf("claimed %d rows; want event %d", len(rows), event)
+		}
+		r, err := a.Route(ctx, rows, false)
+		if err != nil || r.Queued != 1 || len(r.Deliveries) != 0 {
+			t.Fatalf("routing event %d: %d queued, %d leased deliveries, %v; want its ordered delivery queued", event, r.Queued, len(r.Deliveries), err)
+		}
+	}
+	held := claimed(b) // instance b holds event 1, not routed yet
+	if len(held) != 1 || held[0].ID != first {
+		t.Fatalf("instance b claimed %d rows; want event %d", len(held), first)
+	}
+	route(claimed(a), second) // event 2 comes in a's batch
+	var key int64
+	if err := db.Pool.QueryRow(ctx, `SELECT order_key FROM webhook_outbox WHERE endpoint_id IS NOT NULL AND stream_id = 's'`).Scan(&key); err != nil || key != second {
+		t.Fatalf("event 2's delivery has order key %d (%v), want %d", key, err, second)
+	}
+	for _, c := range []*claim.Claimer{a, b} {
+		if rows := claimed(c); len(rows) != 0 {
+			t.Fatalf("a claim took row %d (key %d) while event %d of its stream waits to be routed", rows[0].ID, rows[0].OrderKey, first)
+		}
+	}
+
+	// b's lease lapses; a claims and routes event 1: its delivery is the head now.
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET lease_until = now() - interval '1 second' WHERE id = $1`, first); err != nil {
+		t.Fatal(err)
+	}
+	route(claimed(a), first)
+	rows := claimed(a)
+	if len(rows) != 1 || rows[0].OrderKey != first {
+		t.Fatalf("after event 1 was routed the claim took %d rows; want event 1's delivery (key %d)", len(rows), first)
+	}
+	if more := claimed(a); len(more) != 0 {
+		t.Fatalf("a claim took key %d while the stream's head (key %d) is in flight", more[0].OrderKey, first)
 	}
 }

@@ -260,3 +260,76 @@ func TestRouteIsFencedWhileItWaitsForTheRow(t *testing.T) {
 			rows, logged, leasedBy, token, routed)
 	}
 }
+
+// TestRouteIsFencedByTheLeaseToken: an event whose lease lapsed and was claimed again by the
+// same instance (a new lease token, the same leased_by) routes nothing with the old claim's
+// rows: no delivery row is inserted, nothing is logged, and the event stays as the new claim
+// holds it (its token, unrouted). Only the token tells the two claims apart here, since both
+// are this instance's: without its check in route.sql, the late router fans the event out
+// (or keeps it for WEBHOOK_URL) under the new claim's feet, and the event is delivered twice
+// or routed while the new holder routes it too. TestRouteIsFencedWhileItWaitsForTheRow fences
+// another instance, which leased_by alone already stops.
+func TestRouteIsFencedByTheLeaseToken(t *testing.T) {
+	t.Parallel()
+	for _, keepDefault := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keepDefault=%v", keepDefault), func(t *testing.T) {
+			t.Parallel()
+			db, c := newRegistered(t, "a")
+			ctx := deadline(t)
+			if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, created_at)
+				VALUES ('http://127.0.0.1:1/hook', 's', now() - interval '1 minute')`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, enqueued_at)
+				VALUES ('t.fenced', '{}', now() - interval '1 second')`); err != nil {
+				t.Fatal(err)
+			}
+			old, err := c.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
+			if err != nil || len(old.Rows) != 1 {
+				t.Fatalf("claimed %d rows: %v; want the event", len(old.Rows), err)
+			}
+			ev := old.Rows[0]
+			// The old claim's lease lapses (as during a stall of this instance), and the same
+			// instance claims the event again.
+			if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET lease_until = now() - interval '1 second' WHERE id = $1`, ev.ID); err != nil {
+				t.Fatal(err)
+			}
+			again, err := c.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
+			if err != nil || len(again.Rows) != 1 || again.Rows[0].ID != ev.ID {
+				t.Fatalf("the second claim took %d rows: %v; want the event whose lease lapsed", len(again.Rows), err)
+			}
+			newToken := again.Rows[0].LeaseToken
+			if newToken == ev.LeaseToken {
+				t.Fatalf("the second claim reused the first's lease token %d", newToken)
+			}
+
+			r, err := c.Route(ctx, old.Rows, keepDefault)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Deliveries) != 0 || r.Queued != 0 || len(r.Settled) != 0 || len(r.Kept) != 0 {
+				t.Errorf("routing with the lapsed claim's token returned %d deliveries, %d queued, settled %v, kept %v; want nothing",
+					len(r.Deliveries), r.Queued, r.Settled, r.Kept)
+			}
+			var rows, logged int
+			var leasedBy string
+			var token int64
+			var routed bool
+			if err := db.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM webhook_outbox), (SELECT count(*) FROM webhook_delivery_log),
+				(SELECT leased_by FROM webhook_outbox WHERE id = $1), (SELECT lease_token FROM webhook_outbox WHERE id = $1),
+				(SELECT routed_at IS NOT NULL FROM webhook_outbox WHERE id = $1)`, ev.ID).Scan(&rows, &logged, &leasedBy, &token, &routed); err != nil {
+				t.Fatalf("the event row is gone (routed with a lapsed claim's token): %v", err)
+			}
+			if rows != 1 || logged != 0 || leasedBy != "a" || token != newToken || routed {
+				t.Errorf("after routing with the lapsed token: %d outbox rows, %d logged, the event leased by %q with token %d, routed %v; want only the event, as the new claim holds it (a, %d, unrouted)",
+					rows, logged, leasedBy, token, routed, newToken)
+			}
+
+			// The new claim's rows still route it.
+			r, err = c.Route(ctx, again.Rows, keepDefault)
+			if err != nil || len(r.Deliveries) != 1 {
+				t.Fatalf("routing with the new claim's token made %d deliveries: %v; want 1", len(r.Deliveries), err)
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -470,5 +471,187 @@ func TestOrderingChecksTheOutboxIDs(t *testing.T) {
 	d = b.start(cfg)
 	if got, _ := metricValue(t, d.Registry(), "fluxora_webhook_ordered_rows_beyond_sequence", nil); got != 1 {
 		t.Errorf("ordered_rows_beyond_sequence = %v, want 1 (the row keyed 1000000)", got)
+	}
+}
+
+// TestOrderedEndpointHoldBack: the hold-back applies to a managed endpoint that orders streams
+// as it does to WEBHOOK_ORDERING (TestOrderedHoldBack). A producer transaction that drew a
+// smaller id of a stream and has not committed (a plain INSERT in an open transaction, as
+// producers write) holds back the endpoint's delivery of the stream's later event, committed
+// by another transaction and already routed, until it ends; then both arrive, the smaller id
+// first. Otherwise the later event goes, and the earlier one, once committed, arrives after
+// it: the stream went backwards.
+func TestOrderedEndpointHoldBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ordered := newConsumer(t, nil)
+	plain := newConsumer(t, nil)
+	oep := b.addEndpoint(endpoints.New{URL: ordered.URL(), EventTypes: []string{"stream.*"}, Ordering: endpoints.OrderingStream})
+	b.addEndpoint(endpoints.New{URL: plain.URL(), EventTypes: []string{"test.unordered"}})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	ctx := context.Background()
+	slow, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(ctx)
+	if _, err := slow.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+		VALUES ('h', 'stream.created', '{"stream": "h", "seq": 0}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+		VALUES ('h', 'stream.updated', '{"stream": "h", "seq": 1}')`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the later event routed to the ordered endpoint", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'h'`, oep.ID) == 1
+	})
+	// An unordered event committed after that delivery: its arrival shows a claim saw it.
+	unordered := b.enqueue(outbox.Event{EventType: "test.unordered"})
+	eventually(t, 30*time.Second, "the unordered event delivered", func() bool {
+		return len(plain.byDelivery()[unordered]) > 0
+	})
+	if got := ordered.arrivals(); len(got) > 0 {
+		t.Fatalf("stream h's event %s arrived while an older producer transaction was open", got[0].Body)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'h'
+		AND lease_until IS NULL AND NOT processed`, oep.ID); n != 1 {
+		t.Fatal("the later event's ordered delivery was claimed while an older producer transaction was open")
+	}
+	if err := slow.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitSettled(30 * time.Second)
+	if got := checkStreamOrder(t, ordered, true, nil); got["h"] != 2 {
+		t.Errorf("stream h: %d events arrived, want 2", got["h"])
+	}
+}
+
+// TestRetriedHeadKeepsItsPlace: a stream's head that fails several times in a row keeps its
+// place through every retry: its later events, waiting, are not sent before its first 2xx,
+// and the consumer's first 2xx of each event come in id order. Each retry is a new row, so
+// the order key must be carried from retry to retry: a retry keyed anew (its own id, or the
+// failed attempt's: the same as the event's only for the first retry of a WEBHOOK_URL row)
+// lets the later events go past it. Both consumers that order: a managed endpoint and
+// WEBHOOK_ORDERING's default URL.
+func TestRetriedHeadKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	const fails = 3 // the head's first three attempts fail
+	for _, managed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("managed=%v", managed), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			refused := func(a arrival) bool {
+				var ev streamEvent
+				_ = json.Unmarshal(a.Body, &ev)
+				n, _ := strconv.Atoi(a.Attempt)
+				return ev.Seq == 0 && n <= fails
+			}
+			c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+				if refused(a) {
+					w.WriteHeader(http.StatusServiceUnavailable)
+				}
+			})
+			cfg := b.config(c.URL())
+			cfg.Ordering = true
+			if managed {
+				b.addEndpoint(endpoints.New{URL: c.URL(), Ordering: endpoints.OrderingStream})
+				cfg = b.config("")
+				cfg.Secret = ""
+				cfg.EncryptionKey = testKey
+			}
+			cfg.RetrySchedule = []time.Duration{20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}
+			b.start(cfg)
+			// The head and three later events, committed together: the later ones wait.
+			if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+				SELECT 'r', 'stream.updated', jsonb_build_object('stream', 'r', 'seq', i) FROM generate_series(0, 3) i ORDER BY i`); err != nil {
+				t.Fatal(err)
+			}
+			b.waitSettled(30 * time.Second)
+			headOK := -1
+			attempts := 0
+			for i, a := range c.arrivals() {
+				var ev streamEvent
+				if err := json.Unmarshal(a.Body, &ev); err != nil {
+					t.Fatalf("payload %s: %v", a.Body, err)
+				}
+				switch {
+				case ev.Seq == 0:
+					attempts++
+					if !refused(a) && headOK < 0 {
+						headOK = i
+					}
+				case headOK < 0:
+					t.Errorf("event %d was sent before the head's 2xx (after %d of its attempts)", ev.Seq, attempts)
+				}
+			}
+			if attempts != fails+1 || headOK < 0 {
+				t.Fatalf("the head was attempted %d times (2xx: %v), want %d: the test did not retry it enough", attempts, headOK >= 0, fails+1)
+			}
+			if got := checkStreamOrder(t, c, managed, refused); got["r"] != 4 {
+				t.Errorf("stream r: %d events arrived, want 4", got["r"])
+			}
+			if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+				t.Errorf("%d dead letters, want none", n)
+			}
+		})
+	}
+}
+
+// TestOrderedEndpointWaitsForUnroutedEvents: an ordered endpoint's delivery of a stream's
+// event waits while an earlier event of the stream has not been routed yet, here because
+// another instance holds its lease (as while that instance routes it, or after it crashed):
+// the dispatcher routes the later event but does not send it, though an unrelated event goes.
+// Once the earlier event's lease ends, the dispatcher routes and sends it, and then the later
+// one. The claim statement's head check counts events waiting to be routed
+// (TestOrderedClaimWaitsForTheStreamsUnroutedEvents pins it at the claim level).
+func TestOrderedEndpointWaitsForUnroutedEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ordered := newConsumer(t, nil)
+	plain := newConsumer(t, nil)
+	oep := b.addEndpoint(endpoints.New{URL: ordered.URL(), EventTypes: []string{"stream.*"}, Ordering: endpoints.OrderingStream})
+	b.addEndpoint(endpoints.New{URL: plain.URL(), EventTypes: []string{"test.unordered"}})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	ctx := context.Background()
+	// Event 0 of stream u, leased by another instance that has not routed it.
+	var first int64
+	if err := b.pool.QueryRow(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload, leased_by, lease_token, lease_until)
+		VALUES ('u', 'stream.created', '{"stream": "u", "seq": 0}', 'other', 1, now() + interval '1 hour') RETURNING id`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+		VALUES ('u', 'stream.updated', '{"stream": "u", "seq": 1}')`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the later event routed to the ordered endpoint", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'u'`, oep.ID) == 1
+	})
+	// An unordered event committed after that delivery: its arrival shows a claim saw it.
+	unordered := b.enqueue(outbox.Event{EventType: "test.unordered"})
+	eventually(t, 30*time.Second, "the unordered event delivered", func() bool {
+		return len(plain.byDelivery()[unordered]) > 0
+	})
+	if got := ordered.arrivals(); len(got) > 0 {
+		t.Fatalf("stream u's event %s arrived while its earlier event waited to be routed", got[0].Body)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'u'
+		AND lease_until IS NULL AND NOT processed`, oep.ID); n != 1 {
+		t.Fatal("the later event's ordered delivery was claimed while its earlier event waited to be routed")
+	}
+	// The other instance's lease ends; another event wakes the dispatcher.
+	if _, err := b.pool.Exec(ctx, `UPDATE webhook_outbox SET lease_until = now() - interval '1 second' WHERE id = $1`, first); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(outbox.Event{EventType: "test.unordered"})
+	b.waitSettled(30 * time.Second)
+	if got := checkStreamOrder(t, ordered, true, nil); got["u"] != 2 {
+		t.Errorf("stream u: %d events arrived, want 2", got["u"])
 	}
 }
