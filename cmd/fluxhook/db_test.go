@@ -31,6 +31,14 @@ func runCLI(t *testing.T, databaseURL string, args ...string) cliResult {
 	return cliResult{stdout: stdout.String(), stderr: stderr.String(), code: code}
 }
 
+// runCLIEnv runs fluxhook in-process with exactly env as its environment.
+func runCLIEnv(t *testing.T, env map[string]string, args ...string) cliResult {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(args, &stdout, &stderr, func(k string) string { return env[k] })
+	return cliResult{stdout: stdout.String(), stderr: stderr.String(), code: code}
+}
+
 // mustExec runs fixture SQL on the test database.
 func mustExec(t *testing.T, db *sqltest.DB, sql string, args ...any) {
 	t.Helper()

@@ -18,6 +18,7 @@ import (
 
 	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/sql/endpoints"
+	"github.com/fluxora/fluxhook/stages/send"
 )
 
 func init() {
@@ -353,6 +354,11 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 	if n.URL == "" {
 		return usageError("--url is required")
 	}
+	if err := send.ValidateURL(n.URL); err == nil {
+		if err := reachableURL(env, "url", n.URL, false); err != nil {
+			return err
+		}
+	}
 	var err error
 	if n.Secret, err = secretArg(env, "secret", *secret, *secretFile); err != nil {
 		return err
@@ -624,6 +630,11 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 		h := map[string]string(headers)
 		p.Headers, p.MergeHeaders = &h, !*clearHeaders
 	}
+	if u.set && send.ValidateURL(u.v) == nil {
+		if err := reachableURL(env, "url", u.v, false); err != nil {
+			return err
+		}
+	}
 	if (secret.set || *secretFile != "") && !scheme.set {
 		return usageError("--secret and --secret-file change the secret only with --scheme; to replace it, use `fluxhook endpoints rotate-secret %s --secret-file PATH`", id)
 	}
@@ -848,4 +859,23 @@ func ensureStreamIndex(ctx context.Context, env *environment, pool *pgxpool.Pool
 	case built:
 		fmt.Fprintln(env.stderr, "created index webhook_outbox_stream_idx, which ordered delivery needs")
 	}
+}
+
+// reachableURL refuses a URL the dispatcher can never reach by its address alone (a private or
+// link-local IP, say), under the network setting named by setting as this command's
+// environment has it (serve's must allow the same): stored, it would only be dead-lettered at
+// every delivery. rowURL: the URL is a row's endpoint_url (WEBHOOK_ROW_URL_NETWORKS).
+func reachableURL(env *environment, flagName, rawURL string, rowURL bool) error {
+	setting, parse := "WEBHOOK_ALLOWED_NETWORKS", send.ParseAllowedNetworks
+	if rowURL {
+		setting, parse = "WEBHOOK_ROW_URL_NETWORKS", send.ParseRowURLNetworks
+	}
+	networks, err := parse(env.getenv(setting))
+	if err != nil {
+		return usageError("%v", err)
+	}
+	if err := send.CheckURL(rawURL, networks, rowURL); err != nil {
+		return usageError("--%s: %v (serve applies %s; set it here too to store this URL)", flagName, err, setting)
+	}
+	return nil
 }

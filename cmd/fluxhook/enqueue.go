@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/fluxora/fluxhook/sql/outbox"
+	"github.com/fluxora/fluxhook/stages/send"
 )
 
 func init() {
@@ -39,6 +40,11 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 		return usageError("--delay %v is negative", *delay)
 	}
 
+	if *endpointURL != "" && send.ValidateURL(*endpointURL) == nil {
+		if err := reachableURL(env, "endpoint-url", *endpointURL, true); err != nil {
+			return err
+		}
+	}
 	pool, err := connectCurrent(ctx, *dbURL)
 	if err != nil {
 		return err

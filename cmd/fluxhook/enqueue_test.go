@@ -99,3 +99,37 @@ func TestEnqueueCommandNeedsADatabase(t *testing.T) {
 		t.Fatalf("on an unmigrated database: exit %d, stderr %q; want 1 with the migrate hint", r.code, r.stderr)
 	}
 }
+
+// TestURLsTheDispatcherCannotReachAreRefusedAtTheDoor: a URL the dispatcher could never call
+// (no scheme, credentials) or never reach by its address (a private IP for an endpoint, a
+// loopback IP for a row's endpoint_url) is refused when it is stored, naming what is wrong
+// and the setting that would allow it, instead of being accepted and dead-lettered at every
+// delivery; with the setting, it is stored.
+func TestURLsTheDispatcherCannotReachAreRefusedAtTheDoor(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "notaurl"}, "EndpointURL"},
+		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "https://user:pw@consumer.example/hook"}, "user name or password"},
+		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "http://127.0.0.1:9/admin"}, "WEBHOOK_ROW_URL_NETWORKS"},
+		{[]string{"endpoints", "add", "--url", "https://10.0.0.5/hooks", "--secret", serveSecret}, "WEBHOOK_ALLOWED_NETWORKS"},
+		{[]string{"endpoints", "add", "--url", "https://169.254.169.254/latest", "--secret", serveSecret}, "169.254.169.254"},
+	} {
+		r := runCLI(t, db.URL, c.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and a message naming %s", c.args, r.code, r.stderr, c.want)
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox`) + count(t, db, `SELECT count(*) FROM webhook_endpoints`); n != 0 {
+		t.Errorf("%d rows stored for refused URLs", n)
+	}
+	// With the setting that allows it, the same private endpoint is stored.
+	r := runCLIEnv(t, map[string]string{"DATABASE_URL": db.URL, "WEBHOOK_ALLOWED_NETWORKS": "10.0.0.0/8"},
+		"endpoints", "add", "--url", "https://10.0.0.5/hooks", "--secret", serveSecret)
+	if r.code != 0 {
+		t.Errorf("endpoints add of a private address allowed by WEBHOOK_ALLOWED_NETWORKS: exit %d, %s", r.code, r.stderr)
+	}
+}

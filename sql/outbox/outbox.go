@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fluxora/fluxhook/stages/send"
 	"strings"
 	"time"
 
@@ -47,9 +48,10 @@ type Event struct {
 	// StreamID groups events for the consumer's own bookkeeping; "" stores NULL.
 	StreamID string
 	// EndpointURL overrides the dispatcher's WEBHOOK_URL for this event; "" stores NULL, which
-	// means WEBHOOK_URL. The dispatcher validates it (https, no credentials, allowed network)
-	// when it sends; an invalid one ends in the dead-letter table, not here, because only the
-	// dispatcher knows its network policy.
+	// means WEBHOOK_URL. Enqueue refuses one the dispatcher can never call (no http(s) scheme or
+	// host, credentials); its network policy (WEBHOOK_ROW_URL_NETWORKS: public addresses only
+	// by default) is the dispatcher's, applied when it sends, and a URL it refuses ends in the
+	// dead-letter table.
 	EndpointURL string
 	// Tenant scopes the event to one tenant (schema 5): it reaches only the managed endpoints
 	// of that tenant, never another's, and not the default WEBHOOK_URL consumer. "" stores
@@ -148,6 +150,14 @@ func validate(ev Event) ([]byte, error) {
 	}
 	if strings.ContainsRune(ev.EndpointURL, 0) {
 		return nil, fmt.Errorf("%w: EndpointURL contains a NUL byte, which PostgreSQL text cannot store", ErrInvalidEvent)
+	}
+	if ev.EndpointURL != "" {
+		// The dispatcher's own rules (scheme, host, credentials): a URL it can never call is
+		// refused here rather than stored and dead-lettered. Its network policy is the
+		// dispatcher's, applied when it sends.
+		if err := send.ValidateURL(ev.EndpointURL); err != nil {
+			return nil, fmt.Errorf("%w: EndpointURL: %v", ErrInvalidEvent, err)
+		}
 	}
 	if ev.Delay < 0 {
 		return nil, fmt.Errorf("%w: Delay %v is negative", ErrInvalidEvent, ev.Delay)

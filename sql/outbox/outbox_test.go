@@ -184,6 +184,8 @@ func TestEnqueueRejectsInvalidEventsBeforeTouchingTheDatabase(t *testing.T) {
 		{"NUL in payload", outbox.Event{EventType: "t", Payload: map[string]string{"a": "x\x00y"}}, `\u0000`},
 		{"NUL in stream id", outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), StreamID: "a\x00"}, "NUL"},
 		{"negative delay", outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), Delay: -time.Second}, "negative"},
+		{"endpoint URL without a scheme", outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), EndpointURL: "notaurl"}, "EndpointURL"},
+		{"endpoint URL with credentials", outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), EndpointURL: "https://u:p@x.example/"}, "password"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

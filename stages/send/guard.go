@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"syscall"
@@ -448,4 +449,20 @@ func errRefused(err error) (*refusedError, bool) {
 	var re *refusedError
 	ok := errors.As(err, &re)
 	return re, ok
+}
+
+// CheckURL applies the network policy to rawURL's host where that needs no lookup (an IP
+// address, or localhost), as the dispatcher will when it sends: an operator's URL (WEBHOOK_URL,
+// a managed endpoint) with networks = WEBHOOK_ALLOWED_NETWORKS, a row's endpoint_url (rowURL)
+// with networks = WEBHOOK_ROW_URL_NETWORKS. Commands that store a URL call it so that one the
+// dispatcher can never reach is refused at once, naming the setting that would allow it,
+// rather than accepted and dead-lettered at every delivery. A host name passes: only the dial,
+// after its lookup, can judge it. rawURL must already pass ValidateURL.
+func CheckURL(rawURL string, networks []netip.Prefix, rowURL bool) error {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidURL, err)
+	}
+	g := &guard{allowed: networks, rowURLs: rowURL}
+	return g.checkHost(u.Hostname())
 }
