@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -253,11 +252,8 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 		bad("METRICS_ENDPOINT_LABEL", "must be true or false, got %q", v["METRICS_ENDPOINT_LABEL"])
 	}
 
-	if d.DatabaseURL == "" {
-		bad("DATABASE_URL", "is required: a PostgreSQL URL such as postgres://user@localhost:5432/app")
-	} else if _, err := pgxpool.ParseConfig(d.DatabaseURL); err != nil {
-		// pgx's message can quote the URL; say what is wrong without echoing a password.
-		bad("DATABASE_URL", "is not a valid PostgreSQL connection string (%s)", redactURL(err.Error()))
+	if _, problem := parseDatabaseURL(d.DatabaseURL); problem != "" {
+		bad("DATABASE_URL", "%s", problem)
 	}
 	if d.ListenURL != "" {
 		if _, err := pgx.ParseConfig(d.ListenURL); err != nil {

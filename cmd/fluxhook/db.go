@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -40,12 +39,13 @@ var (
 // here with one clear message instead of in the first query. Errors never contain the
 // password.
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	if url == "" {
-		return nil, errors.New("no database configured: set DATABASE_URL or pass --database-url")
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, scrubPassword(fmt.Errorf("invalid database URL %s: %w", redactURL(url), err), "")
+	cfg, problem := parseDatabaseURL(url)
+	if problem != "" {
+		// A configuration mistake, reported and exited on as serve does (status 2).
+		if url == "" {
+			problem += "; set it, or pass --database-url"
+		}
+		return nil, fmt.Errorf("%w: DATABASE_URL %s", errInvalidConfig, problem)
 	}
 	password := cfg.ConnConfig.Password
 	// One connection does the work; the second keeps a slow ping from blocking a query.
@@ -106,3 +106,21 @@ func printable(s string) string {
 }
 
 func isControlRune(r rune) bool { return r < 0x20 || (r >= 0x7f && r < 0xa0) }
+
+// parseDatabaseURL parses a DATABASE_URL, or says what is wrong with it in words that follow
+// "DATABASE_URL ", never echoing a password: every command reports the same mistake the same
+// way, with a hint for a mistyped scheme (pgx's own message for postgress:// is about
+// keyword/value strings).
+func parseDatabaseURL(url string) (*pgxpool.Config, string) {
+	if url == "" {
+		return nil, "is required: a PostgreSQL URL such as postgres://user@localhost:5432/app"
+	}
+	if scheme, _, ok := strings.Cut(url, "://"); ok && scheme != "postgres" && scheme != "postgresql" && !strings.ContainsAny(scheme, " =") {
+		return nil, fmt.Sprintf("has the scheme %q: a PostgreSQL URL starts with postgres:// (or postgresql://)", scheme)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Sprintf("is not a valid PostgreSQL connection string (%s)", redactURL(err.Error()))
+	}
+	return cfg, ""
+}

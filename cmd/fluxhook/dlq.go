@@ -611,7 +611,15 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	return out.print(env.stdout, *all, *dryRun)
+	if err := out.print(env.stdout, *all, *dryRun); err != nil {
+		return err
+	}
+	if skipped := len(out.skip) + len(out.superseded) + len(out.removed) + len(out.otherTenant) + len(out.ownOtherTenant) +
+		len(out.sameEvent); len(out.replay) == 0 && skipped > 0 && !*dryRun {
+		// Asked to replay, and did nothing: a script must not take that for success.
+		return fmt.Errorf("nothing replayed: each of the %d dead letters selected was skipped, for the reason above", skipped)
+	}
+	return nil
 }
 
 // lockReplayTarget reads and locks (against removal or disabling until the replay commits)

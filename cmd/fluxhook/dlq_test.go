@@ -272,7 +272,8 @@ func TestDLQReplayByID(t *testing.T) {
 	// Again: now it is skipped too, and nothing changes.
 	before := replayedAt(t, db, f.notFound)
 	r = runCLI(t, db.URL, "dlq", "replay", itoa(f.notFound))
-	if r.code != 0 || !strings.Contains(r.stdout, "already replayed") || !strings.Contains(r.stdout, "replayed 0, skipped 1") {
+	if r.code != 1 || !strings.Contains(r.stdout, "already replayed") || !strings.Contains(r.stdout, "replayed 0, skipped 1") ||
+		!strings.Contains(r.stderr, "nothing replayed") {
 		t.Errorf("second replay: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 1 {
@@ -389,10 +390,19 @@ func TestDLQConcurrentReplaysReplayOnce(t *testing.T) {
 		wg.Go(func() { codes[i] = runCLI(t, db.URL, "dlq", "replay", itoa(id)).code })
 	}
 	wg.Wait()
+	// One replays it (exit 0); the others find it replayed and did nothing (exit 1).
+	zero := 0
 	for i, c := range codes {
-		if c != 0 {
+		switch c {
+		case 0:
+			zero++
+		case 1:
+		default:
 			t.Errorf("replay %d exited %d", i, c)
 		}
+	}
+	if zero != 1 {
+		t.Errorf("%d replays exited 0, want exactly the one that replayed", zero)
 	}
 	if c := replayedCopies(t, db, id); len(c) != 1 {
 		t.Errorf("concurrent replays wrote %d outbox rows, want 1", len(c))
@@ -703,7 +713,7 @@ func TestDLQReplayByDeliveryID(t *testing.T) {
 
 	// Again: everything is replayed, nothing is sent.
 	r = runCLI(t, db.URL, "dlq", "replay", fo.delivery)
-	if r.code != 0 || !strings.Contains(r.stdout, "replayed 0, skipped 3 already replayed") {
+	if r.code != 1 || !strings.Contains(r.stdout, "replayed 0, skipped 3 already replayed") {
 		t.Errorf("second replay: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
@@ -1182,7 +1192,7 @@ func TestDLQReplayOfARemovedEndpoint(t *testing.T) {
 	queued := func() map[string]int64 { return outboxByEndpoint(t, db, deliveryIDOf(t, db, acme)) }
 
 	r := runCLI(t, db.URL, "dlq", "replay", itoa(acme), itoa(none))
-	if r.code != 0 || !strings.Contains(r.stdout, "its endpoint "+gone+" was removed; --to-endpoint ID") ||
+	if r.code != 1 || !strings.Contains(r.stdout, "its endpoint "+gone+" was removed; --to-endpoint ID") ||
 		!strings.Contains(r.stdout, "replayed 0, skipped 2 of removed endpoints\n") {
 		t.Fatalf("replay of a removed endpoint's dead letters: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -1204,7 +1214,7 @@ func TestDLQReplayOfARemovedEndpoint(t *testing.T) {
 	}
 
 	r = runCLI(t, db.URL, "dlq", "replay", "--to-endpoint", other, itoa(acme))
-	if r.code != 0 || !strings.Contains(r.stdout, "its tenant (acme) is not endpoint "+other+"'s (globex): events never cross tenants") ||
+	if r.code != 1 || !strings.Contains(r.stdout, "its tenant (acme) is not endpoint "+other+"'s (globex): events never cross tenants") ||
 		!strings.Contains(r.stdout, "replayed 0, skipped 1 of other tenants\n") {
 		t.Errorf("replay to another tenant's endpoint: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -1393,7 +1403,7 @@ func TestDLQReplayToItsEndpointOfAnotherTenantNow(t *testing.T) {
 
 	for _, args := range [][]string{{itoa(toMoved)}, {"--all-matching", "--endpoint-id", moved}} {
 		r := runCLI(t, db.URL, append([]string{"dlq", "replay"}, args...)...)
-		if r.code != 0 || !strings.Contains(r.stdout, "its endpoint "+moved+" now belongs to globex, not to the event's tenant (acme)") ||
+		if r.code != 1 || !strings.Contains(r.stdout, "its endpoint "+moved+" now belongs to globex, not to the event's tenant (acme)") ||
 			!strings.Contains(r.stdout, "replayed 0, skipped 1 of other tenants\n") {
 			t.Errorf("dlq replay %v: exit %d:\n%s%s", args, r.code, r.stdout, r.stderr)
 		}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sort"
+	"strings"
 
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
 )
@@ -83,9 +84,16 @@ func runWithStdin(args []string, stdin io.Reader, stdout, stderr io.Writer, gete
 		}
 		return 0
 	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "-v" {
+		args = append([]string{"version"}, args[1:]...)
+	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "fluxhook: unknown command %q\n\n", args[0])
+		if near := nearestCommand(args[0]); near != "" {
+			fmt.Fprintf(stderr, "fluxhook: unknown command %q; did you mean `fluxhook %s`?\n\n", args[0], near)
+		} else {
+			fmt.Fprintf(stderr, "fluxhook: unknown command %q\n\n", args[0])
+		}
 		usage(stderr)
 		return 2
 	}
@@ -120,3 +128,40 @@ func usage(w io.Writer) {
 
 // usageError wraps a command-line problem so that it exits with status 2.
 var usageError = cli.UsageError
+
+// nearestCommand is the command name within two edits of name (a typo: serv, stauts), or one
+// that name is a prefix of, or "" when none is close: what "did you mean" suggests.
+func nearestCommand(name string) string {
+	best, bestDist := "", 3
+	for c := range commands {
+		d := editDistance(name, c)
+		if len(name) >= 2 && strings.HasPrefix(c, name) {
+			d = min(d, 1)
+		}
+		if d < bestDist || d == bestDist && c < best {
+			best, bestDist = c, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, by bytes (command names are ASCII).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

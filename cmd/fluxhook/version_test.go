@@ -125,3 +125,32 @@ func TestServeHelpNamesKinds(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandLineMistakes: one rule for exit codes (2: usage or configuration; 1: the operation
+// failed), and help for the usual slips: a missing DATABASE_URL reads the same for every
+// command and exits 2, a mistyped URL scheme is named with the right one, --version works, and
+// a mistyped command gets a suggestion.
+func TestCommandLineMistakes(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range [][]string{{"migrate"}, {"status"}, {"enqueue", "--event-type", "t"}, {"dlq", "list"}, {"endpoints", "list"}} {
+		r := runCLIEnv(t, nil, cmd...)
+		if r.code != 2 || !strings.Contains(r.stderr, "DATABASE_URL is required") {
+			t.Errorf("%v without DATABASE_URL: exit %d, %q; want 2 and DATABASE_URL is required", cmd, r.code, r.stderr)
+		}
+	}
+	r := runCLIEnv(t, map[string]string{"DATABASE_URL": "postgress://root@127.0.0.1/app"}, "status")
+	if r.code != 2 || !strings.Contains(r.stderr, `scheme "postgress"`) || !strings.Contains(r.stderr, "postgres://") {
+		t.Errorf("a mistyped scheme: exit %d, %q; want 2 naming the scheme and postgres://", r.code, r.stderr)
+	}
+	if r := runCLIEnv(t, nil, "--version"); r.code != 0 || !strings.Contains(r.stdout, "schema version") {
+		t.Errorf("--version: exit %d, %q", r.code, r.stdout)
+	}
+	for typo, want := range map[string]string{"serv": "fluxhook serve", "stauts": "fluxhook status", "endpoint": "fluxhook endpoints"} {
+		if r := runCLIEnv(t, nil, typo); r.code != 2 || !strings.Contains(r.stderr, "did you mean `"+want+"`") {
+			t.Errorf("%s: exit %d, %q; want 2 and a suggestion of %s", typo, r.code, r.stderr, want)
+		}
+	}
+	if r := runCLIEnv(t, nil, "xyzzy"); r.code != 2 || strings.Contains(r.stderr, "did you mean") {
+		t.Errorf("xyzzy: exit %d, %q; want 2 and no suggestion", r.code, r.stderr)
+	}
+}
