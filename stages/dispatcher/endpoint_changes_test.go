@@ -1,6 +1,8 @@
 package dispatcher_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -40,6 +42,72 @@ func TestFilterChangeBySQLIsAppliedAtTheNextClaim(t *testing.T) {
 	}
 	if n := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1 AND error = 'no endpoint matched'`, dropped); n != 1 {
 		t.Errorf("the event of the type the filter no longer names is not recorded as matching no endpoint")
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
+		t.Errorf("%d dead letters, want none", n)
+	}
+}
+
+// TestCacheNeverConfirmsOnStaleRows pins the endpoint cache's confirmation (endpointCache:
+// confirmed, confirmAfter, xmin). The endpoints' version is a sequence, bumped by a changing
+// transaction before it commits, so every load while the change is open reads the new version
+// with the old rows. Here an endpoint moves from tenant acme to globex in a transaction left
+// open while several batches are claimed and routed (each claim loads or confirms the cache),
+// then committed. The events claimed before the commit go by the old endpoint (acme's
+// delivered, globex's matching nothing), those enqueued after it by the new one (globex's
+// delivered, acme's matching nothing). A cache confirmed on a load that could not see the
+// commit (at once, or at a second batch before xmin passed the change) keeps routing acme's
+// events to the endpoint after the commit, and refuses globex's.
+func TestCacheNeverConfirmsOnStaleRows(t *testing.T) {
+	// Not parallel: the open change holds back every cache confirmation on the server (the
+	// in-memory routing tests wait for one).
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Tenant: "acme"})
+	b.startInMemory()
+	ctx := t.Context()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET tenant = 'globex' WHERE id = $1`, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	unrouted := func(id string) bool {
+		return b.count(`SELECT count(*) FROM webhook_delivery_log WHERE delivery_id = $1 AND error = 'no endpoint matched'`, id) == 1
+	}
+	var acmeBefore, globexBefore []string
+	for i := range 3 { // one batch after another, each claimed and routed while the change is open
+		acme := b.enqueue(outbox.Event{Tenant: "acme", Payload: map[string]int{"before": i}})
+		globex := b.enqueue(outbox.Event{Tenant: "globex", Payload: map[string]int{"before": i}})
+		eventually(t, 10*time.Second, fmt.Sprintf("batch %d routed by the endpoint as committed (acme)", i), func() bool {
+			return len(c.byDelivery()[acme]) == 1 && unrouted(globex)
+		})
+		acmeBefore, globexBefore = append(acmeBefore, acme), append(globexBefore, globex)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var acmeAfter, globexAfter []string
+	for i := range 3 {
+		acmeAfter = append(acmeAfter, b.enqueue(outbox.Event{Tenant: "acme", Payload: map[string]int{"after": i}}))
+		globexAfter = append(globexAfter, b.enqueue(outbox.Event{Tenant: "globex", Payload: map[string]int{"after": i}}))
+		b.waitSettled(10 * time.Second)
+	}
+	got := c.byDelivery()
+	for i := range 3 {
+		if len(got[acmeBefore[i]]) != 1 || len(got[globexBefore[i]]) != 0 {
+			t.Errorf("before the commit, batch %d: acme's event reached the endpoint %d times (want 1), globex's %d (want 0)",
+				i, len(got[acmeBefore[i]]), len(got[globexBefore[i]]))
+		}
+		if len(got[acmeAfter[i]]) != 0 || len(got[globexAfter[i]]) != 1 {
+			t.Errorf("after the commit, event pair %d: acme's event reached the endpoint %d times (want 0), globex's %d (want 1)",
+				i, len(got[acmeAfter[i]]), len(got[globexAfter[i]]))
+		}
+		if !unrouted(acmeAfter[i]) {
+			t.Errorf("acme's event %d after the commit is not recorded as matching no endpoint", i)
+		}
 	}
 	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
 		t.Errorf("%d dead letters, want none", n)
