@@ -3,6 +3,7 @@ package dispatcher_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -111,5 +112,66 @@ func TestCacheNeverConfirmsOnStaleRows(t *testing.T) {
 	}
 	if n := b.count(`SELECT count(*) FROM webhook_dead_letter`); n != 0 {
 		t.Errorf("%d dead letters, want none", n)
+	}
+}
+
+// TestDisabledEndpointsPendingDeliveriesAreNeverSent pins that a delivery waiting for its
+// retry when its endpoint is disabled (by SQL, as an operator may) is dead-lettered with the
+// reason "endpoint disabled: <the endpoint's reason>", never sent. Two paths lead there, and
+// each is covered: an instance that sees the endpoint go from enabled to disabled
+// dead-letters its pending deliveries when it reloads; a row that no such reload moved (here
+// claimed by an instance started after the change, which never saw the endpoint enabled; in
+// general one in flight or leased while the reload ran) must be refused where its request is
+// built. Without that refusal the second path sends the retry to the disabled endpoint.
+func TestDisabledEndpointsPendingDeliveriesAreNeverSent(t *testing.T) {
+	t.Parallel()
+	for _, restarted := range []bool{false, true} {
+		name := "seen disabled by the running instance"
+		if restarted {
+			name = "claimed by an instance that never saw it enabled"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			c := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusServiceUnavailable) })
+			ep := b.addEndpoint(endpoints.New{URL: c.URL()})
+			cfg := b.config("")
+			cfg.EncryptionKey = testKey
+			cfg.RetrySchedule = []time.Duration{time.Hour} // the retry waits until the test makes it due
+			cfg.PollInterval = 100 * time.Millisecond      // claims (and reloads) follow the change without a new event
+			d := b.start(cfg)
+			id := b.enqueue(outbox.Event{})
+			eventually(t, 10*time.Second, "the first attempt failed and its retry waits", func() bool {
+				return c.received() == 1 && b.count(`SELECT count(*) FROM webhook_outbox WHERE NOT processed AND attempt = 2
+					AND endpoint_id = $1 AND lease_until IS NULL`, ep.ID) == 1
+			})
+			if restarted {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := d.Stop(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := b.pool.Exec(t.Context(), `UPDATE webhook_endpoints SET enabled = false, disabled_at = now(),
+				disabled_reason = 'x' WHERE id = $1`, ep.ID); err != nil {
+				t.Fatal(err)
+			}
+			if restarted {
+				if _, err := b.pool.Exec(t.Context(), `UPDATE webhook_outbox SET created_at = now() WHERE endpoint_id = $1`, ep.ID); err != nil {
+					t.Fatal(err)
+				}
+				b.start(cfg)
+			}
+			eventually(t, 15*time.Second, "the retry dead-lettered", func() bool {
+				return b.count(`SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1`, id) == 1
+			})
+			b.waitSettled(10 * time.Second)
+			if _, attempts, reason := b.deadLetter(id); reason != "endpoint disabled: x" || attempts != 2 {
+				t.Errorf("dead letter after %d attempts, reason %q; want the pending retry (attempt 2), 'endpoint disabled: x'", attempts, reason)
+			}
+			if n := c.received(); n != 1 {
+				t.Errorf("the disabled endpoint received %d requests, want only the first attempt, made while it was enabled", n)
+			}
+		})
 	}
 }
