@@ -175,3 +175,44 @@ func TestDisabledEndpointsPendingDeliveriesAreNeverSent(t *testing.T) {
 		})
 	}
 }
+
+// TestDisableAfterLeavesAnAlreadyDisabledEndpointAlone pins endpoint_disable.sql's WHERE
+// enabled: the housekeeping pass that disables endpoints failing for longer than
+// EndpointDisableAfter must not touch one the operator already disabled, however long it has
+// been failing, or the operator's reason ('maintenance') and time are overwritten by the
+// dispatcher's, and `fluxhook status` no longer says why or since when it sends nothing. An
+// enabled endpoint failing as long is the witness that the pass ran (it is disabled by the
+// same statement).
+func TestDisableAfterLeavesAnAlreadyDisabledEndpointAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	operators := b.addEndpoint(endpoints.New{URL: newConsumer(t, nil).URL()})
+	witness := b.addEndpoint(endpoints.New{URL: newConsumer(t, nil).URL()})
+	const disabledAt = "2026-01-02T03:04:05Z"
+	if _, err := b.pool.Exec(t.Context(), `UPDATE webhook_endpoints SET failing_since = now() - interval '6 days',
+		last_success_at = now() - interval '7 days' WHERE id IN ($1, $2)`, operators.ID, witness.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(t.Context(), `UPDATE webhook_endpoints SET enabled = false, disabled_reason = 'maintenance',
+		disabled_at = $2 WHERE id = $1`, operators.ID, disabledAt); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	cfg.PollInterval = 100 * time.Millisecond // housekeeping runs at this interval
+	b.start(cfg)
+	eventually(t, 10*time.Second, "the failing enabled endpoint disabled by the pass", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND NOT enabled
+			AND disabled_reason = 'no successful delivery for 120h0m0s'`, witness.ID) == 1
+	})
+	var reason string
+	var at time.Time
+	if err := b.pool.QueryRow(t.Context(), `SELECT disabled_reason, disabled_at FROM webhook_endpoints WHERE id = $1`,
+		operators.ID).Scan(&reason, &at); err != nil {
+		t.Fatal(err)
+	}
+	if want, _ := time.Parse(time.RFC3339, disabledAt); reason != "maintenance" || !at.Equal(want) {
+		t.Errorf("the operator's disabled endpoint now says %q since %s; want 'maintenance' since %s, as the operator left it",
+			reason, at.UTC().Format(time.RFC3339), disabledAt)
+	}
+}
