@@ -64,7 +64,7 @@ type endpointCache struct {
 	// would keep them until the next change. So after a load for a new version the cache is
 	// loaded once more, confirming it, as soon as a claim's snapshot shows that every
 	// transaction that could have bumped the version has ended (its xmin has reached
-	// confirmAfter, the xmax of a snapshot taken after the version was read).
+	// confirmAfter, a transaction id assigned after the version was read).
 	confirmed    bool
 	confirmAfter uint64
 	reload       time.Time // when a grace ends; zero: none pending
@@ -121,9 +121,12 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool, then []f
 	}
 	var after uint64
 	if moved || recheck {
-		// Taken after the claim read want: every transaction that bumped the version up to
-		// want had its id by then, below this xmax.
-		if err := d.pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint`).Scan(&after); err != nil {
+		// A transaction id assigned after the claim read want: every transaction that bumped
+		// the version up to want had its id by then, below this one. Not a snapshot's xmax,
+		// which is one past the latest transaction to have ended: a bumping transaction
+		// still open with the newest id is at or above it, and a snapshot's xmin would
+		// reach it with the change still uncommitted.
+		if err := d.pool.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&after); err != nil {
 			d.log.Warn("loading endpoints failed; deliveries to them wait", zap.Error(err))
 			return false, nil
 		}
