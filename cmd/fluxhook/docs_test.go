@@ -206,6 +206,28 @@ func TestDocsStayInTheRepository(t *testing.T) {
 	}
 }
 
+// docPageLimit is a page's size budget: a page a user reads for a task, about 20 KB.
+const docPageLimit = 20 << 10
+
+// TestDocsArePagesAUserReads: every page of docs/ stays within its budget, and no document
+// names a test (tests are how the code is checked, not what a user reads; git and the commit
+// messages keep which test pinned what).
+func TestDocsArePagesAUserReads(t *testing.T) {
+	root := repoRoot(t)
+	testName := regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*\b`)
+	for _, doc := range markdownDocs(t, root) {
+		md := readDoc(t, root, doc)
+		if n := len(md); strings.HasPrefix(doc, "docs/") && n > docPageLimit {
+			t.Errorf("%s is %d bytes; keep each page under %d (split it by task)", doc, n, docPageLimit)
+		}
+		for i, line := range strings.Split(md, "\n") {
+			if m := testName.FindString(line); m != "" {
+				t.Errorf("%s:%d names the test %s", doc, i+1, m)
+			}
+		}
+	}
+}
+
 // snippets returns the bodies of the fenced code blocks of md whose info string is lang.
 func snippets(md, lang string) []string {
 	var out []string
