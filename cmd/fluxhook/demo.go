@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -33,8 +32,7 @@ func init() {
 // nothing to set up. Without DATABASE_URL it starts a throwaway PostgreSQL cluster (installing
 // Debian's server package if needed) and removes it on exit.
 func runDemo(ctx context.Context, env *environment, args []string) error {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
+	fs := newFlagSet("demo", env, "fluxhook demo [--events N] [--interval D]")
 	dbURL := databaseURLFlag(fs, env)
 	events := fs.Int("events", 0, "stop after this many events have been delivered (0 = run until Ctrl-C)")
 	interval := fs.Duration("interval", 500*time.Millisecond, "time between sample events")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -24,8 +23,7 @@ func init() {
 // dispatcher until the first signal, drains, and escalates on a second signal or the drain
 // timeout.
 func runServe(ctx context.Context, env *environment, args []string) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
+	fs := newFlagSet("serve", env, "fluxhook serve [flags]")
 	values, err := loadSettings(fs, args, env)
 	if err != nil {
 		return err

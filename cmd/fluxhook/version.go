@@ -50,8 +50,7 @@ func currentVersion() versionInfo {
 }
 
 func runVersion(_ context.Context, env *environment, args []string) error {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	fs.SetOutput(env.stderr)
+	fs := newFlagSet("version", env, "fluxhook version [--json]")
 	asJSON := fs.Bool("json", false, "print as JSON")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {

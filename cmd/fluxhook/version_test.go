@@ -54,6 +54,41 @@ func TestEveryCommandHelpExitsZero(t *testing.T) {
 	}
 }
 
+// TestEveryCommandsHelpHasOneShape: every command's -h, subcommands included, reads the same
+// way: the synopsis, one sentence on what it does, the flags, an example; and every command
+// and subcommand has that help (a new one without it fails here).
+func TestEveryCommandsHelpHasOneShape(t *testing.T) {
+	names := []string{}
+	for name := range commands {
+		if name != "dlq" && name != "endpoints" { // groups: their -h lists the subcommands
+			names = append(names, name)
+		}
+	}
+	for _, sub := range []string{"list", "show", "replay", "purge"} {
+		names = append(names, "dlq "+sub)
+	}
+	for _, sub := range []string{"add", "list", "show", "update", "disable", "enable", "rotate-secret", "remove", "reencrypt"} {
+		names = append(names, "endpoints "+sub)
+	}
+	for _, name := range names {
+		h, ok := commandHelp[name]
+		if !ok || h.Sentence == "" || h.Example == "" {
+			t.Errorf("%s has no help sentence and example in commandHelp", name)
+			continue
+		}
+		r := runCLIEnv(t, nil, append(strings.Fields(name), "-h")...)
+		help := r.stdout + r.stderr
+		for _, part := range []string{"usage: fluxhook " + name, "\n" + h.Sentence + "\n", "\nflags:\n", "\nexample:\n  " + h.Example + "\n"} {
+			if !strings.Contains(help, part) {
+				t.Errorf("%s -h lacks %q:\n%s", name, part, help)
+			}
+		}
+		if r.code != 0 {
+			t.Errorf("%s -h exited %d", name, r.code)
+		}
+	}
+}
+
 // TestDurationsInDays: WEBHOOK_RETENTION and WEBHOOK_ENDPOINT_DISABLE_AFTER take whole days as
 // `dlq --since` does, and Go durations as before.
 func TestDurationsInDays(t *testing.T) {

@@ -101,21 +101,6 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	fs.StringVar(&o.profileDir, "profile", "", "write each dispatcher's CPU and allocation profiles under this directory (DIR/<workload>-<n>/cpu.pprof, allocs.pprof)")
 	redisURL := &cli.URLValue{URL: env.Getenv("REDIS_URL")} // printed with its password redacted
 	fs.Var(redisURL, "redis-url", "Redis for the dispatcher, whose commands are counted (env REDIS_URL; empty: none)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `usage: fluxhook bench [flags]
-
-Runs PostgreSQL (a throwaway cluster unless DATABASE_URL is set, in which case a fresh
-database fluxhook_bench_<random> is created on that server and dropped afterwards), a
-verifying consumer, the dispatcher (`+"`fluxhook serve`"+`, default configuration; WEBHOOK_* variables
-in the environment are passed on) and a producer, and prints the results next to the
-performance budget. Every budget check must be met: one that is missed, or that could not
-be computed (no pg_stat_statements, too few slices, nothing claimed, ...), fails the run,
-and the command exits with status 1 after printing the report (--no-budget: measure only).
-
-flags:
-`)
-		fs.PrintDefaults()
-	}
 	if err := cli.NoArguments(fs, args); err != nil {
 		return o, err
 	}

@@ -24,11 +24,35 @@ func UsageError(format string, args ...any) error {
 func NewFlagSet(name string, stderr io.Writer, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: %s\n\nflags:\n", synopsis)
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() { PrintHelp(fs, synopsis) }
 	return fs
+}
+
+// Help is what `fluxhook NAME -h` says besides the synopsis and the flags: one sentence on what
+// the command does, and an example to copy. Every command registers one in Helps, so that every
+// command's help has the one shape PrintHelp gives it.
+type Help struct {
+	Sentence string
+	Example  string
+}
+
+// Helps holds each command's Help by its name as NewFlagSet gets it ("status", "endpoints add").
+var Helps = map[string]Help{}
+
+// PrintHelp writes fs's help: the synopsis, the command's sentence, its flags with their
+// defaults (and the environment variable each falls back to), and an example.
+func PrintHelp(fs *flag.FlagSet, synopsis string) {
+	w := fs.Output()
+	h := Helps[fs.Name()]
+	fmt.Fprintf(w, "usage: %s\n", synopsis)
+	if h.Sentence != "" {
+		fmt.Fprintf(w, "\n%s\n", h.Sentence)
+	}
+	fmt.Fprintln(w, "\nflags:")
+	fs.PrintDefaults()
+	if h.Example != "" {
+		fmt.Fprintf(w, "\nexample:\n  %s\n", h.Example)
+	}
 }
 
 // ParseFlags parses args and returns the positional arguments. Flags may follow positional

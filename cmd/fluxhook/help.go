@@ -1,0 +1,38 @@
+package main
+
+import "github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
+
+// commandHelp is every command's help besides its synopsis and flags (see cli.PrintHelp): what
+// it does in one sentence, and an example to copy. A test walks every command's -h.
+var commandHelp = map[string]cli.Help{
+	"serve":   {"Run the dispatcher: claim due events, sign and send them, settle the outcomes, until SIGTERM or SIGINT (a second signal cancels the drain).", "DATABASE_URL=postgres://fluxhook@db/app WEBHOOK_URL=https://hooks.example.com/in WEBHOOK_SECRET_FILE=/run/secrets/webhook fluxhook serve"},
+	"migrate": {"Install or upgrade fluxhook's schema under an advisory lock, or print it as one script for psql.", "fluxhook migrate --print > fluxhook.sql && psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -f fluxhook.sql"},
+	"status":  {"Show whether delivery keeps up and what is stuck, from the database alone.", "fluxhook status --json | jq .backlog"},
+	"enqueue": {"Write one event to the outbox, as a producer would (smoke tests, manual sends).", "fluxhook enqueue --event-type order.paid --payload '{\"order\": 7}'"},
+	"receive": {"Run a local consumer that verifies each request's signature and prints it (development).", "fluxhook receive --addr 127.0.0.1:8189 --secret-file secret.txt"},
+	"demo":    {"Show everything fluxhook does on one screen: a throwaway database, a consumer, sample events.", "fluxhook demo --events 5"},
+	"version": {"Print fluxhook's version, the commit it was built from, and the schema version it needs.", "fluxhook version --json"},
+	"bench": {"Run the end-to-end benchmark: PostgreSQL (a throwaway cluster, or a fresh database on DATABASE_URL's server, dropped afterwards), a verifying consumer, the dispatcher and a producer; print the results next to the performance budget, and exit 1 when a check is missed or cannot be computed (--no-budget: measure only).",
+		"fluxhook bench --workload drain,idle"},
+
+	"dlq list":   {"List dead letters, newest first, optionally filtered.", "fluxhook dlq list --event-type order.paid --since 24h"},
+	"dlq show":   {"Show one dead letter whole: its reason, last status, payload and endpoint.", "fluxhook dlq show 42"},
+	"dlq replay": {"Send dead letters again, with their delivery ids, to their endpoint or --to-endpoint's.", "fluxhook dlq replay --all-matching --reason-contains 'HTTP 503' --dry-run"},
+	"dlq purge":  {"Delete dead letters for good.", "fluxhook dlq purge --all-matching --replayed-only --since 720h"},
+
+	"endpoints add":           {"Add a managed endpoint: its URL, secret, filter, tenant and delivery settings.", "fluxhook endpoints add --url https://b.example/hooks --tenant acme --event-types 'order.*' --json"},
+	"endpoints list":          {"List the managed endpoints, never their secrets.", "fluxhook endpoints list --json"},
+	"endpoints show":          {"Show one endpoint and its recent delivery health.", "fluxhook endpoints show 5b0c…"},
+	"endpoints update":        {"Change an endpoint's URL, filter, tenant, headers or delivery settings.", "fluxhook endpoints update 5b0c… --event-types 'order.*,refund.*'"},
+	"endpoints disable":       {"Stop routing events to an endpoint; its pending deliveries are dead-lettered.", "fluxhook endpoints disable 5b0c… --reason 'consumer migrating'"},
+	"endpoints enable":        {"Route events to an endpoint again.", "fluxhook endpoints enable 5b0c…"},
+	"endpoints rotate-secret": {"Give an endpoint a new secret; the old one keeps signing during the grace.", "fluxhook endpoints rotate-secret 5b0c… --grace 24h --secret-file new-secret.txt"},
+	"endpoints remove":        {"Delete an endpoint; its pending deliveries are dead-lettered.", "fluxhook endpoints remove 5b0c…"},
+	"endpoints reencrypt":     {"Seal the stored secrets and headers with WEBHOOK_ENCRYPTION_KEY (after setting or rotating it).", "WEBHOOK_ENCRYPTION_KEY_FILE=/run/secrets/key fluxhook endpoints reencrypt"},
+}
+
+func init() {
+	for name, h := range commandHelp {
+		cli.Helps[name] = h
+	}
+}
