@@ -764,28 +764,25 @@ func testRateLimitedRetriesKeepTheirPace(t *testing.T, store gate.Store) {
 	}
 }
 
-// heldProbe is a consumer whose answers the test decides: the half-open probe (the second
-// attempt of the delivery named by probeID) is held until the test releases it with a status,
-// the first attempt of probeID fails with 503 to open the circuit, and every other request
-// gets fallback.
+// heldProbe is a consumer whose answers the test decides: the first attempt of the event of
+// type tripEvent fails with 503 to open the circuit, its second (the half-open probe) is held
+// until the test releases it with a status, and every other request is answered 200.
 type heldProbe struct {
-	probeID  atomic.Value // string
-	fallback atomic.Int64
-	arrived  chan struct{} // closed when the probe reaches the consumer
-	once     sync.Once
-	release  chan int // the probe's status
+	arrived chan struct{} // closed when the probe reaches the consumer
+	once    sync.Once
+	release chan int // the probe's status
 }
 
-func newHeldProbe(fallback int) *heldProbe {
+// tripEvent is the event type of the row that opens the circuit and then probes.
+const tripEvent = "trip.event"
+
+func newHeldProbe() *heldProbe {
 	h := &heldProbe{arrived: make(chan struct{}), release: make(chan int, 1)}
-	h.probeID.Store("")
-	h.fallback.Store(int64(fallback))
 	return h
 }
 
 func (h *heldProbe) respond(a arrival, w http.ResponseWriter) {
-	if a.DeliveryID != h.probeID.Load().(string) {
-		w.WriteHeader(int(h.fallback.Load()))
+	if a.Event != tripEvent {
 		return
 	}
 	if a.Attempt == "1" {
@@ -883,7 +880,7 @@ func TestProbeThatDoesNotCloseRetimesTheRowsBehindIt(t *testing.T) {
 func testProbeThatDoesNotClose(t *testing.T, store gate.Store, status int) {
 	const reset = time.Second
 	b := setup(t)
-	h := newHeldProbe(http.StatusOK)
+	h := newHeldProbe()
 	c := newConsumer(t, h.respond)
 	cfg := b.config(c.URL())
 	cfg.Timeout = 30 * time.Second // the held probe must not time out
@@ -892,7 +889,7 @@ func testProbeThatDoesNotClose(t *testing.T, store gate.Store, status int) {
 	cfg.Gate = og
 	b.start(cfg)
 
-	h.probeID.Store(b.enqueue(outbox.Event{}))
+	b.enqueue(outbox.Event{EventType: tripEvent})
 	select {
 	case <-h.arrived:
 	case <-time.After(30 * time.Second):
@@ -936,7 +933,7 @@ func TestProbeResumesEveryKeyOfItsBreaker(t *testing.T) {
 
 func testProbeResumesEveryKey(t *testing.T, store gate.Store, instances int) {
 	b := setup(t)
-	h := newHeldProbe(http.StatusOK)
+	h := newHeldProbe()
 	c := newConsumer(t, h.respond)
 	var gates []*observedGate
 	for range instances {
@@ -949,7 +946,7 @@ func testProbeResumesEveryKey(t *testing.T, store gate.Store, instances int) {
 		b.start(cfg)
 	}
 
-	h.probeID.Store(b.enqueue(outbox.Event{EndpointURL: c.URL()}))
+	b.enqueue(outbox.Event{EventType: tripEvent, EndpointURL: c.URL()})
 	select {
 	case <-h.arrived:
 	case <-time.After(30 * time.Second):
