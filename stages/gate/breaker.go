@@ -310,7 +310,9 @@ func (g *BreakerGate) Record(ctx context.Context, batch []*delivery.Delivery) {
 // endpoint alone until then, which only a success would cut short otherwise. A failure that
 // re-opened the circuit (the owner's) allows the next probe after Reset; a probe given back
 // (a permanent answer, no request) allows it now. A failure that moved nothing came from a
-// probe that had expired: another attempt may hold the probe now, so nothing is said.
+// probe that had expired: another attempt may hold the probe now, so nothing is said. A probe
+// given back after it expired says "now" too (the store does not tell): at worst the caller
+// claims a row that is deferred again behind the current probe.
 func (g *BreakerGate) probesEnded(batch []*delivery.Delivery, trans []Transition) {
 	for _, del := range batch {
 		if del.GateToken == "" || del.Endpoint == nil {
