@@ -76,6 +76,14 @@ type Delivery struct {
 	// GateToken is set by the gate when this attempt holds something the gate must get back
 	// with the outcome (the circuit breaker's half-open probe ownership); empty otherwise.
 	GateToken string
+	// ProbeEnded and NextProbe are set by the gate's Record on a row that held the half-open
+	// probe and did not close the circuit, because the rows and claims held behind that probe
+	// wait for its expiry, which only a success cuts short otherwise: NextProbe is how long
+	// after the record the endpoint's next probe may go, the breaker's reset after a
+	// retryable failure (which re-opened the circuit), 0 when the probe was given back (a
+	// permanent answer, or no request).
+	ProbeEnded bool
+	NextProbe  time.Duration
 
 	// Anchor, when set, says this delivery has no row of its own: its event was routed in
 	// memory and the event's row, still leased, holds it (see Anchor).

@@ -1281,18 +1281,43 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 // breakerDeferrals are the deferral reasons that a successful probe makes obsolete.
 var breakerDeferrals = []string{gate.DeferOpen.String(), gate.DeferProbe.String()}
 
-// resumeAfterProbe brings forward the rows deferred behind the breaker of every endpoint whose
-// half-open probe (a row holding a GateToken) was delivered in settled: the probe closed the
-// circuit, and rows deferred to the reset time or to the probe's expiry can go now. Any
-// instance's deferred rows are resumed, since they are rows in the table.
+// probeDeferrals are the rows a probe that ended without closing the circuit leaves waiting
+// for its expiry.
+var probeDeferrals = []string{gate.DeferProbe.String()}
+
+// resumeAfterProbe tells the claims and the deferred rows how each half-open probe in settled
+// (a row holding a GateToken) ended, for every key that shares the probe's breaker
+// (breakerKeys). A success closed the circuit: the rows deferred to the reset time or to the
+// probe's expiry come due now, and the claims take the endpoint again. A probe that ended
+// otherwise (the gate's Record set ProbeEnded: a failure re-opened the circuit for a reset, a
+// permanent answer or a release gave the probe back) leaves the rows behind it waiting for its
+// expiry: the claims take the endpoint again when the next probe may go, and the soonest of
+// those rows comes due then to probe, one row per probe however many wait (they follow when a
+// probe closes the circuit). Any instance's deferred rows move, since they are rows in the
+// table.
 func (d *Dispatcher) resumeAfterProbe(ctx context.Context, settled []*delivery.Delivery) {
+	now := time.Now()
 	for _, del := range settled {
 		o := del.Outcome
-		if del.GateToken == "" || o.Kind != delivery.Delivered || o.Stale || o.Unsettled || del.Endpoint == nil {
+		if del.GateToken == "" || del.Endpoint == nil {
 			continue
 		}
-		d.gated.forget(del.Endpoint.Key)
-		n, err := d.settler.Resume(ctx, del.Endpoint.Key, breakerDeferrals)
+		keys := d.breakerKeys(del.Endpoint)
+		r := settle.Resumption{Keys: keys}
+		switch {
+		case o.Kind == delivery.Delivered && !o.Stale && !o.Unsettled:
+			d.gated.forget(keys)
+			r.Reasons = breakerDeferrals
+		case del.ProbeEnded:
+			d.gated.retime(now, now.Add(del.NextProbe), keys)
+			r.Reasons, r.In, r.Limit = probeDeferrals, del.NextProbe, 1
+			if r.In > 0 {
+				r.Reason = gate.DeferOpen.String()
+			}
+		default:
+			continue
+		}
+		n, err := d.settler.Resume(ctx, r)
 		if err != nil {
 			if ctx.Err() == nil {
 				d.log.Warn("resuming rows deferred behind the breaker failed; they come due at their deferral time",
@@ -1300,12 +1325,32 @@ func (d *Dispatcher) resumeAfterProbe(ctx context.Context, settled []*delivery.D
 			}
 			continue
 		}
-		if n > 0 {
+		switch {
+		case r.Limit == 0 && n > 0:
 			d.log.Info("probe succeeded: resumed rows deferred behind the breaker",
 				zap.String("endpoint", del.Endpoint.Hash), zap.Int64("rows", n))
 			d.waker.Wake(wake.Timer)
+		case r.Limit > 0:
+			d.log.Debug("probe ended without closing the circuit: the endpoint is claimed again when the next probe may go",
+				zap.String("endpoint", del.Endpoint.Hash), zap.Duration("next_probe", r.In), zap.Int64("rows", n))
+			if n > 0 {
+				d.waker.DueIn(r.In)
+			}
 		}
 	}
+}
+
+// breakerKeys returns the claim keys of every row that shares ep's breaker, for the claims
+// and the deferred rows to learn a probe's end together: the breaker is named by the URL's
+// hash (a managed endpoint's by its own key), the claims by delivery.Endpoint.Key, so rows
+// without an endpoint_url (key "") and rows naming the configured WEBHOOK_URL (key: that
+// URL) share a breaker under two keys. Every instance configured alike finds the same keys,
+// whichever deferred the rows.
+func (d *Dispatcher) breakerKeys(ep *delivery.Endpoint) []string {
+	if d.cfg.DefaultURL == "" || ep.Key != "" && ep.Key != d.cfg.DefaultURL {
+		return []string{ep.Key}
+	}
+	return []string{"", d.cfg.DefaultURL}
 }
 
 // stale reports an outcome settle refused because the row's lease was no longer this

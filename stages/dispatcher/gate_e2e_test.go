@@ -763,3 +763,202 @@ func testRateLimitedRetriesKeepTheirPace(t *testing.T, store gate.Store) {
 		t.Errorf("retries paused for %s while others were due (the rate allows one every %s)", longest, time.Second/rps)
 	}
 }
+
+// heldProbe is a consumer whose answers the test decides: the first attempt of the event of
+// type tripEvent fails with 503 to open the circuit, its second (the half-open probe) is held
+// until the test releases it with a status, and every other request is answered 200.
+type heldProbe struct {
+	arrived chan struct{} // closed when the probe reaches the consumer
+	once    sync.Once
+	release chan int // the probe's status
+}
+
+// tripEvent is the event type of the row that opens the circuit and then probes.
+const tripEvent = "trip.event"
+
+func newHeldProbe() *heldProbe {
+	h := &heldProbe{arrived: make(chan struct{}), release: make(chan int, 1)}
+	return h
+}
+
+func (h *heldProbe) respond(a arrival, w http.ResponseWriter) {
+	if a.Event != tripEvent {
+		return
+	}
+	if a.Attempt == "1" {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	h.once.Do(func() { close(h.arrived) })
+	select {
+	case status := <-h.release:
+		w.WriteHeader(status)
+	case <-a.Ctx.Done():
+	}
+}
+
+// probeGate is the gate of the tests of a probe's end: threshold 1, reset, and a probe timeout
+// far longer than the tests wait, so that rows left waiting for it show.
+func probeGate(t *testing.T, store gate.Store, cfg dispatcher.Config, reset time.Duration) *observedGate {
+	t.Helper()
+	g, err := gate.NewBreakerGate(store, gate.Params{Threshold: 1, Reset: reset, RetryRPS: 100, ProbeTimeout: 2 * time.Minute},
+		gate.Hooks{OnFailOpen: func() { t.Error("gate failed open") }, Logger: cfg.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &observedGate{Gate: g}
+}
+
+// enqueueTogether enqueues evs in one transaction, so that one claim takes them all: rows
+// that came one by one could find the endpoint already held by the claims (left in the table
+// rather than deferred), which is what the tests must not depend on.
+func enqueueTogether(t *testing.T, b *bundle, evs ...outbox.Event) []string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var ids []string
+	for _, ev := range evs {
+		ev.EventType, ev.Payload = "test.event", map[string]int{"n": len(ids)}
+		e, err := outbox.Enqueue(ctx, tx, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, e.DeliveryID)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// deferredBehindProbe waits until every row of ids was deferred behind the probe in flight by
+// one of gates.
+func deferredBehindProbe(t *testing.T, gates []*observedGate, ids []string) {
+	t.Helper()
+	eventually(t, 30*time.Second, "the rows deferred behind the probe in flight", func() bool {
+		seen := map[string]bool{}
+		for _, g := range gates {
+			for _, d := range g.deferrals() {
+				if d.reason == gate.DeferProbe.String() {
+					seen[d.deliveryID] = true
+				}
+			}
+		}
+		for _, id := range ids {
+			if !seen[id] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestProbeThatDoesNotCloseRetimesTheRowsBehindIt: rows deferred behind a half-open probe wait
+// for its expiry (two minutes here), and the claims leave the endpoint alone until then. When
+// the probe fails (503, re-opening the circuit for a reset) or is given back (410, a permanent
+// answer), the endpoint must be tried again when the next probe may go, after the reset or at
+// once, and the rows behind the probe follow its success: the consumer has recovered, so they
+// are delivered about a reset after the probe's end, not when the ended probe would have
+// expired. The failed probe's own retry is an hour away, so only the rows behind it can probe.
+func TestProbeThatDoesNotCloseRetimesTheRowsBehindIt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		status int
+	}{{"failed", http.StatusServiceUnavailable}, {"given back", http.StatusGone}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			onEachStore(t, func(t *testing.T, store gate.Store) { testProbeThatDoesNotClose(t, store, tc.status) })
+		})
+	}
+}
+
+func testProbeThatDoesNotClose(t *testing.T, store gate.Store, status int) {
+	const reset = time.Second
+	b := setup(t)
+	h := newHeldProbe()
+	c := newConsumer(t, h.respond)
+	cfg := b.config(c.URL())
+	cfg.Timeout = 30 * time.Second // the held probe must not time out
+	cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, time.Hour}
+	og := probeGate(t, store, cfg, reset)
+	cfg.Gate = og
+	b.start(cfg)
+
+	b.enqueue(outbox.Event{EventType: tripEvent})
+	select {
+	case <-h.arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal("timed out waiting for the half-open probe")
+	}
+	behind := enqueueTogether(t, b, outbox.Event{}, outbox.Event{}, outbox.Event{})
+	deferredBehindProbe(t, []*observedGate{og}, behind)
+	ended := time.Now()
+	h.release <- status
+
+	// Expected: a reset and a claim or two (the failed case), a claim or two (given back);
+	// left to the probe's expiry, two minutes.
+	eventually(t, 20*time.Second, "the rows behind the ended probe delivered", func() bool {
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_deliveries WHERE status_code = 200 AND delivery_id::text = ANY ($1::text[])`, behind) == len(behind)
+	})
+	if status == http.StatusServiceUnavailable {
+		// The failure re-opened the circuit for a reset: no row may be tried before it.
+		for _, a := range c.arrivals() {
+			if contains(behind, a.DeliveryID) && a.At.Before(ended.Add(reset-100*time.Millisecond)) {
+				t.Errorf("a row behind the failed probe reached the consumer %s after it, before the reset (%s)", a.At.Sub(ended), reset)
+			}
+		}
+	}
+}
+
+// TestProbeResumesEveryKeyOfItsBreaker: rows without an endpoint_url and rows whose
+// endpoint_url is the configured URL share one breaker (named by the URL's hash) under two
+// claim keys. The probe, one of the endpoint_url rows, closes the circuit: the rows of both
+// keys deferred behind it are delivered at once, on one instance and on two sharing the gate's
+// store (whichever instance deferred them), not when the probe would have expired (two
+// minutes).
+func TestProbeResumesEveryKeyOfItsBreaker(t *testing.T) {
+	t.Parallel()
+	for _, instances := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d instances", instances), func(t *testing.T) {
+			t.Parallel()
+			onEachStore(t, func(t *testing.T, store gate.Store) { testProbeResumesEveryKey(t, store, instances) })
+		})
+	}
+}
+
+func testProbeResumesEveryKey(t *testing.T, store gate.Store, instances int) {
+	b := setup(t)
+	h := newHeldProbe()
+	c := newConsumer(t, h.respond)
+	var gates []*observedGate
+	for range instances {
+		cfg := b.config(c.URL())
+		cfg.Timeout = 30 * time.Second // the held probe must not time out
+		cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, time.Hour}
+		og := probeGate(t, store, cfg, time.Second)
+		gates = append(gates, og)
+		cfg.Gate = og
+		b.start(cfg)
+	}
+
+	b.enqueue(outbox.Event{EventType: tripEvent, EndpointURL: c.URL()})
+	select {
+	case <-h.arrived:
+	case <-time.After(30 * time.Second):
+		t.Fatal("timed out waiting for the half-open probe")
+	}
+	url := outbox.Event{EndpointURL: c.URL()}
+	behind := enqueueTogether(t, b, outbox.Event{}, url, outbox.Event{}, url, outbox.Event{}, url)
+	deferredBehindProbe(t, gates, behind)
+	h.release <- http.StatusOK
+
+	// Expected: a claim or two; left to the probe's expiry, two minutes.
+	eventually(t, 20*time.Second, "the rows of both keys behind the probe delivered", func() bool {
+		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_deliveries WHERE status_code = 200 AND delivery_id::text = ANY ($1::text[])`, behind) == len(behind)
+	})
+}

@@ -86,12 +86,34 @@ func (g *gatedEndpoints) note(now time.Time, settled []*delivery.Delivery) {
 	}
 }
 
-// forget drops what is known of endpoint key: its breaker closed, so its rows may flow now.
-func (g *gatedEndpoints) forget(key string) {
+// forget drops what is known of the endpoints keys, which share one breaker: it closed, so
+// their rows may flow now.
+func (g *gatedEndpoints) forget(keys []string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	delete(g.all, key)
-	delete(g.slots, key)
+	for _, key := range keys {
+		delete(g.all, key)
+		delete(g.slots, key)
+	}
+}
+
+// retime holds every row of the endpoints keys, which share one breaker, until until, or
+// releases them when until is not after now: a probe ended without closing the circuit, and
+// the next probe may go then. What was known came from deferrals behind that probe (until its
+// expiry), which no longer say when the endpoint may be tried; the rate limit's slots stay.
+func (g *gatedEndpoints) retime(now, until time.Time, keys []string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, key := range keys {
+		if !until.After(now) {
+			delete(g.all, key)
+			continue
+		}
+		if g.all == nil {
+			g.all = make(map[string]time.Time)
+		}
+		g.all[key] = until
+	}
 }
 
 // skip returns the claim's skip lists at now: the saturated endpoints plus every endpoint

@@ -262,7 +262,8 @@ func (g *BreakerGate) Check(ctx context.Context, batch []*delivery.Delivery) {
 // Record tells the breaker the outcome of every attempted row of a settled batch (one store
 // call) and gives back the probes the batch held. Deferred rows were never attempted and are
 // skipped. It is best effort: a store error is logged once per outage; a probe whose result is
-// lost expires after ProbeTimeout.
+// lost expires after ProbeTimeout. A probe row that did not close the circuit gets
+// ProbeEnded and NextProbe (see probesEnded).
 func (g *BreakerGate) Record(ctx context.Context, batch []*delivery.Delivery) {
 	if !g.p.Breaker() {
 		return
@@ -300,6 +301,34 @@ func (g *BreakerGate) Record(ctx context.Context, batch []*delivery.Delivery) {
 		return
 	}
 	g.storeOK()
+	g.probesEnded(batch, trans)
+}
+
+// probesEnded tells the caller, on each row of a recorded batch that held a probe and did not
+// close the circuit, when the endpoint's next probe may go (Delivery.ProbeEnded, NextProbe):
+// the rows deferred behind that probe wait for its expiry, and the caller's claims leave the
+// endpoint alone until then, which only a success would cut short otherwise. A failure that
+// re-opened the circuit (the owner's) allows the next probe after Reset; a probe given back
+// (a permanent answer, no request) allows it now. A failure that moved nothing came from a
+// probe that had expired: another attempt may hold the probe now, so nothing is said. A probe
+// given back after it expired says "now" too (the store does not tell): at worst the caller
+// claims a row that is deferred again behind the current probe.
+func (g *BreakerGate) probesEnded(batch []*delivery.Delivery, trans []Transition) {
+	for _, del := range batch {
+		if del.GateToken == "" || del.Endpoint == nil {
+			continue
+		}
+		switch resultOf(del.Outcome) {
+		case Failure:
+			for _, t := range trans {
+				if t.Hash == del.Endpoint.Hash && t.To == Open {
+					del.ProbeEnded, del.NextProbe = true, g.p.Reset
+				}
+			}
+		case Neutral, NotAttempted:
+			del.ProbeEnded, del.NextProbe = true, 0
+		}
+	}
 }
 
 // resultOf maps a settled outcome to what it tells the breaker. Settle has already turned an

@@ -33,8 +33,11 @@
 //     breaker. Only the owner's result moves the breaker and only the
 //     owner releases the probe: success closes the circuit; a retryable failure opens it for
 //     another Reset; a permanent answer or no attempt (saturated endpoint, shutdown) gives the
-//     probe back unchanged, so the next row checked probes (rows already deferred behind it
-//     still wait for its expiry). A prober that crashes never reports; its probe expires after
+//     probe back unchanged, so the next row checked probes. Rows already deferred behind a
+//     probe that ended either way would wait for its expiry, so Record tells the caller, on
+//     the probe's row (delivery.Delivery.ProbeEnded, NextProbe), when the next probe may go
+//     (after Reset, or now), for it to bring a row forward to probe then and to try the
+//     endpoint again no later. A prober that crashes never reports; its probe expires after
 //     ProbeTimeout and another row probes. A probe that the rate limiter refuses is never
 //     taken (released at once, in the same atomic step), so it cannot wedge the breaker.
 //

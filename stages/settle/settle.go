@@ -256,12 +256,28 @@ func (s *Settler) decideKind(d *delivery.Delivery) {
 	}
 }
 
-// Resume makes the rows of the endpoint with key (delivery.Endpoint.Key) that were deferred
-// for one of reasons due now, and returns how many there were. The dispatcher calls it when a
-// half-open probe succeeded: rows held behind the breaker then need not wait out the delay
-// the gate gave them.
-func (s *Settler) Resume(ctx context.Context, key string, reasons []string) (int64, error) {
-	tag, err := s.pool.Exec(ctx, resumeSQL, key, reasons)
+// Resumption says which deferred rows Resume brings forward, and to when.
+type Resumption struct {
+	// Keys are the claim keys (delivery.Endpoint.Key) of every endpoint sharing the breaker:
+	// rows without an endpoint_url and rows naming the configured URL share one.
+	Keys []string
+	// Reasons are the deferral reasons to bring forward.
+	Reasons []string
+	// In is how long from now the rows come due; a row due sooner keeps its time.
+	In time.Duration
+	// Limit brings forward at most this many rows, soonest due first; 0: all of them.
+	Limit int
+	// Reason is the deferral reason the rows keep; "" clears it (due now, nothing held them).
+	Reason string
+}
+
+// Resume brings the rows r names forward and returns how many there were. The dispatcher
+// calls it when a half-open probe ends: after a success, rows held behind the breaker need not
+// wait out the delay the gate gave them (all of them, due now); after a probe that did not
+// close the circuit, one of them must be there to probe when the next probe may go, instead
+// of every row waiting for the ended probe's expiry (one row, whatever the backlog).
+func (s *Settler) Resume(ctx context.Context, r Resumption) (int64, error) {
+	tag, err := s.pool.Exec(ctx, resumeSQL, r.Keys, r.Reasons, max(r.In, 0).Milliseconds(), r.Limit, r.Reason)
 	if err != nil {
 		return 0, fmt.Errorf("resuming deferred rows: %w", err)
 	}

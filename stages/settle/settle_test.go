@@ -481,7 +481,7 @@ func TestResumeBringsForwardOneEndpointsDeferredRows(t *testing.T) {
 		key  string
 		want string
 	}{{"ep:" + ep, "managed"}, {"", "default"}} {
-		n, err := s.Resume(ctx, tc.key, reasons)
+		n, err := s.Resume(ctx, settle.Resumption{Keys: []string{tc.key}, Reasons: reasons})
 		if err != nil || n != 1 {
 			t.Fatalf("Resume(%q) = %d, %v; want the one %s row", tc.key, n, err, tc.want)
 		}
@@ -491,6 +491,40 @@ func TestResumeBringsForwardOneEndpointsDeferredRows(t *testing.T) {
 	}
 	if c := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE created_at > now()`); c != 2 {
 		t.Errorf("%d rows still deferred, want 2 (the rate-limited one and the other endpoint's)", c)
+	}
+}
+
+// TestResumeBringsOneRowToTheNextProbe: after a probe that did not close the circuit, the
+// soonest due of the rows deferred behind it, across every key sharing the breaker, comes due
+// at the next probe time with the open circuit as its reason; the others keep their time, and
+// a row due sooner is never pushed back.
+func TestResumeBringsOneRowToTheNextProbe(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	const probe = "circuit breaker half-open: probe in flight"
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, created_at, endpoint_url, deferred_reason) VALUES
+		('default', '{}', now() + interval '1 hour', NULL, $1),
+		('url', '{}', now() + interval '30 minutes', 'https://h.example/', $1),
+		('url.later', '{}', now() + interval '2 hours', 'https://h.example/', $1),
+		('soon', '{}', now() + interval '1 second', NULL, $1)`, probe); err != nil {
+		t.Fatal(err)
+	}
+	s := settle.New(db.Pool, settle.Config{InstanceID: "me"})
+	r := settle.Resumption{Keys: []string{"", "https://h.example/"}, Reasons: []string{probe}, In: time.Minute, Limit: 1, Reason: "circuit breaker open"}
+	for range 2 { // the second call finds the soonest row already at the next probe time: it moves the next one
+		if n, err := s.Resume(ctx, r); err != nil || n != 1 {
+			t.Fatalf("Resume = %d, %v; want one row", n, err)
+		}
+	}
+	if c := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE event_type IN ('url', 'default') AND created_at <= now() + interval '61 seconds' AND deferred_reason = 'circuit breaker open'`); c != 2 {
+		t.Errorf("%d of the two soonest rows behind the probe come due at the next probe time, want both", c)
+	}
+	if c := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE event_type = 'url.later' AND created_at > now() + interval '1 hour'`); c != 1 {
+		t.Error("a third row was brought forward")
+	}
+	if c := count(t, db, `SELECT count(*) FROM webhook_deliveries WHERE event_type = 'soon' AND created_at <= now() + interval '1 second' AND deferred_reason = $1`, probe); c != 1 {
+		t.Error("a row due before the next probe time was touched")
 	}
 }
 

@@ -772,6 +772,11 @@ func testProbeFailureAndRelease(t *testing.T, b Backend) {
 		if s := inspect(t, store, ep); s.State != gate.HalfOpen || s.ProbeHeld {
 			t.Fatalf("after a probe's %s: %+v, want half-open with the probe free", o.Kind, s)
 		}
+		// The caller learns that the next probe may go now: the rows it deferred behind
+		// this one need not wait for its expiry.
+		if !p.ProbeEnded || p.NextProbe != 0 {
+			t.Fatalf("after a probe's %s: ProbeEnded %v, NextProbe %s; want the next probe now", o.Kind, p.ProbeEnded, p.NextProbe)
+		}
 	}
 	// The probe fails: open again for another reset.
 	p := probe(g, ep, 1)
@@ -782,8 +787,27 @@ func testProbeFailureAndRelease(t *testing.T, b Backend) {
 	if n := rec.count("half_open>open"); n != 1 {
 		t.Fatalf("half_open>open reported %d times", n)
 	}
+	if !p.ProbeEnded || p.NextProbe != reset {
+		t.Fatalf("after the probe failed: ProbeEnded %v, NextProbe %s; want the next probe after the reset (%s)", p.ProbeEnded, p.NextProbe, reset)
+	}
+	// A straggler's failure, and the failed probe's result told again (its probe gone), move
+	// nothing and say nothing of the next probe.
+	straggler := rows(ep, 1)[0]
+	settle(g, []*delivery.Delivery{straggler}, fail503)
+	p.ProbeEnded, p.NextProbe = false, 0
+	settle(g, []*delivery.Delivery{p}, fail503)
+	if straggler.ProbeEnded || p.ProbeEnded {
+		t.Fatal("a result that moved nothing reported a probe's end")
+	}
 	d := probe(g, ep, 1)
 	deferredFor(t, d, gate.DeferOpen)
+	// The next probe succeeds: the circuit closes, which is no end without success.
+	b.Advance(t, reset)
+	p = probe(g, ep, 1)
+	settle(g, []*delivery.Delivery{p}, delivered)
+	if p.ProbeEnded {
+		t.Fatal("a probe that closed the circuit reported an end without success")
+	}
 }
 
 // testOpenSpell: a failed probe re-opens the circuit for another reset time (OpenFor starts
