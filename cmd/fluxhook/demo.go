@@ -57,6 +57,21 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 			}
 		}()
 		url = cluster.URL()
+	} else {
+		// Never in the user's own database: a running serve there would take the demo's
+		// events (and the demo would wait for them forever), and its endpoints would receive
+		// the samples.
+		scratch, err := pgtemp.CreateScratch(ctx, url, "fluxhook_demo")
+		if err != nil {
+			return fmt.Errorf("the demo runs in a database of its own on DATABASE_URL's server: %w; or unset DATABASE_URL for a throwaway cluster", err)
+		}
+		defer func() {
+			if err := scratch.Drop(); err != nil {
+				fmt.Fprintf(env.stderr, "removing the demo's database: %v\n", err)
+			}
+		}()
+		fmt.Fprintf(out, "DATABASE_URL is set: running in a database of the demo's own, %s, on that server (dropped on exit)\n", scratch.Name)
+		url = scratch.URL
 	}
 	pool, err := connect(ctx, url)
 	if err != nil {

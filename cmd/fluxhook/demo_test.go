@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"net/http"
 	"regexp"
 	"strings"
 	"syscall"
@@ -13,18 +15,24 @@ import (
 // receivedLine is the demo's line for one verified arrival, with its insert → arrival latency.
 var receivedLine = regexp.MustCompile(`(?m)^✓ received \S+ +delivery [0-9a-f-]{36}  attempt (\d+)  signature ok  \d+\.\d ms after insert  body \{.*"demo":true.*\}$`)
 
-// demoLeftovers checks what a finished demo must not leave in the database: a registered
-// dispatcher or an open session.
-func demoLeftovers(t *testing.T, db *sqltest.DB) {
+// demoLeftovers checks what a finished demo must not leave: its database on the server, or
+// anything in the user's database (DATABASE_URL's), which it must never have touched.
+func demoLeftovers(t *testing.T, db *sqltest.DB, out string) {
 	t.Helper()
-	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dispatcher`); n != 0 {
-		t.Errorf("the demo left %d dispatchers registered", n)
+	name := demoDatabase.FindStringSubmatch(out)
+	if name == nil {
+		t.Fatalf("the demo did not say which database it ran in; stdout:\n%s", out)
 	}
-	pollUntil(t, 10*time.Second, "the demo's sessions to end", func() bool {
-		return queryInt(t, db, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name LIKE 'fluxhook%'`) == 0
-	})
+	if n := queryInt(t, db, `SELECT count(*) FROM pg_database WHERE datname = $1`, name[1]); n != 0 {
+		t.Errorf("the demo left its database %s on the server", name[1])
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM pg_class WHERE relname LIKE 'webhook%'`); n != 0 {
+		t.Errorf("the demo created %d webhook tables in the user's database", n)
+	}
 }
+
+// demoDatabase finds the name of the database the demo says it runs in.
+var demoDatabase = regexp.MustCompile(`running in a database of the demo's own, (fluxhook_demo_[0-9a-f]{12}),`)
 
 // TestDemoDeliversSampleEvents runs the README's first command against a test database with a
 // small event count: every sample event arrives verified with its latency, the fifth one
@@ -64,7 +72,7 @@ func TestDemoDeliversSampleEvents(t *testing.T) {
 	if !strings.Contains(out, "5 events delivered; done") || strings.Contains(out, "✗") {
 		t.Errorf("the demo did not finish cleanly; stdout:\n%s", out)
 	}
-	demoLeftovers(t, db)
+	demoLeftovers(t, db, out)
 }
 
 // TestDemoStopsOnSIGINT runs the demo without an event count, as a person does, and stops it
@@ -84,5 +92,41 @@ func TestDemoStopsOnSIGINT(t *testing.T) {
 	if out := p.stdout.String(); !strings.Contains(out, "stopping: draining in-flight deliveries") {
 		t.Errorf("no shutdown message; stdout:\n%s", out)
 	}
-	demoLeftovers(t, db)
+	demoLeftovers(t, db, p.stdout.String())
+}
+
+// TestDemoNeverTouchesTheUsersDatabase: the quick start has the user export DATABASE_URL, run
+// serve and add an order.* endpoint; the demo run in that shell must not deliver its sample
+// order.paid to the user's endpoint, must finish although the user's serve is running, and
+// must leave the user's tables as they were.
+func TestDemoNeverTouchesTheUsersDatabase(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	users := newHookConsumer(t, func(context.Context, *hookRequest) int { return http.StatusOK })
+	if r := runCLI(t, db.URL, "endpoints", "add", "--url", users.URL(), "--event-types", "order.*", "--secret", serveSecret); r.code != 0 {
+		t.Fatalf("endpoints add exited %d: %s", r.code, r.stderr)
+	}
+	env := faultEnv(db.URL, "")
+	delete(env, "WEBHOOK_URL")
+	serve := startServe(t, "serve", env)
+	serve.instanceID()
+	p := startCommand(t, fluxhookBinary(t), "demo", map[string]string{"DATABASE_URL": db.URL},
+		"demo", "--events", "5", "--interval", "50ms")
+	if code := p.waitExit(60 * time.Second); code != 0 {
+		t.Fatalf("demo exited %d beside the user's serve, want 0; stdout:\n%s", code, p.stdout.String())
+	}
+	if n := len(users.requests()); n != 0 {
+		t.Errorf("the user's order.* endpoint received %d of the demo's events", n)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_deliveries`); n != 0 {
+		t.Errorf("the demo wrote %d rows to the user's queue and log", n)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_endpoints`); n != 1 {
+		t.Errorf("the user's database holds %d endpoints after the demo, want the user's one", n)
+	}
+	name := demoDatabase.FindStringSubmatch(p.stdout.String())
+	if name == nil || queryInt(t, db, `SELECT count(*) FROM pg_database WHERE datname = $1`, name[1]) != 0 {
+		t.Errorf("the demo's database is left on the server (or unnamed); stdout:\n%s", p.stdout.String())
+	}
+	serve.stopCleanly()
 }

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -185,17 +184,13 @@ func (db *benchDB) close(progress io.Writer) {
 	}
 }
 
-// withDatabaseName returns the connection string u pointing at database name.
+// withDatabaseName is pgtemp.WithDatabaseName, its error naming DATABASE_URL.
 func withDatabaseName(u, name string) (string, error) {
-	if !strings.Contains(u, "://") {
-		return u + " dbname=" + name, nil // keyword/value: the last setting wins
-	}
-	parsed, err := url.Parse(u)
+	out, err := pgtemp.WithDatabaseName(u, name)
 	if err != nil {
 		return "", fmt.Errorf("DATABASE_URL %s: %w", cli.RedactURL(u), err)
 	}
-	parsed.Path = "/" + name
-	return parsed.String(), nil
+	return out, nil
 }
 
 // connect opens a bench-side connection to the bench database and counts it. Bench-side
