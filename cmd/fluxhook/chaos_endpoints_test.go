@@ -782,6 +782,7 @@ func TestChaosEndpoints(t *testing.T) {
 		e := killableEnv(t, db.URL, "", app)
 		delete(e, "WEBHOOK_URL") // managed endpoints only
 		e["WEBHOOK_RETRY_SCHEDULE"] = "150ms,200ms,300ms,400ms,500ms,600ms"
+		e["WEBHOOK_PERMANENT_STATUSES"] = "400" // the flaky consumer's 400s are dead-lettered at once
 		e["WEBHOOK_ENCRYPTION_KEY"] = key
 		e["WEBHOOK_POLL_INTERVAL_MS"] = "1000"
 		return e

@@ -53,6 +53,7 @@ var settings = []setting{
 	{env: "WEBHOOK_DRAIN_TIMEOUT_MS", help: "how long SIGTERM waits for in-flight requests (default timeout + 5 s)"},
 	{env: "WEBHOOK_RETRY_SCHEDULE", def: "5s,1m,5m,30m,2h,6h,12h,24h", help: "waits before each retry; its length sets the attempts"},
 	{env: "WEBHOOK_MAX_PAYLOAD_BYTES", def: "1048576", help: "larger payloads are dead-lettered"},
+	{env: "WEBHOOK_PERMANENT_STATUSES", def: "413", help: "consumer answers dead-lettered at once besides 410 (comma-separated, or none); every other non-2xx answer is retried on the schedule"},
 	{env: "WEBHOOK_409_DELIVERED", help: "true | false: a consumer's 409 Conflict means it already has the event (settled delivered, not dead-lettered); default true under the fluxora scheme, false under standard"},
 	{env: "WEBHOOK_ORDERING", def: "none", help: "none | stream: deliver each stream_id's rows for WEBHOOK_URL and endpoint_url one at a time, in id order (docs/ordering.md)"},
 	{env: "WEBHOOK_ORDERING_FAILURE", def: "skip", help: "skip | stop: when an ordered stream's head is dead-lettered, its later events go on (skip) or wait until it is replayed or purged (stop)"},
@@ -212,6 +213,13 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	case "": // nil: each request's signature scheme decides
 	default:
 		bad("WEBHOOK_409_DELIVERED", "must be true or false (empty: true under the fluxora scheme, false under standard), got %q", r)
+	}
+	if r := v["WEBHOOK_PERMANENT_STATUSES"]; r != "" {
+		statuses, err := send.ParsePermanentStatuses(r)
+		if err != nil {
+			bad("WEBHOOK_PERMANENT_STATUSES", "%v", strings.TrimPrefix(err.Error(), "WEBHOOK_PERMANENT_STATUSES: "))
+		}
+		d.PermanentStatuses = statuses
 	}
 	switch r := v["WEBHOOK_ORDERING"]; r {
 	case "", "none":

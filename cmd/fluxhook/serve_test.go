@@ -371,6 +371,7 @@ func TestServeInvalidConfig(t *testing.T) {
 		{"encryption key not base64", map[string]string{"WEBHOOK_ENCRYPTION_KEY": "not-base64-key-9c1d"}, "WEBHOOK_ENCRYPTION_KEY", "not-base64-key-9c1d", nil, nil},
 		{"encryption key too short", map[string]string{"WEBHOOK_ENCRYPTION_KEY": "c2hvcnQ="}, "WEBHOOK_ENCRYPTION_KEY", "c2hvcnQ=", nil, nil},
 		{"retry share", map[string]string{"WEBHOOK_RETRY_SHARE": "1.5"}, "WEBHOOK_RETRY_SHARE", "", nil, nil},
+		{"permanent statuses", map[string]string{"WEBHOOK_PERMANENT_STATUSES": "404,4xx"}, "WEBHOOK_PERMANENT_STATUSES", "", nil, nil},
 		{"endpoint disable after", map[string]string{"WEBHOOK_ENDPOINT_DISABLE_AFTER": "5 days"}, "WEBHOOK_ENDPOINT_DISABLE_AFTER", "", nil, nil},
 		{"ftp url", map[string]string{"WEBHOOK_URL": "ftp://x"}, "WEBHOOK_URL", "", nil, nil},
 		{"http url", map[string]string{"WEBHOOK_URL": "http://example.com"}, "WEBHOOK_URL", "", nil, nil},

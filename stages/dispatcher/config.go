@@ -78,6 +78,10 @@ type Config struct {
 	// request's signature scheme: true for fluxora, false for standard (a managed endpoint's
 	// own scheme included). Set it false for consumers that answer 409 for something else.
 	Conflict409Delivered *bool
+	// PermanentStatuses are the consumer answers dead-lettered at once besides 410 Gone
+	// (WEBHOOK_PERMANENT_STATUSES); every other non-2xx answer is retried on the schedule
+	// (send.Classify). Nil means send.DefaultPermanentStatuses (413); empty, none.
+	PermanentStatuses []int
 	// AllowedNetworks are private networks the operator allows as endpoint destinations
 	// (WEBHOOK_ALLOWED_NETWORKS); by default the send stage refuses private, link-local and
 	// metadata addresses at dial time (SSRF guard).

@@ -113,7 +113,8 @@ func TestConflict409OnRetryIsSettledDelivered(t *testing.T) {
 }
 
 // TestConflict409SettingOffIsDeadLettered: with Conflict409Delivered false (a consumer that
-// uses 409 for something else), the 409 is a permanent failure, dead-lettered as before.
+// uses 409 for something else) and 409 among the permanent statuses, the 409 is a permanent
+// failure, dead-lettered at once (not delivered, as the fluxora scheme would by default).
 //
 // It needs dispatcher.New to pass Config.Conflict409Delivered on to send.Config; without that
 // the send stage follows the scheme and delivers.
@@ -123,6 +124,7 @@ func TestConflict409SettingOffIsDeadLettered(t *testing.T) {
 	c := newConsumer(t, originalReceiver(fluxoraID))
 	cfg := conflictConfig(b, c.URL())
 	cfg.Conflict409Delivered = new(false)
+	cfg.PermanentStatuses = []int{http.StatusConflict} // as WEBHOOK_PERMANENT_STATUSES=409: not retried
 	b.start(cfg)
 	id := b.enqueue(outbox.Event{})
 	b.waitSettled(20 * time.Second)
@@ -139,7 +141,8 @@ func TestConflict409SettingOffIsDeadLettered(t *testing.T) {
 }
 
 // TestConflict409UnderStandardSchemeIsDeadLettered: the Standard Webhooks scheme gives 409 no
-// "already delivered" meaning, so by default it is dead-lettered as before.
+// "already delivered" meaning: with 409 among the permanent statuses it is dead-lettered (by
+// default it is retried like any other answer).
 func TestConflict409UnderStandardSchemeIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -147,6 +150,7 @@ func TestConflict409UnderStandardSchemeIsDeadLettered(t *testing.T) {
 	cfg := conflictConfig(b, c.URL())
 	cfg.Scheme = sign.Standard
 	cfg.Secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	cfg.PermanentStatuses = []int{http.StatusConflict} // as WEBHOOK_PERMANENT_STATUSES=409: not retried
 	b.start(cfg)
 	id := b.enqueue(outbox.Event{})
 	b.waitSettled(20 * time.Second)

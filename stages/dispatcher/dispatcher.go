@@ -130,6 +130,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		RowURLNetworks:      cfg.RowURLNetworks,
 		// 409 as "already delivered": nil lets each request's scheme decide (see send.ConflictDelivered).
 		Conflict409Delivered: cfg.Conflict409Delivered,
+		PermanentStatuses:    cfg.PermanentStatuses,
 	})
 	if err != nil {
 		errs = append(errs, err)

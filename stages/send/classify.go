@@ -9,7 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -22,28 +24,50 @@ import (
 // it again at the retry schedule's largest step.
 const MaxRetryAfter = 30 * 24 * time.Hour
 
-// Classify decides what a status code means for the row, following the original dispatcher (docs/design.md, "Send"): any 2xx is
-// delivered (a 204 without a body or Content-Type included), the statuses that signal a
-// passing condition are retried, and everything else, including 3xx because redirects are not
-// followed, will not improve by retrying and goes to the dead-letter table. A 409 Conflict is
-// Permanent here, by the status alone; Send delivers it instead when ConflictDelivered says
-// the consumer means "already have it" (classifyConflict).
-func Classify(status int) delivery.Kind {
+// DefaultPermanentStatuses are the answers dead-lettered at once, without a retry, besides 410
+// Gone, when WEBHOOK_PERMANENT_STATUSES is not set: 413, because a body too large for the
+// consumer does not shrink on retry.
+var DefaultPermanentStatuses = []int{http.StatusRequestEntityTooLarge}
+
+// Classify decides what a status code means for the row: any 2xx is delivered (a 204 without a
+// body or Content-Type included); 410 Gone, and the statuses in permanent
+// (WEBHOOK_PERMANENT_STATUSES), go to the dead-letter table at once; every other answer is
+// retried on the schedule, 4xx and 3xx included (redirects are not followed). A consumer's
+// bad deploy answers 401 or 404 for a minute: dead-lettering those on the first attempt lost
+// the events, where Stripe, Svix and Convoy retry. (The original dispatcher retried only 408,
+// 425, 429, 500, 502, 503 and 504; list the others in WEBHOOK_PERMANENT_STATUSES to keep its
+// behaviour.) A 409 Conflict that ConflictDelivered says means "already have it" is delivered
+// by Send instead (classifyConflict).
+func Classify(status int, permanent []int) delivery.Kind {
 	switch {
 	case status >= 200 && status <= 299:
 		return delivery.Delivered
+	case status == http.StatusGone || slices.Contains(permanent, status):
+		return delivery.Permanent
 	}
-	switch status {
-	case http.StatusRequestTimeout, // 408
-		http.StatusTooEarly,            // 425
-		http.StatusTooManyRequests,     // 429
-		http.StatusInternalServerError, // 500
-		http.StatusBadGateway,          // 502
-		http.StatusServiceUnavailable,  // 503
-		http.StatusGatewayTimeout:      // 504
-		return delivery.Retry
+	return delivery.Retry
+}
+
+// ParsePermanentStatuses reads WEBHOOK_PERMANENT_STATUSES: comma-separated HTTP statuses from
+// 300 to 599 that are dead-lettered at once; "none" for no status but 410. The error names the
+// variable and the entry.
+func ParsePermanentStatuses(s string) ([]int, error) {
+	s = strings.TrimSpace(s)
+	if s == "none" {
+		return []int{}, nil
 	}
-	return delivery.Permanent
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 300 || n > 599 {
+			return nil, fmt.Errorf("WEBHOOK_PERMANENT_STATUSES: %q is not an HTTP status from 300 to 599; use e.g. 400,404,422 (or none)", f)
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
 }
 
 // OriginalMaxBody is the largest body the original's receiver accepts (as does

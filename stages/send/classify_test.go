@@ -2,7 +2,9 @@ package send_test
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,18 +13,51 @@ import (
 	"github.com/fluxora/fluxhook/stages/sign/verify"
 )
 
+// TestClassify: 2xx is delivered, 410 and the permanent statuses are dead-lettered at once,
+// every other answer is retried (4xx and 3xx included: a consumer's bad deploy answers 401 or
+// 404 for a while).
 func TestClassify(t *testing.T) {
 	t.Parallel()
-	want := map[delivery.Kind][]int{
-		delivery.Delivered: {200, 201, 202, 204, 299},
-		delivery.Retry:     {408, 425, 429, 500, 502, 503, 504},
-		delivery.Permanent: {0, 100, 199, 300, 301, 302, 303, 304, 307, 308, 400, 401, 403, 404, 409, 410, 413, 422, 501, 505, 511, 599, 600, 999},
-	}
-	for kind, statuses := range want {
-		for _, status := range statuses {
-			if got := send.Classify(status); got != kind {
-				t.Errorf("Classify(%d) = %v, want %v", status, got, kind)
+	for _, c := range []struct {
+		permanent []int
+		want      map[delivery.Kind][]int
+	}{
+		{send.DefaultPermanentStatuses, map[delivery.Kind][]int{
+			delivery.Delivered: {200, 201, 202, 204, 299},
+			delivery.Retry:     {0, 100, 199, 300, 301, 302, 307, 400, 401, 403, 404, 408, 409, 422, 425, 429, 500, 501, 502, 503, 504, 505, 599, 600},
+			delivery.Permanent: {410, 413},
+		}},
+		{[]int{400, 404, 422}, map[delivery.Kind][]int{
+			delivery.Retry:     {401, 403, 413, 429, 503},
+			delivery.Permanent: {400, 404, 410, 422},
+		}},
+		{[]int{}, map[delivery.Kind][]int{
+			delivery.Retry:     {413},
+			delivery.Permanent: {410},
+		}},
+	} {
+		for kind, statuses := range c.want {
+			for _, status := range statuses {
+				if got := send.Classify(status, c.permanent); got != kind {
+					t.Errorf("Classify(%d, %v) = %v, want %v", status, c.permanent, got, kind)
+				}
 			}
+		}
+	}
+}
+
+// TestParsePermanentStatuses: the setting's list, "none", and a clear error for anything else.
+func TestParsePermanentStatuses(t *testing.T) {
+	t.Parallel()
+	if got, err := send.ParsePermanentStatuses(" 400, 404,404 ,422"); err != nil || !slices.Equal(got, []int{400, 404, 422}) {
+		t.Errorf("ParsePermanentStatuses = %v, %v", got, err)
+	}
+	if got, err := send.ParsePermanentStatuses("none"); err != nil || got == nil || len(got) != 0 {
+		t.Errorf("ParsePermanentStatuses(none) = %#v, %v; want an empty, non-nil list", got, err)
+	}
+	for _, bad := range []string{"", "200", "4xx", "600", "400,,404"} {
+		if _, err := send.ParsePermanentStatuses(bad); err == nil || !strings.Contains(err.Error(), "WEBHOOK_PERMANENT_STATUSES") {
+			t.Errorf("ParsePermanentStatuses(%q) = %v, want an error naming the variable", bad, err)
 		}
 	}
 }
@@ -181,7 +216,7 @@ func BenchmarkClassify(b *testing.B) {
 	var sink delivery.Kind
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		sink += send.Classify(statuses[i%len(statuses)])
+		sink += send.Classify(statuses[i%len(statuses)], send.DefaultPermanentStatuses)
 	}
 	_ = sink
 }

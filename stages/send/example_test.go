@@ -24,14 +24,15 @@ func ExampleValidateURL() {
 }
 
 func ExampleClassify() {
-	for _, status := range []int{204, 302, 404, 429, 503} {
-		fmt.Println(status, send.Classify(status))
+	for _, status := range []int{204, 302, 404, 410, 413, 503} {
+		fmt.Println(status, send.Classify(status, send.DefaultPermanentStatuses))
 	}
 	// Output:
 	// 204 delivered
-	// 302 permanent
-	// 404 permanent
-	// 429 retry
+	// 302 retry
+	// 404 retry
+	// 410 permanent
+	// 413 permanent
 	// 503 retry
 }
 

@@ -616,8 +616,8 @@ func TestGuardRedirectsAreNotFollowed(t *testing.T) {
 			b.res.set(consumerHost, addrs("127.0.0.1"))
 			d := newDelivery(t, b.s, srv.URL+"/hook")
 			b.s.Send(context.Background(), d)
-			if o := d.Outcome; o.Kind != delivery.Permanent || o.Status != http.StatusTemporaryRedirect {
-				t.Errorf("Outcome = %+v, want permanent 307", o)
+			if o := d.Outcome; o.Kind != delivery.Retry || o.Status != http.StatusTemporaryRedirect {
+				t.Errorf("Outcome = %+v, want the 307 itself (retried, not followed)", o)
 			}
 			if got := b.res.lookups(); len(got) != 0 {
 				t.Errorf("lookups %q, want none", got)

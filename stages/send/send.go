@@ -98,6 +98,10 @@ type Config struct {
 	// delivery id it has already accepted, false for the Standard Webhooks scheme. Set it to
 	// false for fluxora consumers that use 409 for something else (see ConflictDelivered).
 	Conflict409Delivered *bool
+	// PermanentStatuses are the answers dead-lettered at once besides 410 Gone
+	// (WEBHOOK_PERMANENT_STATUSES); every other non-2xx answer is retried (see Classify). Nil
+	// means DefaultPermanentStatuses; an empty slice, none.
+	PermanentStatuses []int
 	// RootCAs verifies consumers' certificates. Nil means the system's roots (which honour
 	// SSL_CERT_FILE and SSL_CERT_DIR); tests and private CAs set it.
 	RootCAs *x509.CertPool
@@ -173,9 +177,10 @@ func (c Config) Validate() error {
 // share its connections and its per-endpoint concurrency counts; it is safe for concurrent
 // use.
 type Sender struct {
-	cfg Config
+	cfg       Config
+	permanent []int // cfg.PermanentStatuses, or DefaultPermanentStatuses
 	// transport makes every request. It is used directly, not through an http.Client: a
-	// client exists to follow redirects, which fluxhook must not do (a 3xx is Permanent,
+	// client exists to follow redirects, which fluxhook must not do (a 3xx is retried,
 	// and following it would send signed payloads to a URL nobody validated), and to do so
 	// it copies every request's headers; RoundTrip never follows a redirect and sends
 	// d.Header as it is.
@@ -240,8 +245,13 @@ func New(cfg Config) (*Sender, error) {
 	transport, operatorGuard := newTransport(func(d *net.Dialer) *guard { return newGuard(cfg.Resolver, cfg.AllowedNetworks, false, d) })
 	rowTransport, rowGuard := newTransport(func(d *net.Dialer) *guard { return newGuard(cfg.Resolver, cfg.RowURLNetworks, true, d) })
 
+	permanent := cfg.PermanentStatuses
+	if permanent == nil {
+		permanent = DefaultPermanentStatuses
+	}
 	s := &Sender{
 		cfg:          cfg,
+		permanent:    permanent,
 		guard:        operatorGuard,
 		transport:    transport,
 		rowGuard:     rowGuard,
@@ -383,7 +393,7 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 	_, _ = io.CopyN(io.Discard, resp.Body, s.cfg.MaxResponseBytes-int64(len(head)))
 	_ = resp.Body.Close()
 
-	out := delivery.Outcome{Kind: Classify(status), Status: status, Duration: time.Since(start)}
+	out := delivery.Outcome{Kind: Classify(status, s.permanent), Status: status, Duration: time.Since(start)}
 	switch {
 	case conflict:
 		out.Kind, out.Error = classifyConflict(head, resp.Header.Get("Retry-After"))

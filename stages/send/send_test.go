@@ -131,8 +131,8 @@ func TestSendClassifiesStatuses(t *testing.T) {
 
 	tests := map[delivery.Kind][]int{
 		delivery.Delivered: {200, 201, 202, 204},
-		delivery.Retry:     {408, 425, 429, 500, 502, 503, 504},
-		delivery.Permanent: {400, 401, 403, 404, 410, 422, 501, 505, 301, 302, 303, 307, 308},
+		delivery.Retry:     {408, 425, 429, 500, 502, 503, 504, 400, 401, 403, 404, 422, 501, 505, 301, 302, 303, 307, 308},
+		delivery.Permanent: {410},
 	}
 	for kind, statuses := range tests {
 		for _, status := range statuses {
