@@ -90,8 +90,8 @@ func TestEnqueueCommandRejectsBadFlagsWithoutWriting(t *testing.T) {
 func TestEnqueueCommandNeedsADatabase(t *testing.T) {
 	t.Parallel()
 	r := runCLI(t, "", "enqueue", "--event-type", "t")
-	if r.code != 1 || !strings.Contains(r.stderr, "DATABASE_URL") {
-		t.Fatalf("without DATABASE_URL: exit %d, stderr %q; want 1 naming DATABASE_URL", r.code, r.stderr)
+	if r.code != 2 || !strings.Contains(r.stderr, "DATABASE_URL") {
+		t.Fatalf("without DATABASE_URL: exit %d, stderr %q; want 2 (configuration) naming DATABASE_URL", r.code, r.stderr)
 	}
 	unmigrated := sqltest.New(t)
 	r = runCLI(t, unmigrated.URL, "enqueue", "--event-type", "t")
