@@ -95,22 +95,8 @@ func TestStaleFilterIsReadAgainWhileConfirmationWaits(t *testing.T) {
 	cfg := b.config("")
 	cfg.EncryptionKey = testKey
 	b.start(cfg)
-	b.holdXmin()
-	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET event_types = '{}' WHERE id = $1`, ep.ID); err != nil {
-		t.Fatal(err)
-	}
-	// Claimed, and the endpoints loaded at the moved version, while the change is open.
-	b.enqueue(outbox.Event{EventType: "acme.order.paid", Tenant: "acme"})
-	eventually(t, 10*time.Second, "acme's event before the change commits", func() bool { return c.received() == 1 })
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b.loadBeforeCommit(t, c, `UPDATE webhook_endpoints SET event_types = '{}' WHERE id = $1`, ep.ID,
+		outbox.Event{EventType: "acme.order.paid", Tenant: "acme"})
 	other := b.enqueue(outbox.Event{EventType: "billing.invoiced", Tenant: "acme"})
 	eventually(t, 10*time.Second, "the event the widened filter takes delivered while the cache is not confirmed", func() bool {
 		return len(c.byDelivery()[other]) == 1

@@ -427,6 +427,29 @@ func TestEndpointChangeWithoutTriggersIsSeen(t *testing.T) {
 
 }
 
+// loadBeforeCommit makes the running dispatcher load the endpoints while change (SQL taking
+// the endpoint id) is still uncommitted, so that its cache holds the old rows at the moved
+// version, and keeps that cache from being confirmed (holdXmin): it commits the change only
+// once before, an event of the old endpoint's, has been claimed and delivered to c.
+func (b *bundle) loadBeforeCommit(t *testing.T, c *consumer, change, id string, before outbox.Event) {
+	t.Helper()
+	b.holdXmin()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, change, id); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(before)
+	eventually(t, 10*time.Second, "the event before the change commits", func() bool { return c.received() == 1 })
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // holdXmin opens a transaction with an id and keeps it open until the test ends: every
 // snapshot's xmin stays at or below it, so no endpoint cache loaded meanwhile is confirmed
 // (as a long report or a forgotten session elsewhere on the server would do).
@@ -458,22 +481,7 @@ func TestStaleTenantIsReadAgainWhileConfirmationWaits(t *testing.T) {
 	cfg := b.config("")
 	cfg.EncryptionKey = testKey
 	b.start(cfg) // EndpointRecheck stays at its 30 s: the periodic re-read must not be what helps
-	b.holdXmin()
-	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET tenant = 'globex' WHERE id = $1`, ep.ID); err != nil {
-		t.Fatal(err)
-	}
-	// Claimed, and the endpoints loaded at the moved version, while the change is open.
-	b.enqueue(outbox.Event{Tenant: "acme"})
-	eventually(t, 10*time.Second, "acme's event before the change commits", func() bool { return c.received() == 1 })
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b.loadBeforeCommit(t, c, `UPDATE webhook_endpoints SET tenant = 'globex' WHERE id = $1`, ep.ID, outbox.Event{Tenant: "acme"})
 	globex := b.enqueue(outbox.Event{Tenant: "globex"})
 	eventually(t, 10*time.Second, "globex's event delivered while the cache is not confirmed", func() bool {
 		return len(c.byDelivery()[globex]) == 1

@@ -506,21 +506,7 @@ func TestOrderedEndpointHoldBack(t *testing.T) {
 		VALUES ('h', 'stream.updated', '{"stream": "h", "seq": 1}')`); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the later event routed to the ordered endpoint", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'h'`, oep.ID) == 1
-	})
-	// An unordered event committed after that delivery: its arrival shows a claim saw it.
-	unordered := b.enqueue(outbox.Event{EventType: "test.unordered"})
-	eventually(t, 30*time.Second, "the unordered event delivered", func() bool {
-		return len(plain.byDelivery()[unordered]) > 0
-	})
-	if got := ordered.arrivals(); len(got) > 0 {
-		t.Fatalf("stream h's event %s arrived while an older producer transaction was open", got[0].Body)
-	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'h'
-		AND lease_until IS NULL AND NOT processed`, oep.ID); n != 1 {
-		t.Fatal("the later event's ordered delivery was claimed while an older producer transaction was open")
-	}
+	b.assertStreamHeldBack(t, oep.ID, "h", plain, ordered, "an older producer transaction was open")
 	if err := slow.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -630,21 +616,7 @@ func TestOrderedEndpointWaitsForUnroutedEvents(t *testing.T) {
 		VALUES ('u', 'stream.updated', '{"stream": "u", "seq": 1}')`); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the later event routed to the ordered endpoint", func() bool {
-		return b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'u'`, oep.ID) == 1
-	})
-	// An unordered event committed after that delivery: its arrival shows a claim saw it.
-	unordered := b.enqueue(outbox.Event{EventType: "test.unordered"})
-	eventually(t, 30*time.Second, "the unordered event delivered", func() bool {
-		return len(plain.byDelivery()[unordered]) > 0
-	})
-	if got := ordered.arrivals(); len(got) > 0 {
-		t.Fatalf("stream u's event %s arrived while its earlier event waited to be routed", got[0].Body)
-	}
-	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = 'u'
-		AND lease_until IS NULL AND NOT processed`, oep.ID); n != 1 {
-		t.Fatal("the later event's ordered delivery was claimed while its earlier event waited to be routed")
-	}
+	b.assertStreamHeldBack(t, oep.ID, "u", plain, ordered, "its earlier event waited to be routed")
 	// The other instance's lease ends; another event wakes the dispatcher.
 	if _, err := b.pool.Exec(ctx, `UPDATE webhook_outbox SET lease_until = now() - interval '1 second' WHERE id = $1`, first); err != nil {
 		t.Fatal(err)
@@ -653,5 +625,26 @@ func TestOrderedEndpointWaitsForUnroutedEvents(t *testing.T) {
 	b.waitSettled(30 * time.Second)
 	if got := checkStreamOrder(t, ordered, true, nil); got["u"] != 2 {
 		t.Errorf("stream u: %d events arrived, want 2", got["u"])
+	}
+}
+
+// assertStreamHeldBack checks that the later event of stream, routed to the ordered endpoint
+// epID, waits while why holds: a claim made after its routing (shown by an unordered event's
+// arrival at plain) neither sent it to ordered nor leased its delivery.
+func (b *bundle) assertStreamHeldBack(t *testing.T, epID, stream string, plain, ordered *consumer, why string) {
+	t.Helper()
+	eventually(t, 30*time.Second, "the later event routed to the ordered endpoint", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = $2`, epID, stream) == 1
+	})
+	unordered := b.enqueue(outbox.Event{EventType: "test.unordered"})
+	eventually(t, 30*time.Second, "the unordered event delivered", func() bool {
+		return len(plain.byDelivery()[unordered]) > 0
+	})
+	if got := ordered.arrivals(); len(got) > 0 {
+		t.Fatalf("stream %s's event %s arrived while %s", stream, got[0].Body, why)
+	}
+	if n := b.count(`SELECT count(*) FROM webhook_outbox WHERE endpoint_id = $1 AND stream_id = $2
+		AND lease_until IS NULL AND NOT processed`, epID, stream); n != 1 {
+		t.Fatalf("the later event's ordered delivery was claimed while %s", why)
 	}
 }
