@@ -57,6 +57,9 @@ func TestEveryColumnTheDispatcherUsesBumpsTheVersion(t *testing.T) {
 		{"created_at", "created_at = created_at - interval '1 minute'", true},
 		{"ordering", "ordering = 'stream'", true},
 		{"ordering_failure", "ordering_failure = 'stop'", true},
+		{"permanent_statuses", "permanent_statuses = '{404}'", true},
+		{"permanent_statuses", "permanent_statuses = '{}'", true},
+		{"permanent_statuses", "permanent_statuses = NULL", true},
 		{"last_success_at", "last_success_at = now()", false},
 		{"failing_since", "failing_since = now()", false},
 		{"description", "description = 'the streams team'", false},
@@ -97,6 +100,19 @@ func TestEveryColumnTheDispatcherUsesBumpsTheVersion(t *testing.T) {
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
+	}
+	// The version triggers fire for logical replication and session_replication_role =
+	// replica too (ENABLE ALWAYS, schema 10): a migration that re-creates one must enable it
+	// so again (schema 13 re-created webhook_endpoints_changed_update).
+	for _, trigger := range []string{"webhook_endpoints_changed", "webhook_endpoints_changed_update", "webhook_endpoints_truncated"} {
+		var enabled string
+		if err := db.Pool.QueryRow(ctx, `SELECT tgenabled::text FROM pg_trigger
+			WHERE tgrelid = 'webhook_endpoints'::regclass AND tgname = $1`, trigger).Scan(&enabled); err != nil {
+			t.Fatalf("trigger %s: %v", trigger, err)
+		}
+		if enabled != "A" {
+			t.Errorf("trigger %s is enabled %q, want ALWAYS (A): a change by logical replication would not move the version", trigger, enabled)
+		}
 	}
 	// Inserts and deletes bump too.
 	before := version()

@@ -28,13 +28,13 @@ func init() {
 const endpointsUsage = `usage:
   fluxhook endpoints add --url URL [--event-types TYPE,PREFIX.*] [--tenant T] [--scheme fluxora|standard]
                          [--secret S|- | --secret-file PATH] [--description D] [--retry-rps N] [--max-concurrency N]
-                         [--header NAME=VALUE]... [--ordering none|stream] [--ordering-failure skip|stop]
-                         [--disabled] [--json]
+                         [--permanent-statuses LIST|none] [--header NAME=VALUE]... [--ordering none|stream]
+                         [--ordering-failure skip|stop] [--disabled] [--json]
   fluxhook endpoints list [--json]
   fluxhook endpoints show ID [--json]
   fluxhook endpoints update ID [--url URL] [--event-types LIST] [--tenant T] [--description D]
-                         [--retry-rps N] [--max-concurrency N] [--header NAME=VALUE]... [--clear-headers]
-                         [--ordering none|stream] [--ordering-failure skip|stop]
+                         [--retry-rps N] [--max-concurrency N] [--permanent-statuses LIST|none|'']
+                         [--header NAME=VALUE]... [--clear-headers] [--ordering none|stream] [--ordering-failure skip|stop]
                          [--scheme fluxora|standard [--secret S|- | --secret-file PATH]] [--json]
   fluxhook endpoints disable ID [--reason R] [--json]
   fluxhook endpoints enable ID [--json]
@@ -341,6 +341,7 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 	fs.StringVar(&n.Description, "description", "", "free text for people")
 	fs.IntVar(&n.RetryRPS, "retry-rps", 0, "attempts per second before retries are deferred (default WEBHOOK_RETRY_RPS)")
 	fs.IntVar(&n.MaxConcurrency, "max-concurrency", 0, "concurrent requests (default WEBHOOK_ENDPOINT_CONCURRENCY)")
+	permanent := fs.String("permanent-statuses", "", "answers dead-lettered at once besides 410, e.g. 400,404,422, or none (default WEBHOOK_PERMANENT_STATUSES)")
 	headers := headerFlag{}
 	fs.Var(headers, "header", "extra request header NAME=VALUE (repeatable)")
 	fs.StringVar(&n.Ordering, "ordering", endpoints.OrderingNone, "delivery order: none | stream (each stream_id's events one at a time, in order)")
@@ -364,6 +365,11 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 		return err
 	}
 	n.EventTypes, n.Headers = eventTypes(*types), headers
+	if strings.TrimSpace(*permanent) != "" {
+		if n.PermanentStatuses, err = permanentStatuses(*permanent); err != nil {
+			return err
+		}
+	}
 	pool, c, err := endpointsEnv(ctx, env, *dbURL)
 	if err != nil {
 		return err
@@ -524,6 +530,7 @@ func printEndpoint(w io.Writer, d endpoints.Details, haveKey bool) error {
 	}
 	fmt.Fprintf(tw, "retry_rps\t%s\n", limit(d.RetryRPS, "WEBHOOK_RETRY_RPS"))
 	fmt.Fprintf(tw, "max_concurrency\t%s\n", limit(d.MaxConcurrency, "WEBHOOK_ENDPOINT_CONCURRENCY"))
+	fmt.Fprintf(tw, "permanent_statuses\t%s\n", permanentDetails(d.PermanentStatuses))
 	ordering, failure := orderingDetails(d.Endpoint)
 	fmt.Fprintf(tw, "ordering\t%s\n", ordering)
 	fmt.Fprintf(tw, "ordering_failure\t%s\n", failure)
@@ -595,10 +602,36 @@ func orderingDetails(e endpoints.Endpoint) (ordering, failure string) {
 	return ordering, failure
 }
 
+// permanentStatuses reads --permanent-statuses as WEBHOOK_PERMANENT_STATUSES is read
+// (send.ParsePermanentStatuses): comma-separated statuses from 300 to 599, or none. The error
+// names the flag rather than the variable.
+func permanentStatuses(v string) ([]int, error) {
+	list, err := send.ParsePermanentStatuses(v)
+	if err != nil {
+		return nil, usageError("--permanent-statuses: %s", strings.TrimPrefix(err.Error(), "WEBHOOK_PERMANENT_STATUSES: "))
+	}
+	return list, nil
+}
+
+// permanentDetails is what `endpoints show` says of an endpoint's permanent statuses.
+func permanentDetails(list []int) string {
+	switch {
+	case list == nil:
+		return "default (WEBHOOK_PERMANENT_STATUSES)"
+	case len(list) == 0:
+		return "none (only 410 is dead-lettered at once; every other failure is retried)"
+	}
+	s := make([]string, len(list))
+	for i, n := range list {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ", ") + " and 410 (dead-lettered at once)"
+}
+
 func runEndpointsUpdate(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("endpoints update", env, "fluxhook endpoints update ID [flags]")
 	dbURL := databaseURLFlag(fs, env)
-	var u, types, tenant, description, scheme, secret, ordering, orderingFailure optString
+	var u, types, tenant, description, scheme, secret, ordering, orderingFailure, permanent optString
 	var rps, conc optInt
 	fs.Var(&u, "url", "new URL")
 	fs.Var(&types, "event-types", `new filter, comma-separated ("" = every event)`)
@@ -606,6 +639,7 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	fs.Var(&description, "description", "new description")
 	fs.Var(&rps, "retry-rps", "new retry rate (0 = WEBHOOK_RETRY_RPS)")
 	fs.Var(&conc, "max-concurrency", "new concurrency limit (0 = WEBHOOK_ENDPOINT_CONCURRENCY)")
+	fs.Var(&permanent, "permanent-statuses", `answers dead-lettered at once besides 410, e.g. 400,404,422, or none ("" = WEBHOOK_PERMANENT_STATUSES)`)
 	headers := headerFlag{}
 	fs.Var(headers, "header", "add or replace the header NAME=VALUE (repeatable)")
 	clearHeaders := fs.Bool("clear-headers", false, "remove every custom header first (then --header sets the new ones)")
@@ -625,6 +659,15 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	if types.set {
 		list := eventTypes(types.v)
 		p.EventTypes = &list
+	}
+	if permanent.set {
+		var list []int // "": NULL, the dispatcher's setting
+		if strings.TrimSpace(permanent.v) != "" {
+			if list, err = permanentStatuses(permanent.v); err != nil {
+				return err
+			}
+		}
+		p.PermanentStatuses = &list
 	}
 	if len(headers) > 0 || *clearHeaders {
 		h := map[string]string(headers)
@@ -646,8 +689,8 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 		p.Secret = &v
 	}
 	if !u.set && !types.set && !tenant.set && !description.set && !rps.set && !conc.set && len(headers) == 0 && !*clearHeaders &&
-		!scheme.set && !ordering.set && !orderingFailure.set {
-		return usageError("endpoints update needs something to change: --url, --event-types, --tenant, --description, --retry-rps, --max-concurrency, --header, --clear-headers, --ordering, --ordering-failure or --scheme")
+		!scheme.set && !ordering.set && !orderingFailure.set && !permanent.set {
+		return usageError("endpoints update needs something to change: --url, --event-types, --tenant, --description, --retry-rps, --max-concurrency, --permanent-statuses, --header, --clear-headers, --ordering, --ordering-failure or --scheme")
 	}
 	var res endpoints.Updated
 	d, c, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, c *endpoints.Cipher) (err error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -49,6 +50,8 @@ type endpointJSON struct {
 	StoppedStreams        int64             `json:"stopped_streams"`
 	Ordering              string            `json:"ordering"`
 	OrderingFailure       string            `json:"ordering_failure"`
+	// PermanentStatuses is nil for JSON null (WEBHOOK_PERMANENT_STATUSES).
+	PermanentStatuses *[]int `json:"permanent_statuses"`
 }
 
 func decodeEndpoint(t *testing.T, r cliResult) endpointJSON {
@@ -627,5 +630,58 @@ func TestEndpointsErrors(t *testing.T) {
 	run([]string{"help"}, &out, new(bytes.Buffer), func(string) string { return "" })
 	if !strings.Contains(out.String(), "endpoints") {
 		t.Errorf("fluxhook help does not list endpoints:\n%s", out.String())
+	}
+}
+
+// TestEndpointsPermanentStatuses: --permanent-statuses is read as WEBHOOK_PERMANENT_STATUSES
+// is (a list, or none) by add and update; update's "" goes back to the setting; --json says
+// null for the setting and [] for none, show says which; a bad list exits 2 naming the flag.
+func TestEndpointsPermanentStatuses(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	statuses := func(e endpointJSON) string {
+		if e.PermanentStatuses == nil {
+			return "null"
+		}
+		return fmt.Sprint(*e.PermanentStatuses)
+	}
+
+	if e := addEndpoint(t, db, nil, "--url", "https://plain.example/"); statuses(e) != "null" {
+		t.Errorf("add without --permanent-statuses: %s, want null", statuses(e))
+	}
+	e := addEndpoint(t, db, nil, "--url", "https://a.example/", "--permanent-statuses", "422, 404,400")
+	if statuses(e) != "[400 404 422]" {
+		t.Errorf("add --permanent-statuses '422, 404,400': %s, want [400 404 422]", statuses(e))
+	}
+	r := runEndpointsCLI(t, db, nil, "show", e.ID)
+	if !strings.Contains(r.stdout, "permanent_statuses  400, 404, 422 and 410") {
+		t.Errorf("show lacks the permanent statuses:\n%s", r.stdout)
+	}
+	for _, step := range []struct{ arg, want, show string }{
+		{"none", "[]", "none (only 410"},
+		{"404", "[404]", "404 and 410"},
+		{"", "null", "default (WEBHOOK_PERMANENT_STATUSES)"},
+	} {
+		got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "update", e.ID, "--json", "--permanent-statuses", step.arg))
+		if statuses(got) != step.want {
+			t.Errorf("update --permanent-statuses %q: %s, want %s", step.arg, statuses(got), step.want)
+		}
+		if r := runEndpointsCLI(t, db, nil, "show", e.ID); !strings.Contains(r.stdout, "permanent_statuses  "+step.show) {
+			t.Errorf("after update --permanent-statuses %q, show lacks %q:\n%s", step.arg, step.show, r.stdout)
+		}
+	}
+	for _, args := range [][]string{
+		{"add", "--url", "https://b.example/", "--permanent-statuses", "404,200"},
+		{"add", "--url", "https://b.example/", "--permanent-statuses", "4o4"},
+		{"update", e.ID, "--permanent-statuses", "600"},
+		{"update", e.ID, "--permanent-statuses", "none,404"},
+	} {
+		if r := runEndpointsCLI(t, db, nil, args...); r.code != 2 || !strings.Contains(r.stderr, "--permanent-statuses:") ||
+			!strings.Contains(r.stderr, "300 to 599") {
+			t.Errorf("endpoints %v: exit %d, %q; want 2 naming --permanent-statuses", args, r.code, r.stderr)
+		}
+	}
+	if got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "show", "--json", e.ID)); statuses(got) != "null" {
+		t.Errorf("a refused update changed the statuses: %s", statuses(got))
 	}
 }

@@ -68,6 +68,10 @@ type Endpoint struct {
 	// WEBHOOK_ENDPOINT_CONCURRENCY when positive.
 	RetryRPS       int `json:"retry_rps,omitempty"`
 	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	// PermanentStatuses overrides WEBHOOK_PERMANENT_STATUSES (schema 13): the answers
+	// dead-lettered at once besides 410 Gone. nil (JSON null) is the dispatcher's setting; an
+	// empty list ([]) dead-letters none but 410.
+	PermanentStatuses []int `json:"permanent_statuses"`
 	// Headers are the custom request headers, their values opened (sealed at rest with
 	// WEBHOOK_ENCRYPTION_KEY, like the secrets). A value that does not open is empty, with
 	// the endpoint's error saying why, so that its sealed text is never taken for the value.
@@ -190,10 +194,11 @@ func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
 	var prevUntil, disabledAt, lastSuccess, failingSince *time.Time
 	var retryRPS, maxConc *int32
 	var headers []byte
+	var permanent *[]int32
 	var secret string
 	if err := row.Scan(&e.ID, &e.URL, &e.Description, &tenant, &e.EventTypes, &e.Scheme, &secret, &prev, &prevUntil,
 		&e.Enabled, &disabledAt, &disabledReason, &retryRPS, &maxConc, &headers, &lastSuccess, &failingSince,
-		&e.CreatedAt, &e.UpdatedAt, &e.Ordering, &e.OrderingFailure); err != nil {
+		&e.CreatedAt, &e.UpdatedAt, &e.Ordering, &e.OrderingFailure, &permanent); err != nil {
 		return e, fmt.Errorf("reading webhook_endpoints: %w", err)
 	}
 	deref := func(s *string) string {
@@ -216,6 +221,12 @@ func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
 	}
 	if maxConc != nil {
 		e.MaxConcurrency = int(*maxConc)
+	}
+	if permanent != nil {
+		e.PermanentStatuses = make([]int, 0, len(*permanent))
+		for _, n := range *permanent {
+			e.PermanentStatuses = append(e.PermanentStatuses, int(n))
+		}
 	}
 	if e.EventTypes == nil {
 		e.EventTypes = []string{}

@@ -151,6 +151,10 @@ type New struct {
 	// RetryRPS and MaxConcurrency override the dispatcher's defaults when positive.
 	RetryRPS       int
 	MaxConcurrency int
+	// PermanentStatuses overrides the dispatcher's WEBHOOK_PERMANENT_STATUSES: the answers
+	// (HTTP statuses from 300 to 599) dead-lettered at once besides 410 Gone. nil keeps the
+	// dispatcher's setting; an empty, non-nil list dead-letters none but 410.
+	PermanentStatuses []int
 	// Headers are extra request headers; the signature and transport headers are reserved.
 	Headers map[string]string
 	// Ordering is OrderingNone or OrderingStream; "" is OrderingNone, so that an endpoint
@@ -185,7 +189,8 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 	err := errors.Join(validateURL(n.URL), validateScheme(n.Scheme), validateTenant(n.Tenant),
 		validateFilter(n.EventTypes), validateLimit("retry_rps", n.RetryRPS),
 		validateLimit("max_concurrency", n.MaxConcurrency), validateHeaders(n.Headers),
-		validateOrdering(n.Ordering), validateOrderingFailure(n.OrderingFailure))
+		validateOrdering(n.Ordering), validateOrderingFailure(n.OrderingFailure),
+		validatePermanentStatuses(n.PermanentStatuses))
 	if err != nil {
 		return Endpoint{}, firstError(err)
 	}
@@ -210,7 +215,7 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 	}
 	rows, err := q.Query(ctx, insertSQL, n.URL, n.Description, nullString(n.Tenant), n.EventTypes, n.Scheme,
 		c.Seal(secret, SecretBinding(id)), !n.Disabled, nullInt(n.RetryRPS), nullInt(n.MaxConcurrency), string(headers),
-		n.Ordering, n.OrderingFailure, id)
+		n.Ordering, n.OrderingFailure, id, nullStatuses(n.PermanentStatuses))
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("adding endpoint: %w", err)
 	}
@@ -242,6 +247,21 @@ func nullString(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// nullStatuses is a permanent-statuses list as update.sql and insert.sql take it: nil is
+// NULL (the dispatcher's setting), an empty list '{}' (none but 410), and the statuses are
+// stored sorted, without repeats.
+func nullStatuses(list []int) []int32 {
+	if list == nil {
+		return nil
+	}
+	out := make([]int32, 0, len(list))
+	for _, n := range list {
+		out = append(out, int32(n))
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 func nullInt(n int) *int32 {
@@ -355,6 +375,10 @@ type Patch struct {
 	// RetryRPS and MaxConcurrency 0 restore the dispatcher's default.
 	RetryRPS       *int
 	MaxConcurrency *int
+	// PermanentStatuses replaces the endpoint's permanent statuses (see New): pointing at nil
+	// restores the dispatcher's WEBHOOK_PERMANENT_STATUSES, at an empty list dead-letters none
+	// but 410.
+	PermanentStatuses *[]int
 	// Headers replaces every custom header (an empty map removes them all), or, with
 	// MergeHeaders, is added to the current ones, replacing those of the same name
 	// (case-insensitively).
@@ -380,7 +404,7 @@ type Patch struct {
 func (p Patch) empty() bool {
 	return p.URL == nil && p.Description == nil && p.Tenant == nil && p.EventTypes == nil && p.RetryRPS == nil &&
 		p.MaxConcurrency == nil && p.Headers == nil && p.Scheme == nil && p.Secret == nil && p.Ordering == nil &&
-		p.OrderingFailure == nil
+		p.OrderingFailure == nil && p.PermanentStatuses == nil
 }
 
 // validate checks every field p sets on its own; what depends on the current row (merged
@@ -401,6 +425,9 @@ func (p Patch) validate() error {
 	}
 	if p.MaxConcurrency != nil {
 		errs = append(errs, validateLimit("max_concurrency", *p.MaxConcurrency))
+	}
+	if p.PermanentStatuses != nil {
+		errs = append(errs, validatePermanentStatuses(*p.PermanentStatuses))
 	}
 	if p.Scheme != nil {
 		errs = append(errs, validateScheme(*p.Scheme))
@@ -488,7 +515,7 @@ func Update(ctx context.Context, q Querier, c *Cipher, id string, p Patch) (Upda
 		var got string
 		var dead int64
 		err = q.QueryRow(ctx, updateSQL, key, w.set, s.scheme, string(s.headers), w.url, w.description, w.tenant,
-			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed, w.ordering, w.orderingFailure).Scan(&got, &dead)
+			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed, w.ordering, w.orderingFailure, w.permanentStatuses).Scan(&got, &dead)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // its scheme or headers changed (or it was removed) since the read: decide again
 		}
@@ -510,8 +537,10 @@ type write struct {
 	eventTypes     []string
 	retryRPS       *int32
 	maxConcurrency *int32
-	headers        *string
-	scheme         string
+	// permanentStatuses is nil for NULL (the dispatcher's setting).
+	permanentStatuses []int32
+	headers           *string
+	scheme            string
 	// sealed is the new secret as stored, nil to keep the secret; secret is it in plain text.
 	sealed          *string
 	secret          string
@@ -543,6 +572,9 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 	}
 	if p.MaxConcurrency != nil {
 		w.set, w.maxConcurrency = append(w.set, "max_concurrency"), nullInt(*p.MaxConcurrency)
+	}
+	if p.PermanentStatuses != nil {
+		w.set, w.permanentStatuses = append(w.set, "permanent_statuses"), nullStatuses(*p.PermanentStatuses)
 	}
 	if p.Ordering != nil {
 		w.set, w.ordering = append(w.set, "ordering"), *p.Ordering

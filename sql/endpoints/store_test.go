@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"maps"
 	"slices"
@@ -863,3 +864,105 @@ func TestUpdateTenantDeadLettersPending(t *testing.T) {
 		t.Errorf("Update to no tenant = %+v, %v", up, err)
 	}
 }
+
+// TestPermanentStatuses is the round trip of an endpoint's WEBHOOK_PERMANENT_STATUSES override
+// (schema 13): nil is the dispatcher's setting (NULL), an empty list none but 410 ('{}'), both
+// kept apart through Add, Update, Get, LoadAll and the JSON of list and show; an Update
+// without it leaves it alone; a status outside 300 to 599 is refused, naming the field.
+func TestPermanentStatuses(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	c := newCipher(t, endpoints.GenerateKey(), "")
+	stored := func(id string) *string {
+		t.Helper()
+		var s *string
+		if err := db.Pool.QueryRow(ctx, "SELECT permanent_statuses::text FROM webhook_endpoints WHERE id = $1::uuid", id).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	jsonOf := func(e endpoints.Endpoint) string {
+		t.Helper()
+		b, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return string(m["permanent_statuses"])
+	}
+
+	def := mustAdd(t, db, c, endpoints.New{URL: "https://default.example/"})
+	if def.PermanentStatuses != nil || stored(def.ID) != nil || jsonOf(def) != "null" {
+		t.Errorf("added without statuses: %v, stored %v, json %s; want nil, NULL, null", def.PermanentStatuses, stored(def.ID), jsonOf(def))
+	}
+	e := mustAdd(t, db, c, endpoints.New{URL: "https://a.example/", PermanentStatuses: []int{422, 404, 400, 404}})
+	if want := []int{400, 404, 422}; !slices.Equal(e.PermanentStatuses, want) || !slices.Equal(mustGet(t, db, c, e.ID).PermanentStatuses, want) {
+		t.Errorf("added with 422,404,400,404: %v; want %v", mustGet(t, db, c, e.ID).PermanentStatuses, want)
+	}
+	if s := stored(e.ID); s == nil || *s != "{400,404,422}" {
+		t.Errorf("stored %v, want {400,404,422}", s)
+	}
+	none := mustAdd(t, db, c, endpoints.New{URL: "https://none.example/", PermanentStatuses: []int{}})
+	if got := mustGet(t, db, c, none.ID); got.PermanentStatuses == nil || len(got.PermanentStatuses) != 0 || jsonOf(got) != "[]" {
+		t.Errorf("added with none: %#v (json %s); want an empty, non-nil list", got.PermanentStatuses, jsonOf(got))
+	}
+
+	// An update of another field leaves it; an update sets it, to none, and back to NULL.
+	desc := "x"
+	if _, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{Description: &desc}); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, db, c, e.ID).PermanentStatuses; !slices.Equal(got, []int{400, 404, 422}) {
+		t.Errorf("after an update of the description: %v", got)
+	}
+	for _, step := range []struct {
+		set    []int
+		stored *string
+	}{
+		{[]int{404}, ptrTo("{404}")},
+		{[]int{}, ptrTo("{}")},
+		{nil, nil},
+	} {
+		set := step.set
+		if _, err := endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{PermanentStatuses: &set}); err != nil {
+			t.Fatalf("Update to %#v: %v", set, err)
+		}
+		got := mustGet(t, db, c, e.ID).PermanentStatuses
+		s := stored(e.ID)
+		if (got == nil) != (set == nil) || !slices.Equal(got, set) || (s == nil) != (step.stored == nil) || s != nil && *s != *step.stored {
+			t.Errorf("after Update to %#v: %#v, stored %v", set, got, s)
+		}
+	}
+	all, errs, err := endpoints.LoadAll(ctx, db.Pool, c)
+	if err != nil || len(all) != 3 || errors.Join(errs...) != nil {
+		t.Fatalf("LoadAll = %d endpoints, %v, %v", len(all), errs, err)
+	}
+	if all[0].PermanentStatuses != nil || all[1].PermanentStatuses != nil || all[2].PermanentStatuses == nil {
+		t.Errorf("LoadAll: %#v, %#v, %#v; want nil, nil, []", all[0].PermanentStatuses, all[1].PermanentStatuses, all[2].PermanentStatuses)
+	}
+
+	// Validation, on Add and Update, before anything is written; the column's CHECK backs it.
+	for _, bad := range [][]int{{200}, {404, 600}, {0}} {
+		var inv *endpoints.InvalidError
+		_, err := endpoints.Add(ctx, db.Pool, c, endpoints.New{URL: "https://b.example/", PermanentStatuses: bad})
+		if !errors.As(err, &inv) || inv.Field != "permanent_statuses" || !strings.Contains(err.Error(), "300 to 599") {
+			t.Errorf("Add with %v: %v; want an invalid permanent_statuses naming 300 to 599", bad, err)
+		}
+		_, err = endpoints.Update(ctx, db.Pool, c, e.ID, endpoints.Patch{PermanentStatuses: &bad})
+		if !errors.As(err, &inv) || inv.Field != "permanent_statuses" {
+			t.Errorf("Update with %v: %v; want an invalid permanent_statuses", bad, err)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, "UPDATE webhook_endpoints SET permanent_statuses = '{404,200}' WHERE id = $1::uuid", e.ID); err == nil {
+		t.Error("the column took 200: want its CHECK to refuse it")
+	}
+	if _, err := db.Pool.Exec(ctx, "UPDATE webhook_endpoints SET permanent_statuses = '{404,NULL}' WHERE id = $1::uuid", e.ID); err == nil {
+		t.Error("the column took a NULL element: want its CHECK to refuse it")
+	}
+}
+
+func ptrTo(s string) *string { return &s }

@@ -187,3 +187,15 @@ func validateLimit(field string, n int) error {
 	}
 	return nil
 }
+
+// validatePermanentStatuses checks an endpoint's permanent statuses: HTTP statuses from 300 to
+// 599, as the column's CHECK and WEBHOOK_PERMANENT_STATUSES require (a 2xx is delivered
+// whatever the list says, and below 300 nothing is a failure to classify).
+func validatePermanentStatuses(list []int) error {
+	for _, n := range list {
+		if n < 300 || n > 599 {
+			return invalid("permanent_statuses", "%d is not an HTTP status from 300 to 599; use e.g. 400,404,422 (or none for none but 410)", n)
+		}
+	}
+	return nil
+}

@@ -139,6 +139,10 @@ type Endpoint struct {
 	// RetryRPS overrides the configured retry rate limit when positive (a managed endpoint's
 	// retry_rps).
 	RetryRPS int
+	// PermanentStatuses overrides the sender's permanent statuses (WEBHOOK_PERMANENT_STATUSES)
+	// when not nil (a managed endpoint's permanent_statuses): the answers dead-lettered at
+	// once besides 410 Gone. An empty, non-nil list dead-letters none but 410.
+	PermanentStatuses []int
 	// Managed says this is a managed endpoint (webhook_endpoints), which takes only the events
 	// of its tenant: Tenant, with EmptyTenant telling a tenant stored as the empty string from
 	// none (NULL), as routing does. Endpoint values are built per load of the endpoints, so

@@ -80,7 +80,8 @@ type Config struct {
 	Conflict409Delivered *bool
 	// PermanentStatuses are the consumer answers dead-lettered at once besides 410 Gone
 	// (WEBHOOK_PERMANENT_STATUSES); every other non-2xx answer is retried on the schedule
-	// (send.Classify). Nil means send.DefaultPermanentStatuses (413); empty, none.
+	// (send.Classify). Nil means send.DefaultPermanentStatuses (413); empty, none. A managed
+	// endpoint with permanent_statuses of its own (schema 13) uses those instead.
 	PermanentStatuses []int
 	// AllowedNetworks are private networks the operator allows as endpoint destinations
 	// (WEBHOOK_ALLOWED_NETWORKS); by default the send stage refuses private, link-local and

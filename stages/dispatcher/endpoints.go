@@ -166,7 +166,7 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool, then []f
 			m.invalid = fmt.Sprintf("endpoint %s: %v", m.ep.ID, err)
 			continue
 		}
-		m.target.RetryRPS = m.ep.RetryRPS
+		m.target.RetryRPS, m.target.PermanentStatuses = m.ep.RetryRPS, m.ep.PermanentStatuses
 		m.target.Managed, m.target.Tenant, m.target.EmptyTenant = true, m.ep.Tenant, m.ep.EmptyTenant
 		cfg := sign.Config{Secret: m.ep.Secret, Scheme: sign.Scheme(m.ep.Scheme)}
 		if m.ep.PreviousSecret != "" && now.Before(m.ep.PreviousUntil) {

@@ -583,3 +583,47 @@ func TestRowURLToLoopbackIsDeadLetteredWithoutAllowance(t *testing.T) {
 		t.Errorf("the managed endpoint on loopback got %v, want one request for %s", got, toManaged)
 	}
 }
+
+// TestEndpointPermanentStatuses: an endpoint's permanent_statuses (schema 13) replaces
+// WEBHOOK_PERMANENT_STATUSES for its deliveries only. The endpoint with 404 dead-letters a 404
+// on the first attempt, while an endpoint without a list of its own retries its 404 through
+// the schedule (the setting's default is 413); an endpoint with an empty list ("none")
+// retries a 413 that the setting would dead-letter at once.
+func TestEndpointPermanentStatuses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	answer := func(status int) *consumer {
+		return newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(status) })
+	}
+	own, def, none := answer(http.StatusNotFound), answer(http.StatusNotFound), answer(http.StatusRequestEntityTooLarge)
+	ownEP := b.addEndpoint(endpoints.New{URL: own.URL(), PermanentStatuses: []int{404}})
+	defEP := b.addEndpoint(endpoints.New{URL: def.URL()})
+	noneEP := b.addEndpoint(endpoints.New{URL: none.URL(), PermanentStatuses: []int{}})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+
+	b.enqueue(outbox.Event{})
+	attempts := len(cfg.RetrySchedule) + 1
+	for _, tc := range []struct {
+		name     string
+		c        *consumer
+		id       string
+		attempts int
+	}{
+		{"the endpoint with 404", own, ownEP.ID, 1},
+		{"the endpoint without a list", def, defEP.ID, attempts},
+		{"the endpoint with none", none, noneEP.ID, attempts},
+	} {
+		eventually(t, 15*time.Second, tc.name+"'s delivery dead-lettered", func() bool {
+			return b.count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1`, tc.id) == 1
+		})
+		if n := b.count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1 AND attempts = $2`, tc.id, tc.attempts); n != 1 {
+			t.Errorf("%s: its dead letter does not record %d attempts", tc.name, tc.attempts)
+		}
+		if got := tc.c.received(); got != tc.attempts {
+			t.Errorf("%s got %d requests, want %d", tc.name, got, tc.attempts)
+		}
+	}
+}

@@ -31,10 +31,11 @@ var DefaultPermanentStatuses = []int{http.StatusRequestEntityTooLarge}
 
 // Classify decides what a status code means for the row: any 2xx is delivered (a 204 without a
 // body or Content-Type included); 410 Gone, and the statuses in permanent
-// (WEBHOOK_PERMANENT_STATUSES), go to the dead-letter table at once; every other answer is
-// retried on the schedule, 4xx and 3xx included (redirects are not followed). A consumer's
-// bad deploy answers 401 or 404 for a minute: dead-lettering those on the first attempt lost
-// the events, where Stripe, Svix and Convoy retry. (The original dispatcher retried only 408,
+// (WEBHOOK_PERMANENT_STATUSES, or a managed endpoint's permanent_statuses), go to the
+// dead-letter table at once; every other answer is retried on the schedule, 4xx and 3xx
+// included (redirects are not followed). A consumer's bad deploy answers 401 or 404 for a
+// minute: dead-lettering those on the first attempt lost the events, where Stripe, Svix and
+// Convoy retry. (The original dispatcher retried only 408,
 // 425, 429, 500, 502, 503 and 504; list the others in WEBHOOK_PERMANENT_STATUSES to keep its
 // behaviour.) A 409 Conflict that ConflictDelivered says means "already have it" is delivered
 // by Send instead (classifyConflict).

@@ -178,7 +178,7 @@ func (c Config) Validate() error {
 // use.
 type Sender struct {
 	cfg       Config
-	permanent []int // cfg.PermanentStatuses, or DefaultPermanentStatuses
+	permanent []int // cfg.PermanentStatuses, or DefaultPermanentStatuses; an endpoint's own list wins
 	// transport makes every request. It is used directly, not through an http.Client: a
 	// client exists to follow redirects, which fluxhook must not do (a 3xx is retried,
 	// and following it would send signed payloads to a URL nobody validated), and to do so
@@ -393,7 +393,11 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 	_, _ = io.CopyN(io.Discard, resp.Body, s.cfg.MaxResponseBytes-int64(len(head)))
 	_ = resp.Body.Close()
 
-	out := delivery.Outcome{Kind: Classify(status, s.permanent), Status: status, Duration: time.Since(start)}
+	permanent := s.permanent
+	if d.Endpoint.PermanentStatuses != nil { // a managed endpoint's own list
+		permanent = d.Endpoint.PermanentStatuses
+	}
+	out := delivery.Outcome{Kind: Classify(status, permanent), Status: status, Duration: time.Since(start)}
 	switch {
 	case conflict:
 		out.Kind, out.Error = classifyConflict(head, resp.Header.Get("Retry-After"))
