@@ -1,6 +1,7 @@
 package claim_test
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fluxora/fluxhook/sql/endpoints"
+	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/claim"
 	"github.com/fluxora/fluxhook/stages/delivery"
 )
@@ -176,19 +178,7 @@ func TestRouteIsFencedWhileItWaitsForTheRow(t *testing.T) {
 	t.Parallel()
 	db, c := newRegistered(t, "a")
 	ctx := deadline(t)
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, created_at)
-		VALUES ('http://127.0.0.1:1/hook', 's', now() - interval '1 minute')`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, enqueued_at)
-		VALUES ('t.fenced', '{}', now() - interval '1 second')`); err != nil {
-		t.Fatal(err)
-	}
-	res, err := c.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
-	if err != nil || len(res.Rows) != 1 {
-		t.Fatalf("claimed %d rows: %v; want the event", len(res.Rows), err)
-	}
-	ev := res.Rows[0]
+	ev, _ := claimOneFencedEvent(t, ctx, db, c)
 
 	// Another instance's claim re-leases the row (as after the lease ran out), uncommitted
 	// while the routing statement starts.
@@ -276,19 +266,7 @@ func TestRouteIsFencedByTheLeaseToken(t *testing.T) {
 			t.Parallel()
 			db, c := newRegistered(t, "a")
 			ctx := deadline(t)
-			if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, created_at)
-				VALUES ('http://127.0.0.1:1/hook', 's', now() - interval '1 minute')`); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, enqueued_at)
-				VALUES ('t.fenced', '{}', now() - interval '1 second')`); err != nil {
-				t.Fatal(err)
-			}
-			old, err := c.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
-			if err != nil || len(old.Rows) != 1 {
-				t.Fatalf("claimed %d rows: %v; want the event", len(old.Rows), err)
-			}
-			ev := old.Rows[0]
+			ev, old := claimOneFencedEvent(t, ctx, db, c)
 			// The old claim's lease lapses (as during a stall of this instance), and the same
 			// instance claims the event again.
 			if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET lease_until = now() - interval '1 second' WHERE id = $1`, ev.ID); err != nil {
@@ -332,4 +310,23 @@ func TestRouteIsFencedByTheLeaseToken(t *testing.T) {
 			}
 		})
 	}
+}
+
+// claimOneFencedEvent adds an endpoint and an event for it (the endpoint older than the event)
+// and claims the event with c, for the routing fence tests.
+func claimOneFencedEvent(t *testing.T, ctx context.Context, db *sqltest.DB, c *claim.Claimer) (*delivery.Delivery, claim.Result) {
+	t.Helper()
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, created_at)
+		VALUES ('http://127.0.0.1:1/hook', 's', now() - interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, enqueued_at)
+		VALUES ('t.fenced', '{}', now() - interval '1 second')`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
+	if err != nil || len(res.Rows) != 1 {
+		t.Fatalf("claimed %d rows: %v; want the event", len(res.Rows), err)
+	}
+	return res.Rows[0], res
 }

@@ -483,15 +483,7 @@ func TestOrderingChecksTheOutboxIDs(t *testing.T) {
 // it: the stream went backwards.
 func TestOrderedEndpointHoldBack(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	ordered := newConsumer(t, nil)
-	plain := newConsumer(t, nil)
-	oep := b.addEndpoint(endpoints.New{URL: ordered.URL(), EventTypes: []string{"stream.*"}, Ordering: endpoints.OrderingStream})
-	b.addEndpoint(endpoints.New{URL: plain.URL(), EventTypes: []string{"test.unordered"}})
-	cfg := b.config("")
-	cfg.Secret = ""
-	cfg.EncryptionKey = testKey
-	b.start(cfg)
+	b, oep, ordered, plain := startOrderedBeside(t)
 	ctx := context.Background()
 	slow, err := b.pool.Begin(ctx)
 	if err != nil {
@@ -596,15 +588,7 @@ func TestRetriedHeadKeepsItsPlace(t *testing.T) {
 // (TestOrderedClaimWaitsForTheStreamsUnroutedEvents pins it at the claim level).
 func TestOrderedEndpointWaitsForUnroutedEvents(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	ordered := newConsumer(t, nil)
-	plain := newConsumer(t, nil)
-	oep := b.addEndpoint(endpoints.New{URL: ordered.URL(), EventTypes: []string{"stream.*"}, Ordering: endpoints.OrderingStream})
-	b.addEndpoint(endpoints.New{URL: plain.URL(), EventTypes: []string{"test.unordered"}})
-	cfg := b.config("")
-	cfg.Secret = ""
-	cfg.EncryptionKey = testKey
-	b.start(cfg)
+	b, oep, ordered, plain := startOrderedBeside(t)
 	ctx := context.Background()
 	// Event 0 of stream u, leased by another instance that has not routed it.
 	var first int64
@@ -647,4 +631,20 @@ func (b *bundle) assertStreamHeldBack(t *testing.T, epID, stream string, plain, 
 		AND lease_until IS NULL AND NOT processed`, epID, stream); n != 1 {
 		t.Fatalf("the later event's ordered delivery was claimed while %s", why)
 	}
+}
+
+// startOrderedBeside starts a dispatcher without WEBHOOK_URL and two endpoints: oep orders
+// the streams of stream.* events (received by ordered), and another takes test.unordered
+// events (received by plain), whose arrival shows that a claim ran.
+func startOrderedBeside(t *testing.T) (b *bundle, oep endpoints.Endpoint, ordered, plain *consumer) {
+	t.Helper()
+	b = setup(t)
+	ordered, plain = newConsumer(t, nil), newConsumer(t, nil)
+	oep = b.addEndpoint(endpoints.New{URL: ordered.URL(), EventTypes: []string{"stream.*"}, Ordering: endpoints.OrderingStream})
+	b.addEndpoint(endpoints.New{URL: plain.URL(), EventTypes: []string{"test.unordered"}})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	return b, oep, ordered, plain
 }
