@@ -44,6 +44,8 @@ func TestProducerCannotSetRoutingColumns(t *testing.T) {
 		{"lease_until", "now() + interval '1 hour'"},
 		{"leased_by", "'someone'"},
 		{"lease_token", "7"},
+		{"attempt", "2"}, // taken for a retry, it was never routed and went to WEBHOOK_URL whatever its tenant
+		{"enqueued_at", "now() + interval '1 day'"}, // it reached endpoints created after it
 	}
 	for _, f := range forged {
 		for _, dispatcherSetting := range []bool{false, true} {
