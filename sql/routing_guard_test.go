@@ -44,7 +44,7 @@ func TestProducerCannotSetRoutingColumns(t *testing.T) {
 		{"lease_until", "now() + interval '1 hour'"},
 		{"leased_by", "'someone'"},
 		{"lease_token", "7"},
-		{"attempt", "2"}, // taken for a retry, it was never routed and went to WEBHOOK_URL whatever its tenant
+		{"attempt", "2"},                            // taken for a retry, it was never routed and went to WEBHOOK_URL whatever its tenant
 		{"enqueued_at", "now() + interval '1 day'"}, // it reached endpoints created after it
 	}
 	for _, f := range forged {
