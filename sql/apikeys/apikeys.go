@@ -1,0 +1,235 @@
+// Package apikeys makes, checks and revokes the keys of fluxhook's management API
+// (webhook_api_keys, schema 16).
+//
+// A key reads "fhk_<lookup>_<secret>": lookup is 16 hex characters that find the row, secret
+// 256 random bits. Only the SHA-256 of the whole key is stored, so the table leaks nothing an
+// attacker can call the API with; the stored hash is compared in constant time, so the time a
+// wrong key takes says nothing about how much of it was right. A plain hash, not a slow one
+// such as bcrypt: the key is random and 256 bits long, not a password a dictionary can guess,
+// and a slow hash would cost every API request milliseconds of CPU.
+package apikeys
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Prefix starts every key, so that secret scanners (and people) recognise one in a log or a
+// repository.
+const Prefix = "fhk_"
+
+// Querier is what the functions here run their statements through: a pool, a connection or a
+// transaction.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Key is one row of webhook_api_keys, never with its secret or hash.
+type Key struct {
+	ID          string     `json:"id"`
+	Prefix      string     `json:"prefix"`
+	Tenant      *string    `json:"tenant"`
+	Description string     `json:"description"`
+	CreatedBy   string     `json:"created_by"`
+	CreatedAt   time.Time  `json:"created_at"`
+	LastUsedAt  *time.Time `json:"last_used_at"`
+	RevokedAt   *time.Time `json:"revoked_at"`
+}
+
+// Admin says whether the key sees every tenant.
+func (k Key) Admin() bool { return k.Tenant == nil }
+
+// Actor is how the audit trail names the key.
+func (k Key) Actor() string { return "key:" + k.ID }
+
+// ErrNotFound is returned for a key id that does not exist.
+var ErrNotFound = errors.New("api key not found")
+
+// ErrInvalid is returned by Authenticate for anything but a known, unrevoked key: malformed,
+// unknown, wrong secret and revoked all look the same to the caller, so that an attacker learns
+// nothing from which it was.
+var ErrInvalid = errors.New("invalid or revoked API key")
+
+// New is a key to make.
+type New struct {
+	// Tenant limits the key to one tenant; nil makes an admin key.
+	Tenant *string
+	// Description is free text for people ("billing service", "portal").
+	Description string
+	// CreatedBy names who made it, as the audit trail does ("cli:alice", "key:<id>").
+	CreatedBy string
+}
+
+// maxTenant and maxDescription bound what a key row may hold; a tenant is the same text
+// endpoints carry, whose limit is the same.
+const (
+	maxTenant      = 200
+	maxDescription = 500
+)
+
+// Validate says what is wrong with n, naming the field, or nil.
+func (n New) Validate() error {
+	if n.Tenant != nil {
+		t := *n.Tenant
+		if t == "" || len(t) > maxTenant || strings.TrimSpace(t) != t {
+			return fmt.Errorf("tenant: must be 1 to %d characters without surrounding spaces", maxTenant)
+		}
+	}
+	if len(n.Description) > maxDescription {
+		return fmt.Errorf("description: at most %d characters", maxDescription)
+	}
+	return nil
+}
+
+// Add makes a key and returns it with its secret, the only time the secret exists outside the
+// caller's hands.
+func Add(ctx context.Context, q Querier, n New) (Key, string, error) {
+	if err := n.Validate(); err != nil {
+		return Key{}, "", err
+	}
+	lookupBytes := make([]byte, 8)
+	secretBytes := make([]byte, 32)
+	if _, err := rand.Read(lookupBytes); err != nil {
+		return Key{}, "", err
+	}
+	if _, err := rand.Read(secretBytes); err != nil {
+		return Key{}, "", err
+	}
+	lookup := hex.EncodeToString(lookupBytes)
+	token := Prefix + lookup + "_" + base64.RawURLEncoding.EncodeToString(secretBytes)
+	sum := sha256.Sum256([]byte(token))
+	row := q.QueryRow(ctx, `INSERT INTO webhook_api_keys (lookup, hash, tenant, description, created_by)
+		VALUES ($1, $2, $3, $4, $5) RETURNING `+columns, lookup, sum[:], n.Tenant, n.Description, n.CreatedBy)
+	k, err := scan(row)
+	if err != nil {
+		return Key{}, "", fmt.Errorf("adding an API key: %w", err)
+	}
+	return k, token, nil
+}
+
+// columns are the key's columns as scan reads them; prefix is what lists show of a key, enough
+// to tell which one a leaked key is.
+const columns = `id::text, 'fhk_' || lookup, tenant, description, created_by, created_at, last_used_at, revoked_at`
+
+func scan(row pgx.Row) (Key, error) {
+	var k Key
+	err := row.Scan(&k.ID, &k.Prefix, &k.Tenant, &k.Description, &k.CreatedBy, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt)
+	return k, err
+}
+
+// List returns the keys, newest first, revoked ones included (they are what the audit trail
+// names).
+func List(ctx context.Context, q Querier) ([]Key, error) {
+	rows, _ := q.Query(ctx, `SELECT `+columns+` FROM webhook_api_keys ORDER BY created_at DESC, id`)
+	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) { return scan(r) })
+	if err != nil {
+		return nil, fmt.Errorf("listing API keys: %w", err)
+	}
+	return keys, nil
+}
+
+// Get returns one key by id.
+func Get(ctx context.Context, q Querier, id string) (Key, error) {
+	if !isUUID(id) {
+		return Key{}, ErrNotFound
+	}
+	k, err := scan(q.QueryRow(ctx, `SELECT `+columns+` FROM webhook_api_keys WHERE id = $1::uuid`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Key{}, ErrNotFound
+	}
+	return k, err
+}
+
+// Revoke ends a key at once: the next request with it gets 401. Revoking a revoked key is not
+// an error and keeps its first revocation time.
+func Revoke(ctx context.Context, q Querier, id string) (Key, error) {
+	if !isUUID(id) {
+		return Key{}, ErrNotFound
+	}
+	k, err := scan(q.QueryRow(ctx, `UPDATE webhook_api_keys SET revoked_at = coalesce(revoked_at, now())
+		WHERE id = $1::uuid RETURNING `+columns, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Key{}, ErrNotFound
+	}
+	return k, err
+}
+
+// Authenticate returns the unrevoked key token is, or ErrInvalid. It records the use at most
+// once a minute per key, in the same round trip.
+func Authenticate(ctx context.Context, q Querier, token string) (Key, error) {
+	lookup, ok := parse(token)
+	if !ok {
+		return Key{}, ErrInvalid
+	}
+	var hash []byte
+	var k Key
+	err := q.QueryRow(ctx, `WITH k AS (
+			SELECT * FROM webhook_api_keys WHERE lookup = $1 AND revoked_at IS NULL
+		), used AS (
+			UPDATE webhook_api_keys w SET last_used_at = now()
+			FROM k WHERE w.id = k.id AND (k.last_used_at IS NULL OR k.last_used_at < now() - interval '1 minute')
+		)
+		SELECT hash, id::text, 'fhk_' || lookup, tenant, description, created_by, created_at, last_used_at, revoked_at FROM k`,
+		lookup).Scan(&hash, &k.ID, &k.Prefix, &k.Tenant, &k.Description, &k.CreatedBy, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Key{}, ErrInvalid
+	}
+	if err != nil {
+		return Key{}, fmt.Errorf("checking an API key: %w", err)
+	}
+	sum := sha256.Sum256([]byte(token))
+	if subtle.ConstantTimeCompare(hash, sum[:]) != 1 {
+		return Key{}, ErrInvalid
+	}
+	return k, nil
+}
+
+// parse returns the lookup part of a well-formed key.
+func parse(token string) (string, bool) {
+	rest, ok := strings.CutPrefix(token, Prefix)
+	if !ok {
+		return "", false
+	}
+	lookup, secret, ok := strings.Cut(rest, "_")
+	if !ok || len(lookup) != 16 || len(secret) != 43 {
+		return "", false
+	}
+	if _, err := hex.DecodeString(lookup); err != nil {
+		return "", false
+	}
+	return lookup, true
+}
+
+// isUUID says whether s has the 8-4-4-4-12 hex form, so that a malformed id is not found
+// rather than a database error from the ::uuid cast.
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
+		default:
+			return false
+		}
+	}
+	return true
+}

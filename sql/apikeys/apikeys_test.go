@@ -1,0 +1,83 @@
+package apikeys_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/fluxora/fluxhook/sql/apikeys"
+	"github.com/fluxora/fluxhook/sql/sqltest"
+)
+
+// TestMain fails the package if a test leaves a goroutine behind (a pool not closed).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestKeysAuthenticateUntilRevoked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqltest.NewMigrated(t)
+	acme := "acme"
+	k, token, err := apikeys.Add(ctx, db.Pool, apikeys.New{Tenant: &acme, Description: "billing", CreatedBy: "cli:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(token, apikeys.Prefix) || !strings.HasPrefix(token, k.Prefix) || len(token) != 4+16+1+43 {
+		t.Fatalf("token %q (prefix %q) is not fhk_<16 hex>_<43 base64url>", token, k.Prefix)
+	}
+	var stored int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM webhook_api_keys WHERE position($1 in hash::text || lookup || description) > 0`,
+		token[len(token)-43:]).Scan(&stored); err != nil || stored != 0 {
+		t.Fatalf("the key's secret is stored in clear (%d rows, %v)", stored, err)
+	}
+
+	got, err := apikeys.Authenticate(ctx, db.Pool, token)
+	if err != nil || got.ID != k.ID || got.Admin() || *got.Tenant != "acme" {
+		t.Fatalf("Authenticate(the key) = %+v, %v; want the acme key", got, err)
+	}
+	again, _ := apikeys.Get(ctx, db.Pool, k.ID)
+	if again.LastUsedAt == nil {
+		t.Fatal("a use of the key was not recorded in last_used_at")
+	}
+
+	// One character off, in the secret or the lookup; garbage; the right key revoked: all the same error.
+	last := byte('A')
+	if token[len(token)-1] == 'A' {
+		last = 'B'
+	}
+	flipped := token[:len(token)-1] + string(last)
+	for _, bad := range []string{flipped, "fhk_0000000000000000_" + token[len(token)-43:], "Bearer " + token, "", "fhk_"} {
+		if _, err := apikeys.Authenticate(ctx, db.Pool, bad); !errors.Is(err, apikeys.ErrInvalid) {
+			t.Errorf("Authenticate(%q) = %v; want ErrInvalid", bad, err)
+		}
+	}
+	if _, err := apikeys.Revoke(ctx, db.Pool, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := apikeys.Authenticate(ctx, db.Pool, token); !errors.Is(err, apikeys.ErrInvalid) {
+		t.Fatalf("a revoked key authenticated: %v", err)
+	}
+	if _, err := apikeys.Revoke(ctx, db.Pool, "00000000-0000-0000-0000-000000000000"); !errors.Is(err, apikeys.ErrNotFound) {
+		t.Fatalf("revoking an unknown key: %v; want ErrNotFound", err)
+	}
+}
+
+func TestKeyValidationNamesTheField(t *testing.T) {
+	t.Parallel()
+	empty, spaced := "", " acme"
+	for _, n := range []apikeys.New{{Tenant: &empty}, {Tenant: &spaced}, {Description: strings.Repeat("x", 501)}} {
+		err := n.Validate()
+		if err == nil {
+			t.Errorf("Validate(%+v) accepted it", n)
+			continue
+		}
+		if !strings.HasPrefix(err.Error(), "tenant:") && !strings.HasPrefix(err.Error(), "description:") {
+			t.Errorf("Validate(%+v) = %q; want the field named first", n, err)
+		}
+	}
+	if err := (apikeys.New{}).Validate(); err != nil {
+		t.Errorf("an admin key without description: %v", err)
+	}
+}
