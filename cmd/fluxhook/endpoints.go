@@ -300,7 +300,7 @@ func forDisplay(e endpoints.Endpoint) endpoints.Endpoint {
 	e.URL = redactURL(e.URL)
 	h := maps.Clone(e.Headers)
 	for k := range h {
-		if sensitiveHeader(k) {
+		if endpoints.SensitiveHeader(k) {
 			h[k] = redactedPassword
 		}
 	}
@@ -308,18 +308,6 @@ func forDisplay(e endpoints.Endpoint) endpoints.Endpoint {
 	return e
 }
 
-func sensitiveHeader(name string) bool {
-	n := strings.ToLower(name)
-	if n == "authorization" || n == "proxy-authorization" || n == "cookie" {
-		return true
-	}
-	for _, part := range []string{"token", "secret", "key", "auth", "password", "signature", "session"} {
-		if strings.Contains(n, part) {
-			return true
-		}
-	}
-	return false
-}
 
 // printSecret prints a new secret once, with what the operator must do about it.
 func printSecret(w io.Writer, id, secret string) {

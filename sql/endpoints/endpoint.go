@@ -276,3 +276,18 @@ func collect(rows pgx.Rows, c *Cipher) ([]Endpoint, []error, error) {
 	}
 	return out, errs, nil
 }
+
+// SensitiveHeader says whether a custom header's value looks like a credential (Authorization,
+// a token, an API key): the CLI and the API show such a value masked, never as it is.
+func SensitiveHeader(name string) bool {
+	n := strings.ToLower(name)
+	if n == "authorization" || n == "proxy-authorization" || n == "cookie" {
+		return true
+	}
+	for _, part := range []string{"token", "secret", "key", "auth", "password", "signature", "session"} {
+		if strings.Contains(n, part) {
+			return true
+		}
+	}
+	return false
+}

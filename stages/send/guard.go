@@ -466,3 +466,24 @@ func CheckURL(rawURL string, networks []netip.Prefix, rowURL bool) error {
 	g := &guard{allowed: networks, rowURLs: rowURL}
 	return g.checkHost(u.Hostname())
 }
+
+// CheckResolved applies the network policy of an operator's URL (WEBHOOK_ALLOWED_NETWORKS) to
+// the addresses its host name resolved to, as the dial will: nil when the dial could use at
+// least one of them, otherwise the refusal of the first, naming the address and the setting.
+// The management API calls it when an endpoint is created, so that a name leading only into
+// a private network is refused then, with its reason, rather than dead-lettered at every
+// delivery. The dial still checks every connection: a name may resolve elsewhere later.
+func CheckResolved(addrs []netip.Addr, networks []netip.Prefix) error {
+	g := &guard{allowed: networks}
+	var first error
+	for _, a := range addrs {
+		err := g.check(a, false, false)
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
+}

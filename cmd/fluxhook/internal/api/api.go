@@ -1,0 +1,293 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/fluxora/fluxhook/sql/apikeys"
+	"github.com/fluxora/fluxhook/sql/endpoints"
+	"github.com/fluxora/fluxhook/stages/send"
+)
+
+//go:embed openapi.json
+var openAPIDocument []byte
+
+// OpenAPI returns the API's OpenAPI 3.1 document, the contract its tests hold the code to.
+func OpenAPI() []byte { return openAPIDocument }
+
+// Config is what the API needs.
+type Config struct {
+	// Pool is the database the API reads and writes.
+	Pool *pgxpool.Pool
+	// Cipher seals and opens endpoint secrets (WEBHOOK_ENCRYPTION_KEY); a Cipher without a
+	// key stores them in clear, as the CLI does.
+	Cipher *endpoints.Cipher
+	// Logger receives one line per request and every internal error.
+	Logger *zap.Logger
+	// AllowedNetworks is WEBHOOK_ALLOWED_NETWORKS as the dispatchers have it: an endpoint URL
+	// leading only outside it is refused when it is created.
+	AllowedNetworks []netip.Prefix
+	// Resolver looks endpoint host names up when they are created, to refuse a name whose
+	// every address the dispatcher would refuse; nil is the system's resolver.
+	Resolver send.Resolver
+	// Breakers reads circuit state for an endpoint's health (the Redis gate's store); nil
+	// when the gate is in-process, and health says "unknown".
+	Breakers Breakers
+	// Now is the clock, for tests; nil is time.Now.
+	Now func() time.Time
+}
+
+// Server serves the API.
+type Server struct {
+	cfg    Config
+	mux    *http.ServeMux
+	routes []Route
+}
+
+// Route is one operation of the API, as registered: the method and pattern net/http routes
+// by, and whether it needs an admin key. Routes lists them so that a test can walk every one.
+type Route struct {
+	Method  string
+	Pattern string
+	Admin   bool
+	handle  func(*request) error
+}
+
+// maxBody bounds a request's body: the largest is an endpoint with its headers.
+const maxBody = 1 << 20
+
+// New returns the API's handler.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = defaultResolver{}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(openAPIDocument)
+	})
+	for _, rt := range s.table() {
+		s.routes = append(s.routes, rt)
+		s.mux.Handle(rt.Method+" "+rt.Pattern, s.wrap(rt))
+	}
+	// Anything else under /v1 is a JSON 404 (or 405), not net/http's text page.
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, errorBody{&apiError{Code: "not_found",
+			Message: fmt.Sprintf("no route %s %s; GET /v1/openapi.json lists the routes", r.Method, r.URL.Path)}})
+	})
+	return s
+}
+
+// Routes lists the API's operations.
+func (s *Server) Routes() []Route { return append([]Route(nil), s.routes...) }
+
+// ServeHTTP serves one request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mux.ServeHTTP(w, r)
+}
+
+// request is one call being served: the key that made it and helpers to read it.
+type request struct {
+	ctx context.Context
+	w   http.ResponseWriter
+	r   *http.Request
+	key apikeys.Key
+	s   *Server
+}
+
+// scope is the tenant the caller is limited to: nil for an admin key.
+func (q *request) scope() *string { return q.key.Tenant }
+
+// actor is how the audit trail names the caller.
+func (q *request) actor() string { return q.key.Actor() }
+
+// wrap authenticates, bounds the body, and turns a handler's error into the API's JSON error.
+func (s *Server) wrap(rt Route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		reqID := newRequestID()
+		w.Header().Set("X-Request-Id", reqID)
+		q := &request{ctx: r.Context(), w: w, r: r, s: s}
+		err := s.authenticate(q)
+		if err == nil && rt.Admin && !q.key.Admin() {
+			err = errAdminOnly
+		}
+		if err == nil {
+			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+			err = rt.handle(q)
+		}
+		status := http.StatusOK
+		if err != nil {
+			ae, expected := asAPIError(err)
+			if !expected {
+				s.cfg.Logger.Error("api request failed", zap.String("request_id", reqID), zap.String("method", r.Method),
+					zap.String("route", rt.Pattern), zap.Error(err))
+			}
+			status = ae.Status
+			writeJSON(w, ae.Status, errorBody{ae})
+		}
+		s.cfg.Logger.Debug("api request", zap.String("request_id", reqID), zap.String("method", r.Method),
+			zap.String("route", rt.Pattern), zap.Int("status", status), zap.String("key_id", q.key.ID),
+			zap.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+	})
+}
+
+func (s *Server) authenticate(q *request) error {
+	token, ok := strings.CutPrefix(q.r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return errUnauthorized
+	}
+	k, err := apikeys.Authenticate(q.ctx, s.cfg.Pool, strings.TrimSpace(token))
+	if errors.Is(err, apikeys.ErrInvalid) {
+		return errUnauthorized
+	}
+	if err != nil {
+		return err
+	}
+	q.key = k
+	return nil
+}
+
+func newRequestID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// decode reads the JSON body into v, refusing unknown fields (a typo'd field would otherwise
+// be silently ignored) with the field named.
+func (q *request) decode(v any) error {
+	dec := json.NewDecoder(q.r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		var ute *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		switch {
+		case errors.As(err, &mbe):
+			return &apiError{Status: http.StatusRequestEntityTooLarge, Code: "too_large",
+				Message: fmt.Sprintf("the request body is over %d bytes", maxBody)}
+		case errors.As(err, &ute):
+			return errInvalid(ute.Field, "%s: must be %s, not %s", ute.Field, jsonKind(ute.Type.Kind().String()), ute.Value)
+		case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+			return errBadRequest("the body is not a JSON object: %v", err)
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			return errInvalid(field, "%s: no such field (GET /v1/openapi.json describes the body)", field)
+		}
+		return errBadRequest("reading the body: %v", err)
+	}
+	if dec.More() {
+		return errBadRequest("the body holds more than one JSON value")
+	}
+	return nil
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "string":
+		return "a string"
+	case "int", "int32", "int64":
+		return "an integer"
+	case "bool":
+		return "true or false"
+	case "slice":
+		return "an array"
+	case "map", "struct", "ptr":
+		return "an object"
+	}
+	return goKind
+}
+
+// page is a list response: the items and the cursor of the next page, null on the last.
+type page[T any] struct {
+	Data       []T     `json:"data"`
+	NextCursor *string `json:"next_cursor"`
+}
+
+// limit reads ?limit (1 to 500, default 50).
+func (q *request) limit() (int, error) {
+	v := q.r.URL.Query().Get("limit")
+	if v == "" {
+		return 50, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 500 {
+		return 0, errInvalid("limit", "limit: must be an integer from 1 to 500, not %q", v)
+	}
+	return n, nil
+}
+
+// cursor is an opaque position in a list: the sort key of the last item shown, which the next
+// page continues after. Opaque (base64 of JSON) so that clients pass it back rather than
+// build one.
+func encodeCursor(v any) *string {
+	b, _ := json.Marshal(v)
+	s := base64.RawURLEncoding.EncodeToString(b)
+	return &s
+}
+
+func (q *request) cursor(v any) (bool, error) {
+	c := q.r.URL.Query().Get("cursor")
+	if c == "" {
+		return false, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err == nil {
+		err = json.Unmarshal(b, v)
+	}
+	if err != nil {
+		return false, errInvalid("cursor", "cursor: not one this API gave; pass next_cursor from the previous page as it is")
+	}
+	return true, nil
+}
+
+// timeParam reads an RFC 3339 time from the query (zero when absent).
+func (q *request) timeParam(name string) (time.Time, error) {
+	v := q.r.URL.Query().Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, errInvalid(name, "%s: must be an RFC 3339 time such as 2026-12-07T10:00:00Z, not %q", name, v)
+	}
+	return t, nil
+}
+
+// tenantParam reads ?tenant, a filter only an admin key may use: a tenant key is always
+// limited to its own tenant, and naming another gets nothing (404 semantics, not 403).
+func (q *request) tenantParam() *string {
+	v, ok := q.r.URL.Query()["tenant"]
+	if !ok || len(v) == 0 {
+		return nil
+	}
+	return &v[0]
+}
+
+type defaultResolver struct{}
+
+func (defaultResolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	return netResolver.LookupNetIP(ctx, network, host)
+}

@@ -1,0 +1,599 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fluxora/fluxhook/sql/audit"
+	"github.com/fluxora/fluxhook/sql/endpoints"
+	"github.com/fluxora/fluxhook/stages/gate"
+	"github.com/fluxora/fluxhook/stages/send"
+)
+
+var netResolver = net.DefaultResolver
+
+// Breakers reads circuit-breaker state, for an endpoint's health: the Redis gate's store
+// (REDIS_URL). Without one the state lives inside each dispatcher and health says so.
+type Breakers interface {
+	Inspect(ctx context.Context, hashes []string) ([]gate.Snapshot, error)
+}
+
+// endpointView is an endpoint as the API shows it: never its secrets, and the values of
+// headers that look like credentials masked.
+type endpointView struct {
+	ID                string            `json:"id"`
+	URL               string            `json:"url"`
+	Description       string            `json:"description"`
+	Tenant            *string           `json:"tenant"`
+	EventTypes        []string          `json:"event_types"`
+	Scheme            string            `json:"scheme"`
+	Enabled           bool              `json:"enabled"`
+	DisabledAt        *time.Time        `json:"disabled_at"`
+	DisabledReason    *string           `json:"disabled_reason"`
+	RetryRPS          *int              `json:"retry_rps"`
+	MaxConcurrency    *int              `json:"max_concurrency"`
+	PermanentStatuses []int             `json:"permanent_statuses"`
+	Headers           map[string]string `json:"headers"`
+	Ordering          string            `json:"ordering"`
+	OrderingFailure   string            `json:"ordering_failure"`
+	LastSuccessAt     *time.Time        `json:"last_success_at"`
+	FailingSince      *time.Time        `json:"failing_since"`
+	CreatedAt         time.Time         `json:"created_at"`
+	UpdatedAt         time.Time         `json:"updated_at"`
+}
+
+// maskedValue stands for a credential-like header value: shown as set, never as it is.
+const maskedValue = "********"
+
+func viewOf(e endpoints.Endpoint) endpointView {
+	v := endpointView{ID: e.ID, URL: e.URL, Description: e.Description, EventTypes: e.EventTypes, Scheme: e.Scheme,
+		Enabled: e.Enabled, PermanentStatuses: e.PermanentStatuses, Headers: maps.Clone(e.Headers),
+		Ordering: e.Ordering, OrderingFailure: e.OrderingFailure, CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt,
+		DisabledAt: timePtr(e.DisabledAt), LastSuccessAt: timePtr(e.LastSuccessAt), FailingSince: timePtr(e.FailingSince)}
+	if e.Tenant != "" || e.EmptyTenant {
+		t := e.Tenant
+		v.Tenant = &t
+	}
+	if e.DisabledReason != "" {
+		r := e.DisabledReason
+		v.DisabledReason = &r
+	}
+	if e.RetryRPS > 0 {
+		n := e.RetryRPS
+		v.RetryRPS = &n
+	}
+	if e.MaxConcurrency > 0 {
+		n := e.MaxConcurrency
+		v.MaxConcurrency = &n
+	}
+	if v.Headers == nil {
+		v.Headers = map[string]string{}
+	}
+	for k := range v.Headers {
+		if endpoints.SensitiveHeader(k) {
+			v.Headers[k] = maskedValue
+		}
+	}
+	if v.EventTypes == nil {
+		v.EventTypes = []string{}
+	}
+	return v
+}
+
+// auditView is an endpoint as the audit trail keeps it: the API's view without any header
+// value, since a value the mask does not recognise may still be a credential.
+func auditView(e endpoints.Endpoint) endpointView {
+	v := viewOf(e)
+	for k := range v.Headers {
+		v.Headers[k] = maskedValue
+	}
+	return v
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// endpointWithSecret is the answer to a create or a rotation: the only time the secret is shown.
+type endpointWithSecret struct {
+	endpointView
+	Secret string `json:"secret"`
+}
+
+// endpointInput is the body of a create and of an update: in an update, absent fields are
+// left as they are.
+type endpointInput struct {
+	URL               *string            `json:"url"`
+	Description       *string            `json:"description"`
+	Tenant            *string            `json:"tenant"`
+	EventTypes        *[]string          `json:"event_types"`
+	Scheme            *string            `json:"scheme"`
+	Secret            *string            `json:"secret"`
+	Enabled           *bool              `json:"enabled"`
+	RetryRPS          *int               `json:"retry_rps"`
+	MaxConcurrency    *int               `json:"max_concurrency"`
+	PermanentStatuses *[]int             `json:"permanent_statuses"`
+	Headers           *map[string]string `json:"headers"`
+	Ordering          *string            `json:"ordering"`
+	OrderingFailure   *string            `json:"ordering_failure"`
+}
+
+// storeError turns an endpoints store error into the API's: invalid input names its field,
+// not found is 404, anything else is internal.
+func storeError(err error, id string) error {
+	var inv *endpoints.InvalidError
+	var pending *endpoints.PendingError
+	switch {
+	case errors.As(err, &inv):
+		return errInvalid(inv.Field, "%s", inv.Error())
+	case errors.Is(err, endpoints.ErrNotFound):
+		return errNotFound("endpoint", id)
+	case errors.As(err, &pending):
+		return errConflict("endpoint %s has %d deliveries pending; nothing was removed: pass ?pending=dead-letter or ?pending=drop", id, pending.Pending)
+	}
+	return err
+}
+
+// checkURL refuses, at create or update time, a URL the dispatchers could never deliver to:
+// malformed, with credentials, or leading only to addresses WEBHOOK_ALLOWED_NETWORKS does not
+// allow, its host name resolved as the dial would.
+func (s *Server) checkURL(ctx context.Context, raw string) error {
+	if err := send.ValidateURL(raw); err != nil {
+		return errInvalid("url", "url: %v", err)
+	}
+	if err := send.CheckURL(raw, s.cfg.AllowedNetworks, false); err != nil {
+		return errInvalid("url", "url: %v", err)
+	}
+	u, _ := url.Parse(raw)
+	host := u.Hostname()
+	if _, err := netip.ParseAddr(host); err == nil || strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
+		return nil // judged by CheckURL without a lookup
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	addrs, err := s.cfg.Resolver.LookupNetIP(ctx, "ip", host)
+	if err != nil || len(addrs) == 0 {
+		return errInvalid("url", "url: the host %s does not resolve (%v); create the endpoint once its DNS name exists", host, err)
+	}
+	if err := send.CheckResolved(addrs, s.cfg.AllowedNetworks); err != nil {
+		return errInvalid("url", "url: %v", err)
+	}
+	return nil
+}
+
+func (s *Server) listEndpoints(q *request) error {
+	limit, err := q.limit()
+	if err != nil {
+		return err
+	}
+	pq := endpoints.PageQuery{Scope: q.scope(), Tenant: q.tenantParam(), Limit: limit + 1}
+	switch v := q.r.URL.Query().Get("enabled"); v {
+	case "":
+	case "true", "false":
+		b := v == "true"
+		pq.Enabled = &b
+	default:
+		return errInvalid("enabled", "enabled: must be true or false, not %q", v)
+	}
+	var c struct {
+		Created time.Time `json:"c"`
+		ID      string    `json:"i"`
+	}
+	if ok, err := q.cursor(&c); err != nil {
+		return err
+	} else if ok {
+		pq.AfterCreated, pq.AfterID = c.Created, c.ID
+	}
+	list, err := endpoints.Page(q.ctx, q.s.cfg.Pool, q.s.cfg.Cipher, pq)
+	if err != nil {
+		if errors.Is(err, endpoints.ErrNotFound) {
+			return errInvalid("cursor", "cursor: not one this API gave; pass next_cursor from the previous page as it is")
+		}
+		return err
+	}
+	out := page[endpointView]{Data: make([]endpointView, 0, len(list))}
+	for i, e := range list {
+		if i == limit {
+			last := list[i-1]
+			c.Created, c.ID = last.CreatedAt, last.ID
+			out.NextCursor = encodeCursor(c)
+			break
+		}
+		out.Data = append(out.Data, viewOf(e))
+	}
+	writeJSON(q.w, http.StatusOK, out)
+	return nil
+}
+
+// getScoped reads the endpoint id if the caller's scope may see it.
+func (s *Server) getScoped(ctx context.Context, q pgx.Tx, id string, scope *string) (endpoints.Endpoint, error) {
+	e, err := endpoints.Get(ctx, q, s.cfg.Cipher, id)
+	if err != nil && e.ID == "" {
+		return e, storeError(err, id)
+	}
+	if !endpoints.InScope(e, scope) {
+		return endpoints.Endpoint{}, errNotFound("endpoint", id)
+	}
+	return e, nil
+}
+
+func (s *Server) getEndpoint(q *request) error {
+	id := q.r.PathValue("id")
+	return pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
+			return storeError(err, id)
+		}
+		e, err := s.getScoped(q.ctx, tx, id, q.scope())
+		if err != nil {
+			return err
+		}
+		writeJSON(q.w, http.StatusOK, viewOf(e))
+		return nil
+	})
+}
+
+func (s *Server) createEndpoint(q *request) error {
+	var in endpointInput
+	if err := q.decode(&in); err != nil {
+		return err
+	}
+	if in.URL == nil || *in.URL == "" {
+		return errInvalid("url", "url: required")
+	}
+	n := endpoints.New{URL: *in.URL, Description: deref(in.Description), Scheme: deref(in.Scheme), Secret: deref(in.Secret),
+		Ordering: deref(in.Ordering), OrderingFailure: deref(in.OrderingFailure)}
+	switch scope := q.scope(); {
+	case scope != nil && in.Tenant != nil && *in.Tenant != *scope:
+		return errInvalid("tenant", "tenant: a tenant key creates endpoints of its own tenant (%q) only; leave tenant out", *scope)
+	case scope != nil:
+		n.Tenant = *scope
+	case in.Tenant != nil:
+		if *in.Tenant == "" {
+			return errInvalid("tenant", "tenant: omit it or use null for an endpoint without a tenant; the empty string is not a tenant")
+		}
+		n.Tenant = *in.Tenant
+	}
+	if in.EventTypes != nil {
+		n.EventTypes = *in.EventTypes
+	}
+	if in.Enabled != nil {
+		n.Disabled = !*in.Enabled
+	}
+	if in.RetryRPS != nil {
+		n.RetryRPS = *in.RetryRPS
+	}
+	if in.MaxConcurrency != nil {
+		n.MaxConcurrency = *in.MaxConcurrency
+	}
+	if in.PermanentStatuses != nil {
+		n.PermanentStatuses = *in.PermanentStatuses
+		if n.PermanentStatuses == nil {
+			n.PermanentStatuses = []int{}
+		}
+	}
+	if in.Headers != nil {
+		n.Headers = *in.Headers
+	}
+	if err := s.checkURL(q.ctx, n.URL); err != nil {
+		return err
+	}
+	var added endpoints.Endpoint
+	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		if added, err = endpoints.Add(q.ctx, tx, s.cfg.Cipher, n); err != nil {
+			return storeError(err, "")
+		}
+		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: tenantOf(added), Action: "endpoint.create",
+			ObjectType: "endpoint", ObjectID: added.ID, After: auditView(added)})
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusCreated, endpointWithSecret{endpointView: viewOf(added), Secret: added.Secret})
+	return nil
+}
+
+func tenantOf(e endpoints.Endpoint) *string {
+	if e.Tenant == "" && !e.EmptyTenant {
+		return nil
+	}
+	t := e.Tenant
+	return &t
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// change runs fn on the endpoint id in one transaction, after locking it in the caller's
+// scope, and records the change in the audit trail with the endpoint before and after.
+func (s *Server) change(q *request, id, action string, fn func(tx pgx.Tx, before endpoints.Endpoint) error) (endpoints.Endpoint, error) {
+	var after endpoints.Endpoint
+	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
+			return storeError(err, id)
+		}
+		before, err := s.getScoped(q.ctx, tx, id, q.scope())
+		if err != nil {
+			return err
+		}
+		if err := fn(tx, before); err != nil {
+			return storeError(err, id)
+		}
+		if after, err = s.getScoped(q.ctx, tx, id, nil); err != nil {
+			return err
+		}
+		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: tenantOf(after), Action: action,
+			ObjectType: "endpoint", ObjectID: before.ID, Before: auditView(before), After: auditView(after)})
+	})
+	return after, err
+}
+
+func (s *Server) updateEndpoint(q *request) error {
+	id := q.r.PathValue("id")
+	var in endpointInput
+	if err := q.decode(&in); err != nil {
+		return err
+	}
+	if in.Enabled != nil {
+		return errInvalid("enabled", "enabled: use POST /v1/endpoints/{id}/enable or /disable, which say why")
+	}
+	if in.Tenant != nil && q.scope() != nil {
+		return errInvalid("tenant", "tenant: only an admin key moves an endpoint to another tenant")
+	}
+	if in.URL != nil {
+		if err := s.checkURL(q.ctx, *in.URL); err != nil {
+			return err
+		}
+	}
+	p := endpoints.Patch{URL: in.URL, Description: in.Description, Tenant: in.Tenant, EventTypes: in.EventTypes,
+		RetryRPS: in.RetryRPS, MaxConcurrency: in.MaxConcurrency, PermanentStatuses: in.PermanentStatuses,
+		Headers: in.Headers, Scheme: in.Scheme, Secret: in.Secret, Ordering: in.Ordering, OrderingFailure: in.OrderingFailure}
+	var newSecret string
+	after, err := s.change(q, id, "endpoint.update", func(tx pgx.Tx, _ endpoints.Endpoint) error {
+		u, err := endpoints.Update(q.ctx, tx, s.cfg.Cipher, id, p)
+		newSecret = u.NewSecret
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if newSecret != "" {
+		writeJSON(q.w, http.StatusOK, endpointWithSecret{endpointView: viewOf(after), Secret: newSecret})
+		return nil
+	}
+	writeJSON(q.w, http.StatusOK, viewOf(after))
+	return nil
+}
+
+func (s *Server) deleteEndpoint(q *request) error {
+	id := q.r.PathValue("id")
+	action, err := endpoints.ParsePendingAction(q.r.URL.Query().Get("pending"))
+	if err != nil {
+		return errInvalid("pending", "pending: %v", strings.TrimPrefix(err.Error(), "pending: "))
+	}
+	var removed endpoints.Removed
+	err = pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
+			return storeError(err, id)
+		}
+		before, err := s.getScoped(q.ctx, tx, id, q.scope())
+		if err != nil {
+			return err
+		}
+		if removed, err = endpoints.Remove(q.ctx, tx, id, action); err != nil {
+			return storeError(err, id)
+		}
+		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: tenantOf(before), Action: "endpoint.delete",
+			ObjectType: "endpoint", ObjectID: before.ID, Before: auditView(before)})
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusOK, removedView{DeadLettered: removed.DeadLettered, Dropped: removed.Dropped})
+	return nil
+}
+
+// removedView is what a delete did with the endpoint's pending deliveries.
+type removedView struct {
+	DeadLettered int64 `json:"dead_lettered"`
+	Dropped      int64 `json:"dropped"`
+}
+
+func (s *Server) rotateSecret(q *request) error {
+	id := q.r.PathValue("id")
+	var in struct {
+		Secret       *string `json:"secret"`
+		GraceSeconds *int64  `json:"grace_seconds"`
+	}
+	if q.r.ContentLength != 0 {
+		if err := q.decode(&in); err != nil {
+			return err
+		}
+	}
+	grace := time.Duration(0)
+	if in.GraceSeconds != nil {
+		switch g := *in.GraceSeconds; {
+		case g < 0 || g > 30*24*3600:
+			return errInvalid("grace_seconds", "grace_seconds: from 0 (the old secret stops at once) to 2592000 (30 days), not %d", g)
+		case g == 0:
+			grace = endpoints.NoGrace
+		default:
+			grace = time.Duration(g) * time.Second
+		}
+	}
+	var secret string
+	after, err := s.change(q, id, "endpoint.rotate_secret", func(tx pgx.Tx, _ endpoints.Endpoint) error {
+		var err error
+		secret, err = endpoints.RotateSecret(q.ctx, tx, s.cfg.Cipher, id, deref(in.Secret), grace)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusOK, endpointWithSecret{endpointView: viewOf(after), Secret: secret})
+	return nil
+}
+
+func (s *Server) disableEndpoint(q *request) error {
+	id := q.r.PathValue("id")
+	var in struct {
+		Reason string `json:"reason"`
+	}
+	if q.r.ContentLength != 0 {
+		if err := q.decode(&in); err != nil {
+			return err
+		}
+	}
+	after, err := s.change(q, id, "endpoint.disable", func(tx pgx.Tx, _ endpoints.Endpoint) error {
+		return endpoints.Disable(q.ctx, tx, id, in.Reason)
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusOK, viewOf(after))
+	return nil
+}
+
+func (s *Server) enableEndpoint(q *request) error {
+	id := q.r.PathValue("id")
+	after, err := s.change(q, id, "endpoint.enable", func(tx pgx.Tx, _ endpoints.Endpoint) error {
+		return endpoints.Enable(q.ctx, tx, id)
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusOK, viewOf(after))
+	return nil
+}
+
+// testEvent is the answer to "send a test event": the delivery to poll.
+type testEvent struct {
+	DeliveryID string `json:"delivery_id"`
+	EventType  string `json:"event_type"`
+	EndpointID string `json:"endpoint_id"`
+}
+
+func (s *Server) sendTestEvent(q *request) error {
+	id := q.r.PathValue("id")
+	var out testEvent
+	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
+			return storeError(err, id)
+		}
+		e, err := s.getScoped(q.ctx, tx, id, q.scope())
+		if err != nil {
+			return err
+		}
+		if !e.Enabled {
+			return errConflict("endpoint %s is disabled; enable it before sending it a test event", id)
+		}
+		payload, _ := json.Marshal(map[string]any{"test": true, "endpoint_id": e.ID,
+			"message": "a test event sent from fluxhook's management API"})
+		// Addressed to this endpoint alone (endpoint_id, routed_at): routing does not fan it
+		// out, and the dispatcher sends it whatever the endpoint's filter.
+		return tx.QueryRow(q.ctx, `INSERT INTO webhook_outbox (event_type, payload, tenant, endpoint_id, routed_at)
+			VALUES ($1, $2::jsonb, $3, $4::uuid, now()) RETURNING delivery_id::text`,
+			endpoints.TestEventType, string(payload), tenantOf(e), e.ID).Scan(&out.DeliveryID)
+	})
+	if err != nil {
+		return err
+	}
+	out.EventType, out.EndpointID = endpoints.TestEventType, id
+	q.w.Header().Set("Location", "/v1/deliveries/"+out.DeliveryID)
+	writeJSON(q.w, http.StatusAccepted, out)
+	return nil
+}
+
+// health is an endpoint's delivery health: its lifecycle, its circuit, and the last day's
+// outcomes by hour.
+type health struct {
+	EndpointID    string       `json:"endpoint_id"`
+	Enabled       bool         `json:"enabled"`
+	LastSuccessAt *time.Time   `json:"last_success_at"`
+	FailingSince  *time.Time   `json:"failing_since"`
+	Breaker       breakerState `json:"breaker"`
+	Hours         []hourCount  `json:"hours"`
+}
+
+type breakerState struct {
+	// State is closed, open, half_open, or unknown without a shared Redis gate.
+	State    string `json:"state"`
+	Failures int    `json:"consecutive_failures"`
+}
+
+type hourCount struct {
+	Hour      time.Time `json:"hour"`
+	Succeeded int64     `json:"succeeded"`
+	Failed    int64     `json:"failed"`
+}
+
+// hoursSQL counts an endpoint's settled attempts per hour over the last 24 hours (25 buckets:
+// the current, partial hour and the 24 before it), zeros included so that a chart needs no
+// gap filling. The log's block-range index on processed_at limits the scan to the last day.
+const hoursSQL = `SELECT h.hour,
+       count(l.*) FILTER (WHERE l.status_code BETWEEN 200 AND 299 OR (l.status_code = 409 AND l.error IS NULL)),
+       count(l.*) FILTER (WHERE NOT (l.status_code BETWEEN 200 AND 299) OR l.status_code IS NULL)
+FROM generate_series(date_trunc('hour', now()) - interval '24 hours', date_trunc('hour', now()), interval '1 hour') AS h(hour)
+LEFT JOIN webhook_delivery_log l
+       ON l.endpoint_id = $1::uuid AND l.processed_at >= h.hour AND l.processed_at < h.hour + interval '1 hour'
+      AND l.processed_at >= date_trunc('hour', now()) - interval '24 hours' AND l.attempt > 0
+GROUP BY h.hour ORDER BY h.hour`
+
+func (s *Server) endpointHealth(q *request) error {
+	id := q.r.PathValue("id")
+	var out health
+	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
+			return storeError(err, id)
+		}
+		e, err := s.getScoped(q.ctx, tx, id, q.scope())
+		if err != nil {
+			return err
+		}
+		out = health{EndpointID: e.ID, Enabled: e.Enabled, LastSuccessAt: timePtr(e.LastSuccessAt), FailingSince: timePtr(e.FailingSince),
+			Breaker: breakerState{State: "unknown"}}
+		rows, _ := tx.Query(q.ctx, hoursSQL, e.ID)
+		out.Hours, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (hourCount, error) {
+			var h hourCount
+			return h, r.Scan(&h.Hour, &h.Succeeded, &h.Failed)
+		})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if s.cfg.Breakers != nil {
+		// A managed endpoint's breaker is keyed by "ep:<id>" (send.ManagedEndpoint).
+		sum := sha256.Sum256([]byte("ep:" + out.EndpointID))
+		snaps, err := s.cfg.Breakers.Inspect(q.ctx, []string{hex.EncodeToString(sum[:])})
+		if err != nil {
+			return fmt.Errorf("reading the breaker of endpoint %s: %w", out.EndpointID, err)
+		}
+		if len(snaps) == 1 {
+			out.Breaker = breakerState{State: string(snaps[0].State), Failures: snaps[0].Failures}
+		}
+	}
+	writeJSON(q.w, http.StatusOK, out)
+	return nil
+}

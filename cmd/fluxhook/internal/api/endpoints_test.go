@@ -1,0 +1,161 @@
+package api_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestEndpointLifecycleOverTheAPI(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	acme := h.key(ptr("acme"))
+
+	created := h.must(http.StatusCreated, acme, "POST", "/v1/endpoints", map[string]any{
+		"url": "https://hooks.example.com/in", "event_types": []string{"order.*"}, "description": "orders",
+		"headers": map[string]string{"X-Api-Key": "k-123", "X-Team": "billing"}})
+	id := created.Body["id"].(string)
+	secret, _ := created.Body["secret"].(string)
+	if secret == "" || created.Body["tenant"] != "acme" {
+		t.Fatalf("create = %s; want the secret once and tenant acme (the key's)", created.Raw)
+	}
+	if strings.Contains(string(created.Raw), "k-123") {
+		t.Fatalf("a credential-like header value was shown: %s", created.Raw)
+	}
+
+	got := h.must(http.StatusOK, acme, "GET", "/v1/endpoints/"+id, nil)
+	if strings.Contains(string(got.Raw), secret) || got.Body["url"] != "https://hooks.example.com/in" {
+		t.Fatalf("get = %s; want the endpoint without its secret", got.Raw)
+	}
+
+	upd := h.must(http.StatusOK, acme, "PATCH", "/v1/endpoints/"+id, map[string]any{"description": "orders v2"})
+	if upd.Body["description"] != "orders v2" || upd.Body["event_types"].([]any)[0] != "order.*" {
+		t.Fatalf("patch = %s; want the description changed and the rest kept", upd.Raw)
+	}
+	rot := h.must(http.StatusOK, acme, "POST", "/v1/endpoints/"+id+"/rotate-secret", map[string]any{"grace_seconds": 60})
+	if s, _ := rot.Body["secret"].(string); s == "" || s == secret {
+		t.Fatalf("rotate = %s; want a new secret", rot.Raw)
+	}
+	dis := h.must(http.StatusOK, acme, "POST", "/v1/endpoints/"+id+"/disable", map[string]any{"reason": "maintenance"})
+	if dis.Body["enabled"] != false || dis.Body["disabled_reason"] != "maintenance" {
+		t.Fatalf("disable = %s", dis.Raw)
+	}
+	h.must(http.StatusConflict, acme, "POST", "/v1/endpoints/"+id+"/test", nil)
+	en := h.must(http.StatusOK, acme, "POST", "/v1/endpoints/"+id+"/enable", nil)
+	if en.Body["enabled"] != true {
+		t.Fatalf("enable = %s", en.Raw)
+	}
+	hl := h.must(http.StatusOK, acme, "GET", "/v1/endpoints/"+id+"/health", nil)
+	if hours := hl.Body["hours"].([]any); len(hours) != 25 {
+		t.Fatalf("health has %d hourly buckets; want 25 (the current hour and the 24 before)", len(hours))
+	}
+
+	test := h.must(http.StatusAccepted, acme, "POST", "/v1/endpoints/"+id+"/test", nil)
+	if test.Header.Get("Location") != "/v1/deliveries/"+test.Body["delivery_id"].(string) {
+		t.Fatalf("test event = %s, Location %q", test.Raw, test.Header.Get("Location"))
+	}
+	// The test event waits in the queue: removing the endpoint must say what becomes of it.
+	del := h.must(http.StatusConflict, acme, "DELETE", "/v1/endpoints/"+id, nil)
+	if code, _ := del.errorCode(); code != "conflict" {
+		t.Fatalf("delete with a pending delivery = %s", del.Raw)
+	}
+	gone := h.must(http.StatusOK, acme, "DELETE", "/v1/endpoints/"+id+"?pending=drop", nil)
+	if gone.Body["dropped"] != float64(1) {
+		t.Fatalf("delete ?pending=drop = %s; want the test delivery dropped", gone.Raw)
+	}
+	h.must(http.StatusNotFound, acme, "GET", "/v1/endpoints/"+id, nil)
+
+	trail := h.must(http.StatusOK, acme, "GET", "/v1/audit?object_id="+id, nil)
+	var actions []string
+	for _, e := range trail.Body["data"].([]any) {
+		actions = append(actions, e.(map[string]any)["action"].(string))
+	}
+	want := "endpoint.delete endpoint.enable endpoint.disable endpoint.rotate_secret endpoint.update endpoint.create"
+	if strings.Join(actions, " ") != want {
+		t.Fatalf("audit trail = %v; want %s", actions, want)
+	}
+	if strings.Contains(string(trail.Raw), secret) || strings.Contains(string(trail.Raw), "k-123") {
+		t.Fatalf("the audit trail holds a secret: %s", trail.Raw)
+	}
+}
+
+func TestEndpointURLsAreCheckedAtCreate(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	for _, c := range []struct{ url, says string }{
+		{"notaurl", "url:"},
+		{"https://user:pw@hooks.example.com/in", "url:"},
+		{"https://10.0.0.5/in", "WEBHOOK_ALLOWED_NETWORKS"},
+		{"https://internal.example/in", "resolves to 10.0.0.5"},
+		{"https://nowhere.example/in", "does not resolve"},
+	} {
+		r := h.must(http.StatusUnprocessableEntity, h.admin, "POST", "/v1/endpoints", map[string]any{"url": c.url})
+		code, field := r.errorCode()
+		if code != "invalid" || field != "url" || !strings.Contains(string(r.Raw), c.says) {
+			t.Errorf("create %s = %s; want invalid url saying %q", c.url, r.Raw, c.says)
+		}
+	}
+	r := h.must(http.StatusUnprocessableEntity, h.admin, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/", "evnt_types": []string{"x"}})
+	if _, field := r.errorCode(); field != "evnt_types" {
+		t.Errorf("an unknown field = %s; want it named", r.Raw)
+	}
+	r = h.must(http.StatusUnprocessableEntity, h.admin, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/", "scheme": "hmac"})
+	if _, field := r.errorCode(); field != "scheme" {
+		t.Errorf("a bad scheme = %s; want the field named", r.Raw)
+	}
+	h.must(http.StatusBadRequest, h.admin, "POST", "/v1/endpoints", "{not json")
+}
+
+func TestKeysAndErrors(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	if r := h.must(http.StatusUnauthorized, "", "GET", "/v1/endpoints", nil); !strings.Contains(string(r.Raw), "api-keys add") {
+		t.Fatalf("401 = %s; want it to say how to get a key", r.Raw)
+	}
+	h.must(http.StatusUnauthorized, "fhk_0123456789abcdef_"+strings.Repeat("A", 43), "GET", "/v1/endpoints", nil)
+
+	made := h.must(http.StatusCreated, h.admin, "POST", "/v1/api-keys", map[string]any{"tenant": "acme", "description": "portal"})
+	tenantKey := made.Body["key"].(string)
+	h.must(http.StatusOK, tenantKey, "GET", "/v1/endpoints", nil)
+	h.must(http.StatusForbidden, tenantKey, "GET", "/v1/api-keys", nil)
+	h.must(http.StatusForbidden, tenantKey, "POST", "/v1/api-keys", map[string]any{})
+	list := h.must(http.StatusOK, h.admin, "GET", "/v1/api-keys", nil)
+	if strings.Contains(string(list.Raw), tenantKey) {
+		t.Fatal("the key list shows a key")
+	}
+	h.must(http.StatusOK, h.admin, "DELETE", "/v1/api-keys/"+made.Body["id"].(string), nil)
+	h.must(http.StatusUnauthorized, tenantKey, "GET", "/v1/endpoints", nil)
+	h.must(http.StatusNotFound, h.admin, "DELETE", "/v1/api-keys/00000000-0000-0000-0000-000000000000", nil)
+	h.must(http.StatusUnprocessableEntity, h.admin, "GET", "/v1/endpoints?limit=0", nil)
+	h.must(http.StatusUnprocessableEntity, h.admin, "GET", "/v1/endpoints?cursor=garbage", nil)
+}
+
+func TestEndpointPagesAreStable(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	for i := 0; i < 7; i++ {
+		h.must(http.StatusCreated, h.admin, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/" + string(rune('a'+i))})
+	}
+	seen := map[string]bool{}
+	path := "/v1/endpoints?limit=3"
+	pages := 0
+	for {
+		r := h.must(http.StatusOK, h.admin, "GET", path, nil)
+		pages++
+		for _, e := range r.Body["data"].([]any) {
+			id := e.(map[string]any)["id"].(string)
+			if seen[id] {
+				t.Fatalf("endpoint %s on two pages", id)
+			}
+			seen[id] = true
+		}
+		next, _ := r.Body["next_cursor"].(string)
+		if next == "" {
+			break
+		}
+		path = "/v1/endpoints?limit=3&cursor=" + next
+	}
+	if len(seen) != 7 || pages != 3 {
+		t.Fatalf("%d endpoints on %d pages; want 7 on 3", len(seen), pages)
+	}
+}

@@ -1,0 +1,115 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fluxora/fluxhook/sql/apikeys"
+	"github.com/fluxora/fluxhook/sql/audit"
+)
+
+// keyWithSecret is a new key as the API answers it: the only time the key is shown.
+type keyWithSecret struct {
+	apikeys.Key
+	Secret string `json:"key"`
+}
+
+func (s *Server) listKeys(q *request) error {
+	keys, err := apikeys.List(q.ctx, s.cfg.Pool)
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusOK, page[apikeys.Key]{Data: keys})
+	return nil
+}
+
+func (s *Server) createKey(q *request) error {
+	var in struct {
+		Tenant      *string `json:"tenant"`
+		Description string  `json:"description"`
+	}
+	if err := q.decode(&in); err != nil {
+		return err
+	}
+	n := apikeys.New{Tenant: in.Tenant, Description: in.Description, CreatedBy: q.actor()}
+	if err := n.Validate(); err != nil {
+		field, _, _ := strings.Cut(err.Error(), ":")
+		return errInvalid(field, "%v", err)
+	}
+	var out keyWithSecret
+	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		k, token, err := apikeys.Add(q.ctx, tx, n)
+		if err != nil {
+			return err
+		}
+		out = keyWithSecret{Key: k, Secret: token}
+		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: k.Tenant, Action: "api_key.create",
+			ObjectType: "api_key", ObjectID: k.ID, After: k})
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusCreated, out)
+	return nil
+}
+
+func (s *Server) revokeKey(q *request) error {
+	id := q.r.PathValue("id")
+	var out apikeys.Key
+	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		before, err := apikeys.Get(q.ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if out, err = apikeys.Revoke(q.ctx, tx, id); err != nil {
+			return err
+		}
+		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: out.Tenant, Action: "api_key.revoke",
+			ObjectType: "api_key", ObjectID: out.ID, Before: before, After: out})
+	})
+	if errors.Is(err, apikeys.ErrNotFound) {
+		return errNotFound("API key", id)
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) listAudit(q *request) error {
+	limit, err := q.limit()
+	if err != nil {
+		return err
+	}
+	f := audit.Filter{Tenant: q.scope(), ObjectType: q.r.URL.Query().Get("object_type"),
+		ObjectID: q.r.URL.Query().Get("object_id"), Limit: limit + 1}
+	if t := q.tenantParam(); t != nil && q.scope() == nil {
+		f.Tenant = t
+	}
+	var c struct {
+		Before int64 `json:"b"`
+	}
+	if _, err := q.cursor(&c); err != nil {
+		return err
+	}
+	f.Before = c.Before
+	entries, err := audit.List(q.ctx, s.cfg.Pool, f)
+	if err != nil {
+		return err
+	}
+	out := page[audit.Entry]{Data: entries}
+	if len(entries) > limit {
+		out.Data = entries[:limit]
+		c.Before = entries[limit-1].ID
+		out.NextCursor = encodeCursor(c)
+	}
+	if out.Data == nil {
+		out.Data = []audit.Entry{}
+	}
+	writeJSON(q.w, http.StatusOK, out)
+	return nil
+}

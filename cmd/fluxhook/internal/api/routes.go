@@ -1,0 +1,24 @@
+package api
+
+// table is every operation of the API. A test checks that it and openapi.json name the same
+// operations, and the isolation test calls each one with two tenants' keys.
+func (s *Server) table() []Route {
+	return []Route{
+		{Method: "GET", Pattern: "/v1/endpoints", handle: s.listEndpoints},
+		{Method: "POST", Pattern: "/v1/endpoints", handle: s.createEndpoint},
+		{Method: "GET", Pattern: "/v1/endpoints/{id}", handle: s.getEndpoint},
+		{Method: "PATCH", Pattern: "/v1/endpoints/{id}", handle: s.updateEndpoint},
+		{Method: "DELETE", Pattern: "/v1/endpoints/{id}", handle: s.deleteEndpoint},
+		{Method: "POST", Pattern: "/v1/endpoints/{id}/rotate-secret", handle: s.rotateSecret},
+		{Method: "POST", Pattern: "/v1/endpoints/{id}/disable", handle: s.disableEndpoint},
+		{Method: "POST", Pattern: "/v1/endpoints/{id}/enable", handle: s.enableEndpoint},
+		{Method: "POST", Pattern: "/v1/endpoints/{id}/test", handle: s.sendTestEvent},
+		{Method: "GET", Pattern: "/v1/endpoints/{id}/health", handle: s.endpointHealth},
+
+		{Method: "GET", Pattern: "/v1/audit", handle: s.listAudit},
+
+		{Method: "GET", Pattern: "/v1/api-keys", Admin: true, handle: s.listKeys},
+		{Method: "POST", Pattern: "/v1/api-keys", Admin: true, handle: s.createKey},
+		{Method: "DELETE", Pattern: "/v1/api-keys/{id}", Admin: true, handle: s.revokeKey},
+	}
+}
