@@ -308,7 +308,6 @@ func forDisplay(e endpoints.Endpoint) endpoints.Endpoint {
 	return e
 }
 
-
 // printSecret prints a new secret once, with what the operator must do about it.
 func printSecret(w io.Writer, id, secret string) {
 	fmt.Fprintf(w, "\n  secret: %s\n\n", secret)
