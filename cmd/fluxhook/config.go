@@ -69,6 +69,7 @@ var settings = []setting{
 	{env: "WEBHOOK_ROW_URL_NETWORKS", help: "networks (CIDRs, or loopback) a row's endpoint_url may reach; by default public addresses only: rows' URLs are written by producers, so neither loopback nor WEBHOOK_ALLOWED_NETWORKS applies to them"},
 	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
 	{env: "LOG_FORMAT", def: "json", help: "json | console (coloured on a terminal unless NO_COLOR is set)"},
+	{env: "API_ADDR", help: "address for the management API (/v1, docs/api.md), e.g. 127.0.0.1:8080 (off when empty; `fluxhook api` serves it alone)"},
 	{env: "METRICS_ADDR", help: "address for /metrics, /livez and /readyz, e.g. 127.0.0.1:9090 (off when empty)"},
 	{env: "METRICS_ENDPOINT_LABEL", def: "false", help: "add an endpoint-hash label to fluxora_webhook_deliveries_total"},
 	{env: "PROFILE_DIR", help: "write cpu.pprof and allocs.pprof of this run into this directory at shutdown (profiling; off when empty)"},
@@ -114,6 +115,12 @@ func flagName(env string) string { return strings.ReplaceAll(strings.ToLower(env
 // neither on the command line nor in the environment; as a plain flag it is used with a
 // warning on env's stderr.
 func loadSettings(fs *flag.FlagSet, args []string, env *environment) (map[string]string, error) {
+	return loadSettingsOf(settings, fs, args, env)
+}
+
+// loadSettingsOf is loadSettings for a command that reads only some of serve's settings
+// (`fluxhook api`): its -h lists only those, and the others keep their defaults.
+func loadSettingsOf(settings []setting, fs *flag.FlagSet, args []string, env *environment) (map[string]string, error) {
 	flagged, files := map[string]*string{}, map[string]*string{}
 	for _, s := range settings {
 		// The kind in back quotes is what -h shows after the flag's name (the flag package
@@ -162,6 +169,7 @@ type serveConfig struct {
 	logLevel     zapcore.Level
 	logFormat    string
 	metricsAddr  string
+	apiAddr      string
 	profileDir   string
 }
 
@@ -246,10 +254,16 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	d.BreakerReset = msOf("WEBHOOK_CIRCUIT_BREAKER_RESET_MS", 1)
 	d.RedisURL = v["REDIS_URL"]
 	c.metricsAddr = v["METRICS_ADDR"]
+	c.apiAddr = v["API_ADDR"]
 	c.profileDir = v["PROFILE_DIR"]
 	if c.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.metricsAddr); err != nil {
 			bad("METRICS_ADDR", "must be host:port such as 127.0.0.1:9090 or :9090, got %q", c.metricsAddr)
+		}
+	}
+	if c.apiAddr != "" {
+		if _, _, err := net.SplitHostPort(c.apiAddr); err != nil {
+			bad("API_ADDR", "must be host:port such as 127.0.0.1:8080 or :8080, got %q", c.apiAddr)
 		}
 	}
 	switch v["METRICS_ENDPOINT_LABEL"] {

@@ -39,6 +39,13 @@ var (
 // here with one clear message instead of in the first query. Errors never contain the
 // password.
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	// One connection does the work; the second keeps a slow ping from blocking a query.
+	return connectPool(ctx, url, 2, "fluxhook-cli")
+}
+
+// connectPool is connect with the pool's size and the sessions' application_name (what
+// pg_stat_activity shows) chosen by the caller: the API serves concurrent requests.
+func connectPool(ctx context.Context, url string, maxConns int32, appName string) (*pgxpool.Pool, error) {
 	cfg, problem := parseDatabaseURL(url)
 	if problem != "" {
 		// A configuration mistake, reported and exited on as serve does (status 2).
@@ -48,13 +55,12 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("%w: DATABASE_URL %s", errInvalidConfig, problem)
 	}
 	password := cfg.ConnConfig.Password
-	// One connection does the work; the second keeps a slow ping from blocking a query.
-	cfg.MaxConns = 2
+	cfg.MaxConns = maxConns
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
-		cfg.ConnConfig.RuntimeParams["application_name"] = "fluxhook-cli"
+		cfg.ConnConfig.RuntimeParams["application_name"] = appName
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -14,6 +14,12 @@ var commandHelp = map[string]cli.Help{
 	"version": {Sentence: "Print fluxhook's version, the commit it was built from, and the schema version it needs.", Example: "fluxhook version --json"},
 	"bench":   {Sentence: "Run the end-to-end benchmark: PostgreSQL (a throwaway cluster, or a fresh database on DATABASE_URL's server, dropped afterwards), a verifying consumer, the dispatcher and a producer; print the results next to the performance budget, and exit 1 when a check is missed or cannot be computed (--no-budget: measure only).", Example: "fluxhook bench --workload drain,idle"},
 
+	"api": {Sentence: "Serve the management API (docs/api.md) without delivering: endpoints, events, deliveries with every attempt, dead letters and replay, per tenant.", Example: "DATABASE_URL=postgres://fluxhook@db/app API_ADDR=127.0.0.1:8080 fluxhook api"},
+
+	"api-keys add":    {Sentence: "Make a key for the management API, for one tenant or (without --tenant) an admin key; it is shown once.", Example: "fluxhook api-keys add --tenant acme --description 'acme portal'"},
+	"api-keys list":   {Sentence: "List the API keys by prefix, never the keys themselves, with their last use.", Example: "fluxhook api-keys list --json"},
+	"api-keys revoke": {Sentence: "End an API key at once: requests with it are answered 401.", Example: "fluxhook api-keys revoke 5b0c…"},
+
 	"dlq list":   {Sentence: "List dead letters, newest first, optionally filtered.", Example: "fluxhook dlq list --event-type order.paid --since 24h"},
 	"dlq show":   {Sentence: "Show one dead letter whole: its reason, last status, payload and endpoint.", Example: "fluxhook dlq show 42"},
 	"dlq replay": {Sentence: "Send dead letters again, with their delivery ids, to their endpoint or --to-endpoint's.", Example: "fluxhook dlq replay --all-matching --reason-contains 'HTTP 503' --dry-run"},

@@ -59,6 +59,13 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		}
 		defer func() { _ = metricsLn.Close() }()
 	}
+	var apiLn net.Listener
+	if cfg.apiAddr != "" {
+		if apiLn, err = listenAPI(cfg.apiAddr); err != nil {
+			return err
+		}
+		defer func() { _ = apiLn.Close() }()
+	}
 	if cfg.profileDir != "" {
 		stopProfile, err := startProfile(cfg.profileDir)
 		if err != nil {
@@ -83,6 +90,16 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		metricsSrv = &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = metricsSrv.Serve(metricsLn) }()
 		log.Info("serving /metrics, /livez and /readyz", zap.String("addr", metricsLn.Addr().String()))
+	}
+
+	if apiLn != nil {
+		// After the dispatcher started: the API shares its database and schema check.
+		stopAPI, err := startAPI(ctx, cfg, apiLn, log)
+		if err != nil {
+			log.Error("the management API did not start; delivery goes on without it", zap.Error(err))
+		} else {
+			defer stopAPI()
+		}
 	}
 
 	<-ctx.Done()

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/sqltest"
+)
+
+// apiCall makes one request to a running API and decodes its JSON answer.
+func apiCall(t *testing.T, addr, key, method, path, body string) (int, map[string]any) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, "http://"+addr+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	raw, _ := io.ReadAll(resp.Body)
+	if len(raw) > 0 && json.Unmarshal(raw, &out) != nil {
+		t.Fatalf("%s %s answered %d with a body that is not a JSON object: %s", method, path, resp.StatusCode, raw)
+	}
+	return resp.StatusCode, out
+}
+
+// addKey runs `fluxhook api-keys add --json` and returns the key.
+func addKey(t *testing.T, db *sqltest.DB, args ...string) (id, key string) {
+	t.Helper()
+	r := runCLIEnv(t, map[string]string{"DATABASE_URL": db.URL}, append([]string{"api-keys", "add", "--json"}, args...)...)
+	if r.code != 0 {
+		t.Fatalf("api-keys add exited %d: %s", r.code, r.stderr)
+	}
+	var k struct{ ID, Key string }
+	if err := json.Unmarshal([]byte(r.stdout), &k); err != nil || k.Key == "" {
+		t.Fatalf("api-keys add --json printed %q (%v)", r.stdout, err)
+	}
+	return k.ID, k.Key
+}
+
+// TestAPICommandTakesTheCLIsKeys: `fluxhook api` serves the API alone, with keys made by
+// `fluxhook api-keys add`; a key revoked by the CLI is refused at once; both changes are in
+// the audit trail under the CLI's user.
+func TestAPICommandTakesTheCLIsKeys(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	adminID, admin := addKey(t, db, "--description", "ops")
+	_, acme := addKey(t, db, "--tenant", "acme")
+	p := startCommand(t, fluxhookBinary(t), "api", map[string]string{"DATABASE_URL": db.URL, "API_ADDR": "127.0.0.1:0"}, "api")
+	addr := p.logField(15*time.Second, "serving the management API", "addr")
+
+	if code, _ := apiCall(t, addr, "", "GET", "/v1/endpoints", ""); code != http.StatusUnauthorized {
+		t.Fatalf("no key: %d; want 401", code)
+	}
+	if code, body := apiCall(t, addr, acme, "GET", "/v1/endpoints", ""); code != http.StatusOK || body["data"] == nil {
+		t.Fatalf("the tenant key: %d %v", code, body)
+	}
+	if code, _ := apiCall(t, addr, acme, "GET", "/v1/api-keys", ""); code != http.StatusForbidden {
+		t.Fatalf("the tenant key listing keys: %d; want 403", code)
+	}
+	if code, _ := apiCall(t, addr, "", "GET", "/v1/openapi.json", ""); code != http.StatusOK {
+		t.Fatalf("the OpenAPI document: %d", code)
+	}
+	list := runCLIEnv(t, map[string]string{"DATABASE_URL": db.URL}, "api-keys", "list")
+	if list.code != 0 || !strings.Contains(list.stdout, adminID) || strings.Contains(list.stdout, admin) {
+		t.Fatalf("api-keys list (%d) shows the key or misses it:\n%s", list.code, list.stdout)
+	}
+	if r := runCLIEnv(t, map[string]string{"DATABASE_URL": db.URL}, "api-keys", "revoke", adminID); r.code != 0 {
+		t.Fatalf("api-keys revoke exited %d: %s", r.code, r.stderr)
+	}
+	if code, _ := apiCall(t, addr, admin, "GET", "/v1/endpoints", ""); code != http.StatusUnauthorized {
+		t.Fatalf("a revoked key: %d; want 401", code)
+	}
+	if got := queryStrings(t, db, `SELECT action || ' ' || actor FROM webhook_audit ORDER BY id`); len(got) != 3 ||
+		!strings.HasPrefix(got[2], "api_key.revoke cli") {
+		t.Fatalf("audit trail = %v; want two creations and the revocation, by the CLI", got)
+	}
+	if r := runCLIEnv(t, map[string]string{"DATABASE_URL": db.URL}, "api-keys", "revoke", "nope"); r.code != 1 {
+		t.Fatalf("revoking an unknown key exited %d; want 1", r.code)
+	}
+	if r := runCLIEnv(t, map[string]string{"DATABASE_URL": db.URL}, "api"); r.code != 2 || !strings.Contains(r.stderr, "API_ADDR") {
+		t.Fatalf("api without API_ADDR exited %d: %s", r.code, r.stderr)
+	}
+}
+
+// TestServeWithAPIAddrSendsATestEvent: serve with API_ADDR serves the API beside the
+// dispatcher; an endpoint created through it receives the signed webhook.test event that
+// POST /v1/endpoints/{id}/test sends, whatever the endpoint's filter.
+func TestServeWithAPIAddrSendsATestEvent(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	consumer := newHookConsumer(t, nil)
+	_, admin := addKey(t, db)
+	env := serveEnv(db.URL, "")
+	delete(env, "WEBHOOK_URL")
+	delete(env, "WEBHOOK_SECRET")
+	env["API_ADDR"] = "127.0.0.1:0"
+	p := startServe(t, "serve", env)
+	addr := p.logField(15*time.Second, "serving the management API", "addr")
+
+	code, ep := apiCall(t, addr, admin, "POST", "/v1/endpoints",
+		`{"url": "`+consumer.URL()+`", "secret": "`+serveSecret+`", "event_types": ["order.*"]}`)
+	if code != http.StatusCreated {
+		t.Fatalf("create: %d %v", code, ep)
+	}
+	code, test := apiCall(t, addr, admin, "POST", "/v1/endpoints/"+ep["id"].(string)+"/test", "")
+	if code != http.StatusAccepted {
+		t.Fatalf("test event: %d %v", code, test)
+	}
+	p.waitFor(30*time.Second, "the test event to arrive", func() bool {
+		for _, r := range consumer.requests() {
+			if r.DeliveryID == test["delivery_id"] && r.Event == "webhook.test" && r.VerifyErr == nil {
+				return true
+			}
+		}
+		return false
+	})
+}
