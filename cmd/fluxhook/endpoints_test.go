@@ -614,7 +614,7 @@ func TestEndpointsErrors(t *testing.T) {
 	}
 
 	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
-		if r := runEndpointsCLI(t, db, nil, args...); r.code != 0 || !strings.Contains(r.stdout, "fluxhook endpoints add --url URL") {
+		if r := runEndpointsCLI(t, db, nil, args...); r.code != 0 || !strings.Contains(r.stdout, "usage: fluxhook endpoints add|list|") {
 			t.Errorf("endpoints %v: exit %d, %q", args, r.code, r.stdout)
 		}
 	}
