@@ -368,14 +368,14 @@ func runEndpointsList(ctx context.Context, env *environment, args []string) erro
 		return err
 	}
 	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tURL\tTENANT\tEVENTS\tORDERING\tENABLED\tDISABLED REASON")
+	fmt.Fprintln(tw, "ID\tURL\tTENANT\tEVENTS\tORDERING\tPERMANENT\tENABLED\tDISABLED REASON")
 	for _, e := range list {
 		enabled, reason := "yes", "-"
 		if !e.Enabled {
 			enabled, reason = "no", shorten(printable(e.DisabledReason), 50)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, shorten(printable(listURL(e.URL)), 60), orDash(e.Tenant),
-			shorten(printable(filterText(e.EventTypes)), 40), orderingText(e), enabled, reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, shorten(printable(listURL(e.URL)), 60), orDash(e.Tenant),
+			shorten(printable(filterText(e.EventTypes)), 40), orderingText(e), permanentText(e.PermanentStatuses), enabled, reason)
 	}
 	return tw.Flush()
 }
@@ -553,7 +553,8 @@ func permanentStatuses(v string) ([]int, error) {
 	return list, nil
 }
 
-// permanentDetails is what `endpoints show` says of an endpoint's permanent statuses.
+// permanentDetails is what `endpoints show` says of an endpoint's permanent statuses: list's
+// PERMANENT column (permanentText) and what it means.
 func permanentDetails(list []int) string {
 	switch {
 	case list == nil:
@@ -561,11 +562,24 @@ func permanentDetails(list []int) string {
 	case len(list) == 0:
 		return "none (only 410 is dead-lettered at once; every other failure is retried)"
 	}
+	return strings.ReplaceAll(permanentText(list), ",", ", ") + " and 410 (dead-lettered at once)"
+}
+
+// permanentText is `endpoints list`'s PERMANENT column: "default" when the endpoint follows
+// WEBHOOK_PERMANENT_STATUSES (NULL), "none" when it retries everything but 410 ('{}'), else its
+// own statuses, so that an override shows without opening each endpoint.
+func permanentText(list []int) string {
+	switch {
+	case list == nil:
+		return "default"
+	case len(list) == 0:
+		return "none"
+	}
 	s := make([]string, len(list))
 	for i, n := range list {
 		s[i] = strconv.Itoa(n)
 	}
-	return strings.Join(s, ", ") + " and 410 (dead-lettered at once)"
+	return strings.Join(s, ",")
 }
 
 func runEndpointsUpdate(ctx context.Context, env *environment, args []string) error {
