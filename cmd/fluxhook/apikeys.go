@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -18,37 +17,17 @@ func init() {
 	commands["api-keys"] = command{summary: "manage the management API's keys: add, list, revoke", run: runAPIKeys}
 }
 
-const apiKeysUsage = `usage:
-  fluxhook api-keys add [--tenant T] [--description D] [--json]
-  fluxhook api-keys list [--json]
-  fluxhook api-keys revoke ID [--json]
-`
+// apiKeysSubcommands are `fluxhook api-keys`'s subcommands, in the order its help lists them.
+var apiKeysSubcommands = []subcommand{
+	{"add", runAPIKeysAdd},
+	{"list", runAPIKeysList},
+	{"revoke", runAPIKeysRevoke},
+}
 
 // runAPIKeys makes and revokes the keys the management API accepts. It is the way to the
 // first admin key: the API makes keys only for a caller that holds one.
 func runAPIKeys(ctx context.Context, env *environment, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(env.stderr, apiKeysUsage)
-		return usageError("api-keys needs a subcommand: add, list or revoke")
-	}
-	run, ok := map[string]func(context.Context, *environment, []string) error{
-		"add":    runAPIKeysAdd,
-		"list":   runAPIKeysList,
-		"revoke": runAPIKeysRevoke,
-	}[args[0]]
-	switch {
-	case args[0] == "help" || args[0] == "-h" || args[0] == "--help":
-		fmt.Fprint(env.stdout, apiKeysUsage)
-		return nil
-	case !ok:
-		fmt.Fprint(env.stderr, apiKeysUsage)
-		return usageError("unknown api-keys subcommand %q", args[0])
-	}
-	err := run(ctx, env, args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
-	return err
+	return runGroup(ctx, env, "api-keys", "[ID] [flags]", apiKeysSubcommands, args, func(err error) error { return err })
 }
 
 func runAPIKeysAdd(ctx context.Context, env *environment, args []string) error {

@@ -38,75 +38,19 @@ func init() {
 	commands["dlq"] = command{summary: "list, show, replay and purge dead letters", run: runDLQ}
 }
 
-const dlqUsage = `usage:
-  fluxhook dlq list [--limit 50] [FILTER...] [--json]
-  fluxhook dlq show ID|DELIVERY-ID [--json]
-  fluxhook dlq replay [--force] [--dry-run] [--to-endpoint ID] ID|DELIVERY-ID...
-  fluxhook dlq replay --all-matching FILTER... [--force] [--dry-run] [--to-endpoint ID]
-  fluxhook dlq purge [--replayed-only] [--dry-run] ID|DELIVERY-ID...
-  fluxhook dlq purge --all-matching [FILTER...] [--replayed-only] [--dry-run]
-
-FILTER is any of --event-type T, --reason-contains S, --since DURATION, --delivery-id UUID and
---endpoint-id UUID; the filters combine with AND.
-
-ID is a dead letter's row number (the ID column of dlq list). DELIVERY-ID is the event's
-delivery id, the UUID that logs, metrics and the consumer's x-fluxora-delivery-id header
-(webhook-id for Standard Webhooks endpoints) carry: the DELIVERY ID column. An event fanned
-out to several endpoints, or dead-lettered again after a replay, has several dead letters with
-one delivery id: a DELIVERY-ID selects all of them. show prints each, oldest first; with
---json, an ID prints one object and a DELIVERY-ID always an array, even of one.
-
-Replay re-enqueues a dead letter as a new first attempt with the same delivery id, and marks it
-replayed. Rows already replayed are skipped unless --force. A row selected by delivery id or
-filter is also skipped when a later dead letter of the same delivery to the same endpoint
-supersedes it (the event went back there and failed again; replaying both would send it twice):
-name it by ID to replay it anyway. A managed endpoint's dead letter goes back to that
-endpoint; one whose endpoint was removed is skipped, since it would only fail again, unless
---to-endpoint names another (enabled) endpoint for it. --to-endpoint sends every selected
-dead letter there instead of to its own destination, each event once, and only those of the
-endpoint's tenant (events never cross tenants); the order key is kept if that endpoint orders
-streams. A stream stopped at such a dead letter stays stopped: purge the dead letter to let
-it go on. A dead letter of a stream without an order key (its endpoint did not order streams)
-that goes to an endpoint ordering them now joins its stream there at the end, after the events
-already waiting.
-Bulk replay needs at least one filter; bulk purge needs a
-filter or --replayed-only. Dead letters stay until purged; the janitor never deletes them.
-DURATION is a Go duration (90m, 36h) or a number of days (7d).
-
-An ordered stream whose endpoint stops at a dead letter (fluxhook endpoints --ordering-failure
-stop) delivers nothing more until that dead letter is replayed or purged. Replay puts the event
-back in its place, at the head of the stream, which then goes on from it; purge gives it up,
-and the stream goes on with the next event.
-`
+// dlqSubcommands are dlq's subcommands in the order its help lists them; runDLQ dispatches on
+// them, and the help test walks them, so that one cannot be added without a help page.
+var dlqSubcommands = []subcommand{
+	{"list", runDLQList},
+	{"show", runDLQShow},
+	{"replay", runDLQReplay},
+	{"purge", runDLQPurge},
+}
 
 // runDLQ is the operator's way back from a dead letter: see why events failed, then send them
 // again once the consumer is fixed, without writing SQL by hand.
 func runDLQ(ctx context.Context, env *environment, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(env.stderr, dlqUsage)
-		return usageError("dlq needs a subcommand: list, show, replay or purge")
-	}
-	var err error
-	switch args[0] {
-	case "list":
-		err = runDLQList(ctx, env, args[1:])
-	case "show":
-		err = runDLQShow(ctx, env, args[1:])
-	case "replay":
-		err = runDLQReplay(ctx, env, args[1:])
-	case "purge":
-		err = runDLQPurge(ctx, env, args[1:])
-	case "help", "-h", "--help":
-		fmt.Fprint(env.stdout, dlqUsage)
-		return nil
-	default:
-		fmt.Fprint(env.stderr, dlqUsage)
-		return usageError("unknown dlq subcommand %q", args[0])
-	}
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
-	return err
+	return runGroup(ctx, env, "dlq", "[ID|DELIVERY-ID...] [flags]", dlqSubcommands, args, func(err error) error { return err })
 }
 
 // dlqFilter selects dead letters for list and bulk replay and purge. Its zero value matches

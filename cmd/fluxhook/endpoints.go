@@ -25,86 +25,26 @@ func init() {
 	commands["endpoints"] = command{summary: "manage webhook endpoints: add, list, show, update, disable, enable, rotate-secret, remove, reencrypt", run: runEndpoints}
 }
 
-const endpointsUsage = `usage:
-  fluxhook endpoints add --url URL [--event-types TYPE,PREFIX.*] [--tenant T] [--scheme fluxora|standard]
-                         [--secret S|- | --secret-file PATH] [--description D] [--retry-rps N] [--max-concurrency N]
-                         [--permanent-statuses LIST|none] [--header NAME=VALUE]... [--ordering none|stream]
-                         [--ordering-failure skip|stop] [--disabled] [--json]
-  fluxhook endpoints list [--json]
-  fluxhook endpoints show ID [--json]
-  fluxhook endpoints update ID [--url URL] [--event-types LIST] [--tenant T] [--description D]
-                         [--retry-rps N] [--max-concurrency N] [--permanent-statuses LIST|none|'']
-                         [--header NAME=VALUE]... [--clear-headers] [--ordering none|stream] [--ordering-failure skip|stop]
-                         [--scheme fluxora|standard [--secret S|- | --secret-file PATH]] [--json]
-  fluxhook endpoints disable ID [--reason R] [--json]
-  fluxhook endpoints enable ID [--json]
-  fluxhook endpoints rotate-secret ID [--secret S|- | --secret-file PATH] [--grace 24h] [--json]
-  fluxhook endpoints remove ID [--pending refuse|dead-letter|drop] [--json]
-  fluxhook endpoints reencrypt [--json]
-
-An endpoint receives the events its filter matches (exact types and "prefix.*" patterns:
-"order.*" matches order.created, not order nor orders.x; no filter = every event) and its
-tenant's (no tenant = events without a tenant), signed with its own secret.
-
-Secrets are printed once: by add, rotate-secret, and update --scheme (a scheme change comes
-with a new secret). list and show never print them. Without --secret one is generated:
-"whsec_" + base64 of 24 random bytes for standard, 64 hex digits for fluxora. To choose it,
-prefer --secret-file PATH or --secret - (one line on standard input) to --secret S: an argument
-is readable by every local user (ps) and stays in the shell history.
-rotate-secret keeps the old secret signing for --grace (0: not at all, for a leaked secret).
-
-With WEBHOOK_ENCRYPTION_KEY (base64 of 32 bytes: openssl rand -base64 32) secrets and header
-values are stored encrypted (AES-256-GCM), each bound to its endpoint and field; without it they
-are stored in clear. To change the key, give the new one in WEBHOOK_ENCRYPTION_KEY and the old
-one in WEBHOOK_ENCRYPTION_KEY_PREVIOUS, to the dispatchers too; run reencrypt; then remove the
-old key. reencrypt also seals values stored in clear, and binds secrets encrypted by fluxhook
-versions that did not bind them.
-
---ordering stream delivers each stream's events (same stream_id) to the endpoint one at a time,
-in order; none, the default, sends events concurrently. --ordering-failure is what an ordered
-stream does when one of its events is dead-lettered: skip, the default, goes on without it;
-stop holds the rest of the stream until that dead letter is replayed (the event then leads the
-stream again) or purged (the stream goes on without it): see fluxhook dlq. Changing either
-setting does not release a stream already stopped.
-
-disable stops routing to the endpoint; the dispatcher dead-letters its pending deliveries.
-remove refuses while deliveries are pending: --pending dead-letter moves them to the
-dead-letter table (reason "endpoint removed"); --pending drop deletes them: they are lost.
-A removed endpoint's dead letters go elsewhere with dlq replay --to-endpoint ID.
-`
+// endpointsSubcommands are endpoints' subcommands in the order its help lists them;
+// runEndpoints dispatches on them, and the help test walks them, so that one cannot be added
+// without a help page.
+var endpointsSubcommands = []subcommand{
+	{"add", runEndpointsAdd},
+	{"list", runEndpointsList},
+	{"show", runEndpointsShow},
+	{"update", runEndpointsUpdate},
+	{"disable", runEndpointsDisable},
+	{"enable", runEndpointsEnable},
+	{"rotate-secret", runEndpointsRotateSecret},
+	{"remove", runEndpointsRemove},
+	{"reencrypt", runEndpointsReencrypt},
+}
 
 // runEndpoints manages webhook_endpoints without hand-written SQL: the operator's way to add a
 // consumer, change its filter, rotate its secret or retire it, with every value validated as
 // the dispatcher will validate it.
 func runEndpoints(ctx context.Context, env *environment, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(env.stderr, endpointsUsage)
-		return usageError("endpoints needs a subcommand: add, list, show, update, disable, enable, rotate-secret, remove or reencrypt")
-	}
-	run, ok := map[string]func(context.Context, *environment, []string) error{
-		"add":           runEndpointsAdd,
-		"list":          runEndpointsList,
-		"show":          runEndpointsShow,
-		"update":        runEndpointsUpdate,
-		"disable":       runEndpointsDisable,
-		"enable":        runEndpointsEnable,
-		"rotate-secret": runEndpointsRotateSecret,
-		"remove":        runEndpointsRemove,
-		"reencrypt":     runEndpointsReencrypt,
-	}[args[0]]
-	switch {
-	case args[0] == "help" || args[0] == "-h" || args[0] == "--help":
-		fmt.Fprint(env.stdout, endpointsUsage)
-		return nil
-	case !ok:
-		fmt.Fprint(env.stderr, endpointsUsage)
-		return usageError("unknown endpoints subcommand %q", args[0])
-	}
-	err := run(ctx, env, args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
-	return endpointsError(err)
+	return runGroup(ctx, env, "endpoints", "[ID] [flags]", endpointsSubcommands, args, endpointsError)
 }
 
 // endpointsError turns the store's validation errors into usage errors (exit status 2) that
@@ -415,14 +355,14 @@ func runEndpointsList(ctx context.Context, env *environment, args []string) erro
 		return err
 	}
 	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tURL\tTENANT\tEVENTS\tORDERING\tENABLED\tDISABLED REASON")
+	fmt.Fprintln(tw, "ID\tURL\tTENANT\tEVENTS\tORDERING\tPERMANENT\tENABLED\tDISABLED REASON")
 	for _, e := range list {
 		enabled, reason := "yes", "-"
 		if !e.Enabled {
 			enabled, reason = "no", shorten(printable(e.DisabledReason), 50)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, shorten(printable(listURL(e.URL)), 60), orDash(e.Tenant),
-			shorten(printable(filterText(e.EventTypes)), 40), orderingText(e), enabled, reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, shorten(printable(listURL(e.URL)), 60), orDash(e.Tenant),
+			shorten(printable(filterText(e.EventTypes)), 40), orderingText(e), permanentText(e.PermanentStatuses), enabled, reason)
 	}
 	return tw.Flush()
 }
@@ -600,7 +540,8 @@ func permanentStatuses(v string) ([]int, error) {
 	return list, nil
 }
 
-// permanentDetails is what `endpoints show` says of an endpoint's permanent statuses.
+// permanentDetails is what `endpoints show` says of an endpoint's permanent statuses: list's
+// PERMANENT column (permanentText) and what it means.
 func permanentDetails(list []int) string {
 	switch {
 	case list == nil:
@@ -608,11 +549,24 @@ func permanentDetails(list []int) string {
 	case len(list) == 0:
 		return "none (only 410 is dead-lettered at once; every other failure is retried)"
 	}
+	return strings.ReplaceAll(permanentText(list), ",", ", ") + " and 410 (dead-lettered at once)"
+}
+
+// permanentText is `endpoints list`'s PERMANENT column: "default" when the endpoint follows
+// WEBHOOK_PERMANENT_STATUSES (NULL), "none" when it retries everything but 410 ('{}'), else its
+// own statuses, so that an override shows without opening each endpoint.
+func permanentText(list []int) string {
+	switch {
+	case list == nil:
+		return "default"
+	case len(list) == 0:
+		return "none"
+	}
 	s := make([]string, len(list))
 	for i, n := range list {
 		s[i] = strconv.Itoa(n)
 	}
-	return strings.Join(s, ", ") + " and 410 (dead-lettered at once)"
+	return strings.Join(s, ",")
 }
 
 func runEndpointsUpdate(ctx context.Context, env *environment, args []string) error {

@@ -614,7 +614,7 @@ func TestEndpointsErrors(t *testing.T) {
 	}
 
 	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
-		if r := runEndpointsCLI(t, db, nil, args...); r.code != 0 || !strings.Contains(r.stdout, "fluxhook endpoints add --url URL") {
+		if r := runEndpointsCLI(t, db, nil, args...); r.code != 0 || !strings.Contains(r.stdout, "usage: fluxhook endpoints add|list|") {
 			t.Errorf("endpoints %v: exit %d, %q", args, r.code, r.stdout)
 		}
 	}
@@ -683,5 +683,41 @@ func TestEndpointsPermanentStatuses(t *testing.T) {
 	}
 	if got := decodeEndpoint(t, runEndpointsCLI(t, db, nil, "show", "--json", e.ID)); statuses(got) != "null" {
 		t.Errorf("a refused update changed the statuses: %s", statuses(got))
+	}
+}
+
+// TestEndpointsListShowsPermanentStatuses: `endpoints list` has a PERMANENT column saying what
+// `show` says first of each endpoint's permanent statuses: default for NULL (the setting), none
+// for '{}', else the endpoint's own statuses.
+func TestEndpointsListShowsPermanentStatuses(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	want := map[string]struct{ list, show string }{
+		addEndpoint(t, db, nil, "--url", "https://default.example/").ID:                                    {"default", "default (WEBHOOK_PERMANENT_STATUSES)"},
+		addEndpoint(t, db, nil, "--url", "https://none.example/", "--permanent-statuses", "none").ID:       {"none", "none (only 410"},
+		addEndpoint(t, db, nil, "--url", "https://own.example/", "--permanent-statuses", "422,404,400").ID: {"400,404,422", "400, 404, 422 and 410"},
+	}
+	r := runEndpointsCLI(t, db, nil, "list")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 4 {
+		t.Fatalf("list: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if f := strings.Fields(lines[0]); len(f) < 6 || f[5] != "PERMANENT" {
+		t.Fatalf("list's header has no PERMANENT column after ORDERING: %q", lines[0])
+	}
+	for _, line := range lines[1:] {
+		f := strings.Fields(line)
+		w, ok := want[f[0]]
+		if !ok || len(f) < 6 || f[5] != w.list {
+			t.Errorf("list row %q: want PERMANENT %q", line, w.list)
+			continue
+		}
+		if r := runEndpointsCLI(t, db, nil, "show", f[0]); !strings.Contains(r.stdout, "permanent_statuses  "+w.show) {
+			t.Errorf("show of %s lacks %q, which list's %q stands for:\n%s", f[0], w.show, w.list, r.stdout)
+		}
+		delete(want, f[0])
+	}
+	if len(want) > 0 {
+		t.Errorf("list left out %v", want)
 	}
 }

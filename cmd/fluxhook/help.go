@@ -1,9 +1,17 @@
 package main
 
-import "github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
+import (
+	"context"
+	"errors"
+	"flag"
+	"strings"
+
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
+)
 
 // commandHelp is every command's help besides its synopsis and flags (see cli.PrintHelp): what
-// it does in one sentence, and an example to copy. A test walks every command's -h.
+// it does in one sentence, and an example to copy. The groups' (dlq, endpoints) list their
+// subcommands by these sentences (cli.PrintGroupHelp). A test walks every command's -h.
 var commandHelp = map[string]cli.Help{
 	"serve":   {Sentence: "Run the dispatcher: claim due events, sign and send them, settle the outcomes, until SIGTERM or SIGINT (a second signal cancels the drain).", Example: "DATABASE_URL=postgres://fluxhook@db/app WEBHOOK_URL=https://hooks.example.com/in WEBHOOK_SECRET_FILE=/run/secrets/webhook fluxhook serve"},
 	"migrate": {Sentence: "Install or upgrade fluxhook's schema under an advisory lock, or print it as one script for psql.", Example: "fluxhook migrate --print > fluxhook.sql && psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -f fluxhook.sql"},
@@ -16,15 +24,18 @@ var commandHelp = map[string]cli.Help{
 
 	"api": {Sentence: "Serve the management API (docs/api.md) without delivering: endpoints, events, deliveries with every attempt, dead letters and replay, per tenant.", Example: "DATABASE_URL=postgres://fluxhook@db/app API_ADDR=127.0.0.1:8080 fluxhook api"},
 
+	"api-keys":        {Sentence: "Manage the keys of the management API: an admin key sees every tenant, a tenant key only its own.", Example: "fluxhook api-keys add --description 'billing service'"},
 	"api-keys add":    {Sentence: "Make a key for the management API, for one tenant or (without --tenant) an admin key; it is shown once.", Example: "fluxhook api-keys add --tenant acme --description 'acme portal'"},
 	"api-keys list":   {Sentence: "List the API keys by prefix, never the keys themselves, with their last use.", Example: "fluxhook api-keys list --json"},
 	"api-keys revoke": {Sentence: "End an API key at once: requests with it are answered 401.", Example: "fluxhook api-keys revoke 5b0c…"},
 
+	"dlq":        {Sentence: "Find out why events were dead-lettered, send them again once the consumer is fixed, or delete them.", Example: "fluxhook dlq list --reason-contains 'HTTP 404' --since 24h"},
 	"dlq list":   {Sentence: "List dead letters, newest first, optionally filtered.", Example: "fluxhook dlq list --event-type order.paid --since 24h"},
 	"dlq show":   {Sentence: "Show one dead letter whole: its reason, last status, payload and endpoint.", Example: "fluxhook dlq show 42"},
 	"dlq replay": {Sentence: "Send dead letters again, with their delivery ids, to their endpoint or --to-endpoint's.", Example: "fluxhook dlq replay --all-matching --reason-contains 'HTTP 503' --dry-run"},
 	"dlq purge":  {Sentence: "Delete dead letters for good.", Example: "fluxhook dlq purge --all-matching --replayed-only --since 720h"},
 
+	"endpoints":               {Sentence: "Manage the consumers that events are routed to: each one's URL, secret, filter, tenant and delivery settings, validated as the dispatcher validates them.", Example: "fluxhook endpoints add --url https://a.example/hooks --event-types 'order.*'"},
 	"endpoints add":           {Sentence: "Add a managed endpoint: its URL, secret, filter, tenant and delivery settings.", Example: "fluxhook endpoints add --url https://b.example/hooks --tenant acme --event-types 'order.*' --json"},
 	"endpoints list":          {Sentence: "List the managed endpoints, never their secrets.", Example: "fluxhook endpoints list --json"},
 	"endpoints show":          {Sentence: "Show one endpoint and its recent delivery health.", Example: "fluxhook endpoints show 5b0c…"},
@@ -32,7 +43,7 @@ var commandHelp = map[string]cli.Help{
 	"endpoints disable":       {Sentence: "Stop routing events to an endpoint; its pending deliveries are dead-lettered.", Example: "fluxhook endpoints disable 5b0c… --reason 'consumer migrating'"},
 	"endpoints enable":        {Sentence: "Route events to an endpoint again.", Example: "fluxhook endpoints enable 5b0c…"},
 	"endpoints rotate-secret": {Sentence: "Give an endpoint a new secret; the old one keeps signing during the grace.", Example: "fluxhook endpoints rotate-secret 5b0c… --grace 24h --secret-file new-secret.txt"},
-	"endpoints remove":        {Sentence: "Delete an endpoint; its pending deliveries are dead-lettered.", Example: "fluxhook endpoints remove 5b0c…"},
+	"endpoints remove":        {Sentence: "Delete an endpoint; --pending says what becomes of deliveries still pending (refused by default).", Example: "fluxhook endpoints remove 5b0c…"},
 	"endpoints reencrypt":     {Sentence: "Seal the stored secrets and headers with WEBHOOK_ENCRYPTION_KEY (after setting or rotating it).", Example: "WEBHOOK_ENCRYPTION_KEY_FILE=/run/secrets/key fluxhook endpoints reencrypt"},
 }
 
@@ -40,4 +51,42 @@ func init() {
 	for name, h := range commandHelp {
 		cli.Helps[name] = h
 	}
+}
+
+// subcommand is one `fluxhook GROUP NAME` of a command that groups others (dlq, endpoints).
+type subcommand struct {
+	name string
+	run  func(context.Context, *environment, []string) error
+}
+
+// runGroup dispatches `fluxhook GROUP SUBCOMMAND ...` to its subcommand, so that both groups
+// answer alike: -h, --help and help print the group's page to standard output; no subcommand,
+// or an unknown one, prints it to standard error and is a usage error (exit status 2). args is
+// the synopsis after the subcommand names; wrap turns the subcommand's error into the one
+// reported (endpoints names the flag to fix).
+func runGroup(ctx context.Context, env *environment, group, args string, subs []subcommand, argv []string, wrap func(error) error) error {
+	names := make([]string, len(subs))
+	for i, s := range subs {
+		names[i] = s.name
+	}
+	if len(argv) == 0 {
+		cli.PrintGroupHelp(env.stderr, group, args, names)
+		return usageError("%s needs a subcommand: %s or %s", group, strings.Join(names[:len(names)-1], ", "), names[len(names)-1])
+	}
+	switch argv[0] {
+	case "help", "-h", "--help":
+		cli.PrintGroupHelp(env.stdout, group, args, names)
+		return nil
+	}
+	for _, s := range subs {
+		if s.name == argv[0] {
+			err := s.run(ctx, env, argv[1:])
+			if errors.Is(err, flag.ErrHelp) {
+				return nil
+			}
+			return wrap(err)
+		}
+	}
+	cli.PrintGroupHelp(env.stderr, group, args, names)
+	return usageError("unknown %s subcommand %q", group, argv[0])
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
 	fluxsql "github.com/fluxora/fluxhook/sql"
 )
 
@@ -54,24 +55,22 @@ func TestEveryCommandHelpExitsZero(t *testing.T) {
 	}
 }
 
-// TestEveryCommandsHelpHasOneShape: every command's -h, subcommands included, reads the same
-// way: the synopsis, one sentence on what it does, the flags, an example; and every command
-// and subcommand has that help (a new one without it fails here).
+// TestEveryCommandsHelpHasOneShape: every command's -h, subcommands and groups included, reads
+// the same way: four paragraphs, the synopsis, one sentence on what it does, the flags (a
+// group's subcommands, one line each), an example; and every command, subcommand and group has
+// that help (a new one without it fails here).
 func TestEveryCommandsHelpHasOneShape(t *testing.T) {
+	groups := map[string][]subcommand{"dlq": dlqSubcommands, "endpoints": endpointsSubcommands, "api-keys": apiKeysSubcommands}
 	names := []string{}
 	for name := range commands {
-		if name != "dlq" && name != "endpoints" && name != "api-keys" { // groups: their -h lists the subcommands
+		if groups[name] == nil {
 			names = append(names, name)
 		}
 	}
-	for _, sub := range []string{"list", "show", "replay", "purge"} {
-		names = append(names, "dlq "+sub)
-	}
-	for _, sub := range []string{"add", "list", "revoke"} {
-		names = append(names, "api-keys "+sub)
-	}
-	for _, sub := range []string{"add", "list", "show", "update", "disable", "enable", "rotate-secret", "remove", "reencrypt"} {
-		names = append(names, "endpoints "+sub)
+	for group, subs := range groups {
+		for _, sub := range subs {
+			names = append(names, group+" "+sub.name)
+		}
 	}
 	for _, name := range names {
 		h, ok := commandHelp[name]
@@ -81,13 +80,48 @@ func TestEveryCommandsHelpHasOneShape(t *testing.T) {
 		}
 		r := runCLIEnv(t, nil, append(strings.Fields(name), "-h")...)
 		help := r.stdout + r.stderr
-		for _, part := range []string{"usage: fluxhook " + name, "\n" + h.Sentence + "\n", "\nflags:\n", "\nexample:\n  " + h.Example + "\n"} {
-			if !strings.Contains(help, part) {
-				t.Errorf("%s -h lacks %q:\n%s", name, part, help)
-			}
-		}
+		checkHelpShape(t, name+" -h", help, h, []string{"usage: fluxhook " + name, "\nflags:\n"})
 		if r.code != 0 {
 			t.Errorf("%s -h exited %d", name, r.code)
+		}
+	}
+	for group, subs := range groups {
+		h, ok := commandHelp[group]
+		if !ok || h.Sentence == "" || h.Example == "" {
+			t.Errorf("group %s has no help sentence and example in commandHelp", group)
+		}
+		names := make([]string, len(subs))
+		for i, sub := range subs {
+			names[i] = sub.name
+		}
+		want := []string{"usage: fluxhook " + group + " " + strings.Join(names, "|") + " ", "\ncommands (fluxhook " + group + " COMMAND -h shows its flags):\n"}
+		for _, sub := range subs {
+			// the subcommand's name, padded, then its own sentence, on one line
+			want = append(want, "\n  "+sub.name+" ", " "+commandHelp[group+" "+sub.name].Sentence+"\n")
+		}
+		for _, args := range [][]string{{group, "-h"}, {group, "help"}} {
+			r := runCLIEnv(t, nil, args...)
+			if r.code != 0 {
+				t.Errorf("%v exited %d", args, r.code)
+			}
+			checkHelpShape(t, strings.Join(args, " "), r.stdout+r.stderr, h, want)
+		}
+		if r := runCLIEnv(t, nil, group); r.code != 2 || !strings.HasPrefix(r.stderr, "usage: fluxhook "+group+" ") {
+			t.Errorf("%s without a subcommand: exit %d, %q; want 2 and the group's help", group, r.code, r.stderr)
+		}
+	}
+}
+
+// checkHelpShape fails the test unless help, what the command line name printed, is four paragraphs (synopsis, sentence, flags or
+// subcommands, example) holding h's sentence and example and every string in want.
+func checkHelpShape(t *testing.T, name, help string, h cli.Help, want []string) {
+	t.Helper()
+	if n := len(strings.Split(strings.TrimSpace(help), "\n\n")); n != 4 {
+		t.Errorf("%s has %d paragraphs, want 4 (synopsis, sentence, flags, example):\n%s", name, n, help)
+	}
+	for _, part := range append(want, "\n"+h.Sentence+"\n", "\nexample:\n  "+h.Example+"\n") {
+		if !strings.Contains(help, part) {
+			t.Errorf("%s lacks %q:\n%s", name, part, help)
 		}
 	}
 }

@@ -55,6 +55,30 @@ func PrintHelp(fs *flag.FlagSet, synopsis string) {
 	}
 }
 
+// PrintGroupHelp writes the help of a command that only groups subcommands (`fluxhook dlq -h`)
+// in the shape PrintHelp gives every other command, so that a newcomer reads one kind of page:
+// a synopsis naming the subcommands (args is what follows them, such as "[ID] [flags]"), the
+// group's sentence, each subcommand on one line with its own sentence where a command lists
+// its flags, and an example. The sentences come from Helps, as for the subcommands' own pages.
+func PrintGroupHelp(w io.Writer, group, args string, subcommands []string) {
+	h := Helps[group]
+	fmt.Fprintf(w, "usage: fluxhook %s %s %s\n", group, strings.Join(subcommands, "|"), args)
+	if h.Sentence != "" {
+		fmt.Fprintf(w, "\n%s\n", h.Sentence)
+	}
+	width := 0
+	for _, sub := range subcommands {
+		width = max(width, len(sub))
+	}
+	fmt.Fprintf(w, "\ncommands (fluxhook %s COMMAND -h shows its flags):\n", group)
+	for _, sub := range subcommands {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, sub, Helps[group+" "+sub].Sentence)
+	}
+	if h.Example != "" {
+		fmt.Fprintf(w, "\nexample:\n  %s\n", h.Example)
+	}
+}
+
 // ParseFlags parses args and returns the positional arguments. Flags may follow positional
 // ones (`dlq replay 7 --force`), which the flag package alone does not allow. -h returns
 // flag.ErrHelp after printing the usage: callers return nil for it, since asking for help is
