@@ -25,7 +25,7 @@ func init() {
 // apiSettingNames are the settings `fluxhook api` reads: the database, where to listen, the
 // key that opens endpoint secrets, the network policy new endpoint URLs are checked against
 // (the dispatchers' own), Redis for breaker state, and logging.
-var apiSettingNames = []string{"DATABASE_URL", "API_ADDR", "REDIS_URL", "WEBHOOK_ENCRYPTION_KEY",
+var apiSettingNames = []string{"DATABASE_URL", "API_ADDR", "API_DATABASE_URL", "REDIS_URL", "WEBHOOK_ENCRYPTION_KEY",
 	"WEBHOOK_ENCRYPTION_KEY_PREVIOUS", "WEBHOOK_ALLOWED_NETWORKS", "LOG_LEVEL", "LOG_FORMAT"}
 
 func runAPI(ctx context.Context, env *environment, args []string) error {
@@ -87,7 +87,12 @@ const apiPoolConns = 8
 // that opens endpoint secrets, and Redis for breaker state when the gate is shared.
 func startAPI(ctx context.Context, cfg serveConfig, ln net.Listener, log *zap.Logger) (stop func(), err error) {
 	d := cfg.dispatcher
-	pool, err := connectPool(ctx, d.DatabaseURL, apiPoolConns, "fluxhook-api")
+	dbURL := d.DatabaseURL
+	if cfg.apiDBURL != "" {
+		// A role of its own: the dispatcher's may not write endpoints or keys (docs/install.md).
+		dbURL = cfg.apiDBURL
+	}
+	pool, err := connectPool(ctx, dbURL, apiPoolConns, "fluxhook-api")
 	if err != nil {
 		return nil, err
 	}

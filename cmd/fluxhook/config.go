@@ -70,6 +70,7 @@ var settings = []setting{
 	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
 	{env: "LOG_FORMAT", def: "json", help: "json | console (coloured on a terminal unless NO_COLOR is set)"},
 	{env: "API_ADDR", help: "address for the management API (/v1, docs/api.md), e.g. 127.0.0.1:8080 (off when empty; `fluxhook api` serves it alone)"},
+	{env: "API_DATABASE_URL", help: "the API's own connection, as a role with the API's grants (docs/install.md); empty = DATABASE_URL", secret: true},
 	{env: "METRICS_ADDR", help: "address for /metrics, /livez and /readyz, e.g. 127.0.0.1:9090 (off when empty)"},
 	{env: "METRICS_ENDPOINT_LABEL", def: "false", help: "add an endpoint-hash label to fluxora_webhook_deliveries_total"},
 	{env: "PROFILE_DIR", help: "write cpu.pprof and allocs.pprof of this run into this directory at shutdown (profiling; off when empty)"},
@@ -170,6 +171,7 @@ type serveConfig struct {
 	logFormat    string
 	metricsAddr  string
 	apiAddr      string
+	apiDBURL     string
 	profileDir   string
 }
 
@@ -255,6 +257,12 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	d.RedisURL = v["REDIS_URL"]
 	c.metricsAddr = v["METRICS_ADDR"]
 	c.apiAddr = v["API_ADDR"]
+	c.apiDBURL = v["API_DATABASE_URL"]
+	if c.apiDBURL != "" {
+		if _, problem := parseDatabaseURL(c.apiDBURL); problem != "" {
+			bad("API_DATABASE_URL", "%s", problem)
+		}
+	}
 	c.profileDir = v["PROFILE_DIR"]
 	if c.metricsAddr != "" {
 		if _, _, err := net.SplitHostPort(c.metricsAddr); err != nil {

@@ -14,9 +14,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	fluxsql "github.com/fluxora/fluxhook/sql"
+	"github.com/fluxora/fluxhook/sql/audit"
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/stages/send"
 )
@@ -203,26 +205,33 @@ type endpointReport struct {
 	Secret string `json:"secret,omitempty"`
 }
 
-// describe reads an endpoint back after a change, for printing it as show does.
 // changeEndpoint opens the database of an endpoints subcommand that names one endpoint, runs
-// change on it (nil for a read) and reads the endpoint back, as every such subcommand reports
-// it: as stored after the change. It returns the Cipher too, for what the caller prints.
-func changeEndpoint(ctx context.Context, env *environment, dbURL, id string,
-	change func(pool *pgxpool.Pool, c *endpoints.Cipher) error) (endpoints.Details, *endpoints.Cipher, error) {
+// change on it in one transaction recorded in the audit trail as action by the CLI's user
+// (endpoints.Audited; nil change: a read, not recorded), runs then on the pool after the
+// commit (work that cannot run in a transaction, such as an index built concurrently), and
+// reads the endpoint back, as every such subcommand reports it: as stored after the change. It
+// returns the Cipher too, for what the caller prints.
+func changeEndpoint(ctx context.Context, env *environment, dbURL, id, action string,
+	change func(tx pgx.Tx, c *endpoints.Cipher) error, then ...func(*pgxpool.Pool)) (endpoints.Details, *endpoints.Cipher, error) {
 	pool, c, err := endpointsEnv(ctx, env, dbURL)
 	if err != nil {
 		return endpoints.Details{}, nil, err
 	}
 	defer pool.Close()
 	if change != nil {
-		if err := change(pool, c); err != nil {
+		_, err := endpoints.Audited(ctx, pool, c, id, nil, audit.CLIActor(), action, func(tx pgx.Tx) error { return change(tx, c) })
+		if err != nil {
 			return endpoints.Details{}, nil, err
 		}
+	}
+	for _, f := range then {
+		f(pool)
 	}
 	d, err := describe(ctx, pool, c, id)
 	return d, c, err
 }
 
+// describe reads an endpoint back after a change, for printing it as show does.
 func describe(ctx context.Context, pool *pgxpool.Pool, c *endpoints.Cipher, id string) (endpoints.Details, error) {
 	d, err := endpoints.Describe(ctx, pool, c, id)
 	if err != nil {
@@ -303,7 +312,7 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 	}
 	defer pool.Close()
 
-	added, err := endpoints.Add(ctx, pool, c, n)
+	added, err := endpoints.AddAudited(ctx, pool, c, n, audit.CLIActor())
 	if err != nil {
 		return err
 	}
@@ -412,7 +421,7 @@ func runEndpointsShow(ctx context.Context, env *environment, args []string) erro
 	if err != nil {
 		return err
 	}
-	d, c, err := changeEndpoint(ctx, env, *dbURL, id, nil)
+	d, c, err := changeEndpoint(ctx, env, *dbURL, id, "", nil)
 	if err != nil {
 		return err
 	}
@@ -634,11 +643,13 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 		return usageError("endpoints update needs something to change: --url, --event-types, --tenant, --description, --retry-rps, --max-concurrency, --permanent-statuses, --header, --clear-headers, --ordering, --ordering-failure or --scheme")
 	}
 	var res endpoints.Updated
-	d, c, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, c *endpoints.Cipher) (err error) {
-		if res, err = endpoints.Update(ctx, pool, c, id, p); err == nil && ordering.set && *p.Ordering == endpoints.OrderingStream {
+	d, c, err := changeEndpoint(ctx, env, *dbURL, id, "endpoint.update", func(tx pgx.Tx, c *endpoints.Cipher) (err error) {
+		res, err = endpoints.Update(ctx, tx, c, id, p)
+		return err
+	}, func(pool *pgxpool.Pool) {
+		if ordering.set && *p.Ordering == endpoints.OrderingStream {
 			ensureStreamIndex(ctx, env, pool)
 		}
-		return err
 	})
 	if err != nil {
 		return err
@@ -671,8 +682,8 @@ func runEndpointsDisable(ctx context.Context, env *environment, args []string) e
 	if err != nil {
 		return err
 	}
-	d, _, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, _ *endpoints.Cipher) error {
-		return endpoints.Disable(ctx, pool, id, *reason)
+	d, _, err := changeEndpoint(ctx, env, *dbURL, id, "endpoint.disable", func(tx pgx.Tx, _ *endpoints.Cipher) error {
+		return endpoints.Disable(ctx, tx, id, *reason)
 	})
 	if err != nil {
 		return err
@@ -696,8 +707,8 @@ func runEndpointsEnable(ctx context.Context, env *environment, args []string) er
 	if err != nil {
 		return err
 	}
-	d, _, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, _ *endpoints.Cipher) error {
-		return endpoints.Enable(ctx, pool, id)
+	d, _, err := changeEndpoint(ctx, env, *dbURL, id, "endpoint.enable", func(tx pgx.Tx, _ *endpoints.Cipher) error {
+		return endpoints.Enable(ctx, tx, id)
 	})
 	if err != nil {
 		return err
@@ -731,8 +742,8 @@ func runEndpointsRotateSecret(ctx context.Context, env *environment, args []stri
 	case g == 0:
 		g = endpoints.NoGrace
 	}
-	d, c, err := changeEndpoint(ctx, env, *dbURL, id, func(pool *pgxpool.Pool, c *endpoints.Cipher) (err error) {
-		newSecret, err = endpoints.RotateSecret(ctx, pool, c, id, newSecret, g)
+	d, c, err := changeEndpoint(ctx, env, *dbURL, id, "endpoint.rotate_secret", func(tx pgx.Tx, c *endpoints.Cipher) (err error) {
+		newSecret, err = endpoints.RotateSecret(ctx, tx, c, id, newSecret, g)
 		return err
 	})
 	if err != nil {
@@ -774,13 +785,13 @@ func runEndpointsRemove(ctx context.Context, env *environment, args []string) er
 	if err != nil {
 		return err
 	}
-	pool, _, err := endpointsEnv(ctx, env, *dbURL)
+	pool, c, err := endpointsEnv(ctx, env, *dbURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 
-	r, err := endpoints.Remove(ctx, pool, id, action)
+	r, err := endpoints.RemoveAudited(ctx, pool, c, id, nil, audit.CLIActor(), action)
 	if err != nil {
 		return err
 	}

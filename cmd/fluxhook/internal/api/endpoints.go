@@ -17,7 +17,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fluxora/fluxhook/sql/audit"
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/stages/gate"
 	"github.com/fluxora/fluxhook/stages/send"
@@ -89,16 +88,6 @@ func viewOf(e endpoints.Endpoint) endpointView {
 	}
 	if v.EventTypes == nil {
 		v.EventTypes = []string{}
-	}
-	return v
-}
-
-// auditView is an endpoint as the audit trail keeps it: the API's view without any header
-// value, since a value the mask does not recognise may still be a credential.
-func auditView(e endpoints.Endpoint) endpointView {
-	v := viewOf(e)
-	for k := range v.Headers {
-		v.Headers[k] = maskedValue
 	}
 	return v
 }
@@ -293,17 +282,9 @@ func (s *Server) createEndpoint(q *request) error {
 	if err := s.checkURL(q.ctx, n.URL); err != nil {
 		return err
 	}
-	var added endpoints.Endpoint
-	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		var err error
-		if added, err = endpoints.Add(q.ctx, tx, s.cfg.Cipher, n); err != nil {
-			return storeError(err, "")
-		}
-		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: tenantOf(added), Action: "endpoint.create",
-			ObjectType: "endpoint", ObjectID: added.ID, After: auditView(added)})
-	})
+	added, err := endpoints.AddAudited(q.ctx, s.cfg.Pool, s.cfg.Cipher, n, q.actor())
 	if err != nil {
-		return err
+		return storeError(err, "")
 	}
 	writeJSON(q.w, http.StatusCreated, endpointWithSecret{endpointView: viewOf(added), Secret: added.Secret})
 	return nil
@@ -325,28 +306,11 @@ func deref[T any](p *T) T {
 	return *p
 }
 
-// change runs fn on the endpoint id in one transaction, after locking it in the caller's
-// scope, and records the change in the audit trail with the endpoint before and after.
-func (s *Server) change(q *request, id, action string, fn func(tx pgx.Tx, before endpoints.Endpoint) error) (endpoints.Endpoint, error) {
-	var after endpoints.Endpoint
-	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
-			return storeError(err, id)
-		}
-		before, err := s.getScoped(q.ctx, tx, id, q.scope())
-		if err != nil {
-			return err
-		}
-		if err := fn(tx, before); err != nil {
-			return storeError(err, id)
-		}
-		if after, err = s.getScoped(q.ctx, tx, id, nil); err != nil {
-			return err
-		}
-		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: tenantOf(after), Action: action,
-			ObjectType: "endpoint", ObjectID: before.ID, Before: auditView(before), After: auditView(after)})
-	})
-	return after, err
+// change runs fn on the endpoint id in one transaction, in the caller's scope, recorded in the
+// audit trail (endpoints.Audited), and returns the endpoint after.
+func (s *Server) change(q *request, id, action string, fn func(tx pgx.Tx) error) (endpoints.Endpoint, error) {
+	after, err := endpoints.Audited(q.ctx, s.cfg.Pool, s.cfg.Cipher, id, q.scope(), q.actor(), action, fn)
+	return after, storeError(err, id)
 }
 
 func (s *Server) updateEndpoint(q *request) error {
@@ -370,7 +334,7 @@ func (s *Server) updateEndpoint(q *request) error {
 		RetryRPS: in.RetryRPS, MaxConcurrency: in.MaxConcurrency, PermanentStatuses: in.PermanentStatuses,
 		Headers: in.Headers, Scheme: in.Scheme, Secret: in.Secret, Ordering: in.Ordering, OrderingFailure: in.OrderingFailure}
 	var newSecret string
-	after, err := s.change(q, id, "endpoint.update", func(tx pgx.Tx, _ endpoints.Endpoint) error {
+	after, err := s.change(q, id, "endpoint.update", func(tx pgx.Tx) error {
 		u, err := endpoints.Update(q.ctx, tx, s.cfg.Cipher, id, p)
 		newSecret = u.NewSecret
 		return err
@@ -392,23 +356,9 @@ func (s *Server) deleteEndpoint(q *request) error {
 	if err != nil {
 		return errInvalid("pending", "pending: %v", strings.TrimPrefix(err.Error(), "pending: "))
 	}
-	var removed endpoints.Removed
-	err = pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
-			return storeError(err, id)
-		}
-		before, err := s.getScoped(q.ctx, tx, id, q.scope())
-		if err != nil {
-			return err
-		}
-		if removed, err = endpoints.Remove(q.ctx, tx, id, action); err != nil {
-			return storeError(err, id)
-		}
-		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: tenantOf(before), Action: "endpoint.delete",
-			ObjectType: "endpoint", ObjectID: before.ID, Before: auditView(before)})
-	})
+	removed, err := endpoints.RemoveAudited(q.ctx, s.cfg.Pool, s.cfg.Cipher, id, q.scope(), q.actor(), action)
 	if err != nil {
-		return err
+		return storeError(err, id)
 	}
 	writeJSON(q.w, http.StatusOK, removedView{DeadLettered: removed.DeadLettered, Dropped: removed.Dropped})
 	return nil
@@ -443,7 +393,7 @@ func (s *Server) rotateSecret(q *request) error {
 		}
 	}
 	var secret string
-	after, err := s.change(q, id, "endpoint.rotate_secret", func(tx pgx.Tx, _ endpoints.Endpoint) error {
+	after, err := s.change(q, id, "endpoint.rotate_secret", func(tx pgx.Tx) error {
 		var err error
 		secret, err = endpoints.RotateSecret(q.ctx, tx, s.cfg.Cipher, id, deref(in.Secret), grace)
 		return err
@@ -465,7 +415,7 @@ func (s *Server) disableEndpoint(q *request) error {
 			return err
 		}
 	}
-	after, err := s.change(q, id, "endpoint.disable", func(tx pgx.Tx, _ endpoints.Endpoint) error {
+	after, err := s.change(q, id, "endpoint.disable", func(tx pgx.Tx) error {
 		return endpoints.Disable(q.ctx, tx, id, in.Reason)
 	})
 	if err != nil {
@@ -477,7 +427,7 @@ func (s *Server) disableEndpoint(q *request) error {
 
 func (s *Server) enableEndpoint(q *request) error {
 	id := q.r.PathValue("id")
-	after, err := s.change(q, id, "endpoint.enable", func(tx pgx.Tx, _ endpoints.Endpoint) error {
+	after, err := s.change(q, id, "endpoint.enable", func(tx pgx.Tx) error {
 		return endpoints.Enable(q.ctx, tx, id)
 	})
 	if err != nil {
