@@ -130,3 +130,42 @@ func TestServeWithAPIAddrSendsATestEvent(t *testing.T) {
 		return false
 	})
 }
+
+// TestCLIEndpointChangesAreAudited: the CLI's endpoint changes reach the same audit trail as
+// the API's, under the operating-system user, never with a secret or a header value.
+func TestCLIEndpointChangesAreAudited(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	env := map[string]string{"DATABASE_URL": db.URL}
+	add := runCLIEnv(t, env, "endpoints", "add", "--url", "https://a.example/hooks", "--tenant", "acme",
+		"--header", "X-Token=tok-secret-1", "--json")
+	if add.code != 0 {
+		t.Fatalf("endpoints add: %d %s", add.code, add.stderr)
+	}
+	var ep struct{ ID, Secret string }
+	if err := json.Unmarshal([]byte(add.stdout), &ep); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"endpoints", "update", ep.ID, "--description", "orders"},
+		{"endpoints", "rotate-secret", ep.ID, "--grace", "0"},
+		{"endpoints", "disable", ep.ID},
+		{"endpoints", "enable", ep.ID},
+		{"endpoints", "remove", ep.ID},
+	} {
+		if r := runCLIEnv(t, env, args...); r.code != 0 {
+			t.Fatalf("%v: %d %s", args, r.code, r.stderr)
+		}
+	}
+	got := queryStrings(t, db, `SELECT action || ' ' || coalesce(tenant, '-') || ' ' || (actor LIKE 'cli%')::text FROM webhook_audit ORDER BY id`)
+	want := []string{"endpoint.create acme true", "endpoint.update acme true", "endpoint.rotate_secret acme true",
+		"endpoint.disable acme true", "endpoint.enable acme true", "endpoint.delete acme true"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("audit trail = %q; want %q", got, want)
+	}
+	leaks := queryInt(t, db, `SELECT count(*) FROM webhook_audit WHERE coalesce(before::text, '') || coalesce(after::text, '') LIKE '%' || $1 || '%'
+		OR coalesce(before::text, '') || coalesce(after::text, '') LIKE '%tok-secret-1%'`, ep.Secret)
+	if leaks != 0 {
+		t.Fatalf("%d audit entries hold the secret or a header value", leaks)
+	}
+}
