@@ -13,9 +13,11 @@ import (
 
 	"go.uber.org/zap/zapcore"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/api"
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/receiver"
 	fluxsql "github.com/fluxora/fluxhook/sql"
+	"github.com/fluxora/fluxhook/sql/apikeys"
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
@@ -88,6 +90,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	secret := randomSecret()
 	var mu sync.Mutex
 	sentAt := map[string]time.Time{}
+	var apiBase, apiKey string // set under mu once the API serves
 	delivered := 0
 	done := make(chan struct{})
 	recv := &receiver.Receiver{
@@ -101,6 +104,11 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 				latency = fmt.Sprintf("%.1f ms", float64(d.ReceivedAt.Sub(start).Microseconds())/1000)
 			}
 			delivered++
+			if delivered == 1 {
+				// Once, for the first delivery: how to ask the API what happened to it.
+				defer fmt.Fprintf(out, "  every attempt of this delivery, with the consumer's answer:\n  curl -s -H 'Authorization: Bearer %s' %s/v1/deliveries/%s\n",
+					apiKey, apiBase, d.ID)
+			}
 			fmt.Fprintf(out, "✓ received %-16s delivery %s  attempt %d  signature ok  %s after insert  body %s\n",
 				d.Event, d.ID, d.Attempt, latency, d.Body)
 			if *events > 0 && delivered == *events {
@@ -178,6 +186,15 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 		defer cancel()
 		_ = d.Stop(stopCtx)
 	}()
+	base2, key, stopAPI, err := demoAPI(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer stopAPI()
+	mu.Lock()
+	apiBase, apiKey = base2, key
+	mu.Unlock()
+	fmt.Fprintf(out, "management API at %s/v1 (docs/api.md), admin key %s\n", apiBase, apiKey)
 	fmt.Fprintln(out, "dispatcher running; enqueueing sample events (Ctrl-C to stop)")
 
 	// stopping is the one exit for Ctrl-C, whether it lands while an insert is in flight or
@@ -222,6 +239,29 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// demoAPI serves the management API for the demo's database on a free loopback port, with an
+// admin key made for it, so that the demo shows the API on real deliveries.
+func demoAPI(ctx context.Context, dbURL string) (base, key string, stop func(), err error) {
+	pool, err := connectPool(ctx, dbURL, 4, "fluxhook-demo-api")
+	if err != nil {
+		return "", "", nil, err
+	}
+	_, key, err = apikeys.Add(ctx, pool, apikeys.New{Description: "fluxhook demo", CreatedBy: "cli:demo"})
+	if err != nil {
+		pool.Close()
+		return "", "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		pool.Close()
+		return "", "", nil, err
+	}
+	cipher, _ := endpoints.NewCipher("", "") // the demo's endpoints keep their secrets in clear
+	srv := &http.Server{Handler: api.New(api.Config{Pool: pool, Cipher: cipher}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), key, func() { _ = srv.Close(); pool.Close() }, nil
 }
 
 func randomSecret() string {
