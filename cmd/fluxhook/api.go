@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/api"
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/portal"
 	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/stages/gate/redisstore"
@@ -25,7 +26,7 @@ func init() {
 // apiSettingNames are the settings `fluxhook api` reads: the database, where to listen, the
 // key that opens endpoint secrets, the network policy new endpoint URLs are checked against
 // (the dispatchers' own), Redis for breaker state, and logging.
-var apiSettingNames = []string{"DATABASE_URL", "API_ADDR", "API_DATABASE_URL", "REDIS_URL", "WEBHOOK_ENCRYPTION_KEY",
+var apiSettingNames = []string{"DATABASE_URL", "API_ADDR", "API_DATABASE_URL", "API_PUBLIC_URL", "PORTAL_FRAME_ANCESTORS", "REDIS_URL", "WEBHOOK_ENCRYPTION_KEY",
 	"WEBHOOK_ENCRYPTION_KEY_PREVIOUS", "WEBHOOK_ALLOWED_NETWORKS", "LOG_LEVEL", "LOG_FORMAT"}
 
 func runAPI(ctx context.Context, env *environment, args []string) error {
@@ -105,7 +106,8 @@ func startAPI(ctx context.Context, cfg serveConfig, ln net.Listener, log *zap.Lo
 		pool.Close()
 		return nil, fmt.Errorf("%w: WEBHOOK_ENCRYPTION_KEY: %v", errInvalidConfig, err)
 	}
-	acfg := api.Config{Pool: pool, Cipher: cipher, Logger: log.Named("api"), AllowedNetworks: d.AllowedNetworks}
+	acfg := api.Config{Pool: pool, Cipher: cipher, Logger: log.Named("api"), AllowedNetworks: d.AllowedNetworks,
+		PublicURL: cfg.publicURL, Portal: portal.Handler(portal.Options{FrameAncestors: cfg.frameAnc})}
 	var store *redisstore.Store
 	if d.RedisURL != "" {
 		if store, err = redisstore.Open(d.RedisURL, redisstore.Options{}); err != nil {

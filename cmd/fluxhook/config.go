@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"net/url"
 	"os"
 	"regexp"
 	"strconv"
@@ -70,6 +71,8 @@ var settings = []setting{
 	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
 	{env: "LOG_FORMAT", def: "json", help: "json | console (coloured on a terminal unless NO_COLOR is set)"},
 	{env: "API_ADDR", help: "address for the management API (/v1, docs/api.md), e.g. 127.0.0.1:8080 (off when empty; `fluxhook api` serves it alone)"},
+	{env: "API_PUBLIC_URL", help: "the base URL users reach the API at (behind a proxy), for portal links; empty = the request's host"},
+	{env: "PORTAL_FRAME_ANCESTORS", help: "origins allowed to embed the portal in a frame, space-separated (e.g. https://app.example.com); empty = none"},
 	{env: "API_DATABASE_URL", help: "the API's own connection, as a role with the API's grants (docs/install.md); empty = DATABASE_URL", secret: true},
 	{env: "METRICS_ADDR", help: "address for /metrics, /livez and /readyz, e.g. 127.0.0.1:9090 (off when empty)"},
 	{env: "METRICS_ENDPOINT_LABEL", def: "false", help: "add an endpoint-hash label to fluxora_webhook_deliveries_total"},
@@ -172,6 +175,8 @@ type serveConfig struct {
 	metricsAddr  string
 	apiAddr      string
 	apiDBURL     string
+	publicURL    string
+	frameAnc     []string
 	profileDir   string
 }
 
@@ -258,6 +263,19 @@ func parseServeConfig(v map[string]string) (serveConfig, error) {
 	c.metricsAddr = v["METRICS_ADDR"]
 	c.apiAddr = v["API_ADDR"]
 	c.apiDBURL = v["API_DATABASE_URL"]
+	if c.publicURL = strings.TrimRight(v["API_PUBLIC_URL"], "/"); c.publicURL != "" {
+		if u, err := url.Parse(c.publicURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			bad("API_PUBLIC_URL", "must be an http(s) URL such as https://hooks.example.com, got %q", c.publicURL)
+		}
+	}
+	for _, o := range strings.FieldsFunc(v["PORTAL_FRAME_ANCESTORS"], func(r rune) bool { return r == ' ' || r == ',' }) {
+		u, err := url.Parse(o)
+		if o != "'self'" && (err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || (u.Path != "" && u.Path != "/")) {
+			bad("PORTAL_FRAME_ANCESTORS", "each entry must be an origin such as https://app.example.com, or 'self', got %q", o)
+			continue
+		}
+		c.frameAnc = append(c.frameAnc, strings.TrimRight(o, "/"))
+	}
 	if c.apiDBURL != "" {
 		if _, problem := parseDatabaseURL(c.apiDBURL); problem != "" {
 			bad("API_DATABASE_URL", "%s", problem)

@@ -25,9 +25,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Prefix starts every key, so that secret scanners (and people) recognise one in a log or a
-// repository.
-const Prefix = "fhk_"
+// Prefix starts every key, and PortalPrefix every portal session, so that secret scanners
+// (and people) recognise one in a log or a repository, and tell the two apart.
+const (
+	Prefix       = "fhk_"
+	PortalPrefix = "fhp_"
+)
 
 // Querier is what the functions here run their statements through: a pool, a connection or a
 // transaction.
@@ -47,13 +50,22 @@ type Key struct {
 	CreatedAt   time.Time  `json:"created_at"`
 	LastUsedAt  *time.Time `json:"last_used_at"`
 	RevokedAt   *time.Time `json:"revoked_at"`
+	// Portal says the key is a portal session, which ExpiresAt ends.
+	Portal    bool       `json:"-"`
+	ExpiresAt *time.Time `json:"-"`
 }
 
 // Admin says whether the key sees every tenant.
 func (k Key) Admin() bool { return k.Tenant == nil }
 
-// Actor is how the audit trail names the key.
-func (k Key) Actor() string { return "key:" + k.ID }
+// Actor is how the audit trail names the key: a portal session by its own id, so that the
+// trail tells a change made in the portal from one made by the application.
+func (k Key) Actor() string {
+	if k.Portal {
+		return "portal:" + k.ID
+	}
+	return "key:" + k.ID
+}
 
 // ErrNotFound is returned for a key id that does not exist.
 var ErrNotFound = errors.New("api key not found")
@@ -97,6 +109,19 @@ func (n New) Validate() error {
 // Add makes a key and returns it with its secret, the only time the secret exists outside the
 // caller's hands.
 func Add(ctx context.Context, q Querier, n New) (Key, string, error) {
+	return add(ctx, q, n, Prefix, "key", nil)
+}
+
+// AddPortalSession makes a portal session: a key of n's tenant (nil: an operator's session,
+// every tenant) that ends after ttl. Returned with its secret, which goes into the portal link.
+func AddPortalSession(ctx context.Context, q Querier, n New, ttl time.Duration) (Key, string, error) {
+	if ttl <= 0 {
+		return Key{}, "", errors.New("ttl: must be positive")
+	}
+	return add(ctx, q, n, PortalPrefix, "portal", &ttl)
+}
+
+func add(ctx context.Context, q Querier, n New, prefix, kind string, ttl *time.Duration) (Key, string, error) {
 	if err := n.Validate(); err != nil {
 		return Key{}, "", err
 	}
@@ -109,10 +134,15 @@ func Add(ctx context.Context, q Querier, n New) (Key, string, error) {
 		return Key{}, "", err
 	}
 	lookup := hex.EncodeToString(lookupBytes)
-	token := Prefix + lookup + "_" + base64.RawURLEncoding.EncodeToString(secretBytes)
+	token := prefix + lookup + "_" + base64.RawURLEncoding.EncodeToString(secretBytes)
 	sum := sha256.Sum256([]byte(token))
-	row := q.QueryRow(ctx, `INSERT INTO webhook_api_keys (lookup, hash, tenant, description, created_by)
-		VALUES ($1, $2, $3, $4, $5) RETURNING `+columns, lookup, sum[:], n.Tenant, n.Description, n.CreatedBy)
+	var ttlMS any
+	if ttl != nil {
+		ttlMS = ttl.Milliseconds()
+	}
+	row := q.QueryRow(ctx, `INSERT INTO webhook_api_keys (lookup, hash, tenant, description, created_by, kind, expires_at)
+		VALUES ($1, $2, $3, $4, $5, $6, now() + $7::bigint * interval '1 millisecond') RETURNING `+columns,
+		lookup, sum[:], n.Tenant, n.Description, n.CreatedBy, kind, ttlMS)
 	k, err := scan(row)
 	if err != nil {
 		return Key{}, "", fmt.Errorf("adding an API key: %w", err)
@@ -122,18 +152,20 @@ func Add(ctx context.Context, q Querier, n New) (Key, string, error) {
 
 // columns are the key's columns as scan reads them; prefix is what lists show of a key, enough
 // to tell which one a leaked key is.
-const columns = `id::text, 'fhk_' || lookup, tenant, description, created_by, created_at, last_used_at, revoked_at`
+const columns = `id::text, CASE kind WHEN 'portal' THEN 'fhp_' ELSE 'fhk_' END || lookup, tenant, description, created_by,
+	created_at, last_used_at, revoked_at, kind = 'portal', expires_at`
 
 func scan(row pgx.Row) (Key, error) {
 	var k Key
-	err := row.Scan(&k.ID, &k.Prefix, &k.Tenant, &k.Description, &k.CreatedBy, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt)
+	err := row.Scan(&k.ID, &k.Prefix, &k.Tenant, &k.Description, &k.CreatedBy, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt,
+		&k.Portal, &k.ExpiresAt)
 	return k, err
 }
 
 // List returns the keys, newest first, revoked ones included (they are what the audit trail
-// names).
+// names); portal sessions are not keys anyone manages, and are left out.
 func List(ctx context.Context, q Querier) ([]Key, error) {
-	rows, _ := q.Query(ctx, `SELECT `+columns+` FROM webhook_api_keys ORDER BY created_at DESC, id`)
+	rows, _ := q.Query(ctx, `SELECT `+columns+` FROM webhook_api_keys WHERE kind = 'key' ORDER BY created_at DESC, id`)
 	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) { return scan(r) })
 	if err != nil {
 		return nil, fmt.Errorf("listing API keys: %w", err)
@@ -146,7 +178,7 @@ func Get(ctx context.Context, q Querier, id string) (Key, error) {
 	if !isUUID(id) {
 		return Key{}, ErrNotFound
 	}
-	k, err := scan(q.QueryRow(ctx, `SELECT `+columns+` FROM webhook_api_keys WHERE id = $1::uuid`, id))
+	k, err := scan(q.QueryRow(ctx, `SELECT `+columns+` FROM webhook_api_keys WHERE id = $1::uuid AND kind = 'key'`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Key{}, ErrNotFound
 	}
@@ -160,30 +192,32 @@ func Revoke(ctx context.Context, q Querier, id string) (Key, error) {
 		return Key{}, ErrNotFound
 	}
 	k, err := scan(q.QueryRow(ctx, `UPDATE webhook_api_keys SET revoked_at = coalesce(revoked_at, now())
-		WHERE id = $1::uuid RETURNING `+columns, id))
+		WHERE id = $1::uuid AND kind = 'key' RETURNING `+columns, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Key{}, ErrNotFound
 	}
 	return k, err
 }
 
-// Authenticate returns the unrevoked key token is, or ErrInvalid. It records the use at most
-// once a minute per key, in the same round trip.
+// Authenticate returns the unrevoked, unexpired key or portal session token is, or
+// ErrInvalid. It records the use at most once a minute per key, in the same round trip.
 func Authenticate(ctx context.Context, q Querier, token string) (Key, error) {
-	lookup, ok := parse(token)
+	lookup, kind, ok := parse(token)
 	if !ok {
 		return Key{}, ErrInvalid
 	}
 	var hash []byte
 	var k Key
 	err := q.QueryRow(ctx, `WITH k AS (
-			SELECT * FROM webhook_api_keys WHERE lookup = $1 AND revoked_at IS NULL
+			SELECT * FROM webhook_api_keys
+			WHERE lookup = $1 AND kind = $2 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
 		), used AS (
 			UPDATE webhook_api_keys w SET last_used_at = now()
 			FROM k WHERE w.id = k.id AND (k.last_used_at IS NULL OR k.last_used_at < now() - interval '1 minute')
 		)
-		SELECT hash, id::text, 'fhk_' || lookup, tenant, description, created_by, created_at, last_used_at, revoked_at FROM k`,
-		lookup).Scan(&hash, &k.ID, &k.Prefix, &k.Tenant, &k.Description, &k.CreatedBy, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt)
+		SELECT hash, `+columns+` FROM k`,
+		lookup, kind).Scan(&hash, &k.ID, &k.Prefix, &k.Tenant, &k.Description, &k.CreatedBy, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt,
+		&k.Portal, &k.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Key{}, ErrInvalid
 	}
@@ -197,20 +231,24 @@ func Authenticate(ctx context.Context, q Querier, token string) (Key, error) {
 	return k, nil
 }
 
-// parse returns the lookup part of a well-formed key.
-func parse(token string) (string, bool) {
+// parse returns the lookup part of a well-formed key or portal session, and its kind.
+func parse(token string) (lookup, kind string, ok bool) {
+	kind = "key"
 	rest, ok := strings.CutPrefix(token, Prefix)
 	if !ok {
-		return "", false
+		if rest, ok = strings.CutPrefix(token, PortalPrefix); !ok {
+			return "", "", false
+		}
+		kind = "portal"
 	}
 	lookup, secret, ok := strings.Cut(rest, "_")
 	if !ok || len(lookup) != 16 || len(secret) != 43 {
-		return "", false
+		return "", "", false
 	}
 	if _, err := hex.DecodeString(lookup); err != nil {
-		return "", false
+		return "", "", false
 	}
-	return lookup, true
+	return lookup, kind, true
 }
 
 // isUUID says whether s has the 8-4-4-4-12 hex form, so that a malformed id is not found

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -79,5 +80,42 @@ func TestKeyValidationNamesTheField(t *testing.T) {
 	}
 	if err := (apikeys.New{}).Validate(); err != nil {
 		t.Errorf("an admin key without description: %v", err)
+	}
+}
+
+func TestPortalSessionsExpireAndAreNotKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqltest.NewMigrated(t)
+	acme := "acme"
+	s, token, err := apikeys.AddPortalSession(ctx, db.Pool, apikeys.New{Tenant: &acme, CreatedBy: "key:k"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(token, apikeys.PortalPrefix) || !s.Portal || s.ExpiresAt == nil {
+		t.Fatalf("portal session %+v, token %q", s, token)
+	}
+	got, err := apikeys.Authenticate(ctx, db.Pool, token)
+	if err != nil || got.ID != s.ID || got.Actor() != "portal:"+s.ID {
+		t.Fatalf("Authenticate(the session) = %+v, %v", got, err)
+	}
+	// The same lookup and secret under the key prefix is not a key.
+	if _, err := apikeys.Authenticate(ctx, db.Pool, apikeys.Prefix+strings.TrimPrefix(token, apikeys.PortalPrefix)); !errors.Is(err, apikeys.ErrInvalid) {
+		t.Fatalf("a portal session passed as a key: %v", err)
+	}
+	if keys, _ := apikeys.List(ctx, db.Pool); len(keys) != 0 {
+		t.Fatalf("api-keys list shows portal sessions: %+v", keys)
+	}
+	if _, err := apikeys.Revoke(ctx, db.Pool, s.ID); !errors.Is(err, apikeys.ErrNotFound) {
+		t.Fatalf("revoking a portal session as a key: %v", err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_api_keys SET expires_at = now() - interval '1 second' WHERE id = $1`, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := apikeys.Authenticate(ctx, db.Pool, token); !errors.Is(err, apikeys.ErrInvalid) {
+		t.Fatalf("an expired portal session authenticated: %v", err)
+	}
+	if _, _, err := apikeys.AddPortalSession(ctx, db.Pool, apikeys.New{CreatedBy: "x"}, 0); err == nil {
+		t.Fatal("a session without a lifetime was made")
 	}
 }

@@ -9,6 +9,11 @@
 -- its tenant's endpoints, events, deliveries and dead letters. A revoked key stays, so that the
 -- audit trail can still name it. last_used_at is written at most once a minute per key, so
 -- that a busy key costs no write per request.
+--
+-- A portal session (kind 'portal', "fhp_..." instead of "fhk_...") is a key that expires: an
+-- admin key makes one for a tenant (POST /v1/tenants/{tenant}/portal-sessions) and the
+-- application shows its link to that tenant's people. It can do exactly what a key of that
+-- tenant can, until expires_at.
 CREATE TABLE IF NOT EXISTS webhook_api_keys (
     id           uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
     lookup       text        NOT NULL UNIQUE,
@@ -18,7 +23,9 @@ CREATE TABLE IF NOT EXISTS webhook_api_keys (
     created_by   text        NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     last_used_at timestamptz,
-    revoked_at   timestamptz
+    revoked_at   timestamptz,
+    kind         text        NOT NULL DEFAULT 'key' CHECK (kind IN ('key', 'portal')),
+    expires_at   timestamptz
 );
 
 -- webhook_audit records every change made through the API or the CLI: endpoints (add, update,

@@ -48,6 +48,14 @@ type Config struct {
 	// Breakers reads circuit state for an endpoint's health (the Redis gate's store); nil
 	// when the gate is in-process, and health says "unknown".
 	Breakers Breakers
+	// Portal serves the portal's page under /portal/ (package portal); nil serves none.
+	Portal http.Handler
+	// PortalSessionTTL is how long a portal link works unless its request says otherwise
+	// (default DefaultPortalSessionTTL).
+	PortalSessionTTL time.Duration
+	// PublicURL is the base URL users reach this server at, for portal links (default: the
+	// request's host, over http unless the request came over TLS).
+	PublicURL string
 	// Now is the clock, for tests; nil is time.Now.
 	Now func() time.Time
 }
@@ -87,6 +95,10 @@ func New(cfg Config) *Server {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openAPIDocument)
 	})
+	if cfg.Portal != nil {
+		s.mux.Handle("GET /portal/", cfg.Portal)
+		s.mux.Handle("GET /portal", http.RedirectHandler("/portal/", http.StatusMovedPermanently))
+	}
 	for _, rt := range s.table() {
 		s.routes = append(s.routes, rt)
 		s.mux.Handle(rt.Method+" "+rt.Pattern, s.wrap(rt))
@@ -130,7 +142,9 @@ func (s *Server) wrap(rt Route) http.Handler {
 		w.Header().Set("X-Request-Id", reqID)
 		q := &request{ctx: r.Context(), w: w, r: r, s: s}
 		err := s.authenticate(q)
-		if err == nil && rt.Admin && !q.key.Admin() {
+		if err == nil && rt.Admin && (!q.key.Admin() || q.key.Portal) {
+			// A portal session, even an operator's, never manages keys or makes sessions: a
+			// link left in a browser must not mint credentials that outlive it.
 			err = errAdminOnly
 		}
 		if err == nil {

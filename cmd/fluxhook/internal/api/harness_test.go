@@ -19,6 +19,7 @@ import (
 	"github.com/getkin/kin-openapi/routers/legacy"
 
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/api"
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/portal"
 	"github.com/fluxora/fluxhook/sql/apikeys"
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/sqltest"
@@ -81,7 +82,7 @@ func newHarness(t testing.TB) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := api.New(api.Config{Pool: db.Pool, Cipher: c, Resolver: fakeResolver{
+	a := api.New(api.Config{Pool: db.Pool, Cipher: c, Portal: portal.Handler(portal.Options{}), Resolver: fakeResolver{
 		"hooks.example.com": {netip.MustParseAddr("93.184.215.14")},
 		"internal.example":  {netip.MustParseAddr("10.0.0.5")},
 	}})

@@ -1,0 +1,92 @@
+package api
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fluxora/fluxhook/sql/apikeys"
+	"github.com/fluxora/fluxhook/sql/audit"
+)
+
+// DefaultPortalSessionTTL is how long a portal link works unless the request says otherwise.
+const DefaultPortalSessionTTL = time.Hour
+
+// maxPortalSessionTTL bounds a link's life: a link is a credential in a browser's history.
+const maxPortalSessionTTL = 24 * time.Hour
+
+// portalSession is the answer to a session request: the link to show the tenant.
+type portalSession struct {
+	ID        string    `json:"id"`
+	Tenant    *string   `json:"tenant"`
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+func (s *Server) createTenantPortalSession(q *request) error {
+	tenant := q.r.PathValue("tenant")
+	return s.createPortalSession(q, &tenant)
+}
+
+func (s *Server) createAdminPortalSession(q *request) error {
+	return s.createPortalSession(q, nil)
+}
+
+// createPortalSession makes a link to the portal for tenant (nil: an operator's, every
+// tenant), valid for the request's ttl_seconds or DefaultPortalSessionTTL.
+func (s *Server) createPortalSession(q *request, tenant *string) error {
+	var in struct {
+		TTLSeconds  *int64 `json:"ttl_seconds"`
+		Description string `json:"description"`
+	}
+	if q.r.ContentLength != 0 {
+		if err := q.decode(&in); err != nil {
+			return err
+		}
+	}
+	ttl := s.cfg.PortalSessionTTL
+	if ttl <= 0 {
+		ttl = DefaultPortalSessionTTL
+	}
+	if in.TTLSeconds != nil {
+		ttl = time.Duration(*in.TTLSeconds) * time.Second
+		if ttl < time.Minute || ttl > maxPortalSessionTTL {
+			return errInvalid("ttl_seconds", "ttl_seconds: from 60 to %d, not %d", int(maxPortalSessionTTL.Seconds()), *in.TTLSeconds)
+		}
+	}
+	n := apikeys.New{Tenant: tenant, Description: in.Description, CreatedBy: q.actor()}
+	if err := n.Validate(); err != nil {
+		field, _, _ := strings.Cut(err.Error(), ":")
+		return errInvalid(field, "%v", err)
+	}
+	var out portalSession
+	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		k, token, err := apikeys.AddPortalSession(q.ctx, tx, n, ttl)
+		if err != nil {
+			return err
+		}
+		out = portalSession{ID: k.ID, Tenant: k.Tenant, URL: s.publicURL(q.r) + "/portal/#session=" + token, ExpiresAt: *k.ExpiresAt}
+		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: k.Tenant, Action: "portal_session.create",
+			ObjectType: "portal_session", ObjectID: k.ID, After: map[string]any{"tenant": k.Tenant, "expires_at": k.ExpiresAt}})
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusCreated, out)
+	return nil
+}
+
+// publicURL is where the portal's users reach this server: PublicURL when set (behind a
+// proxy, the address users see), otherwise the request's own host.
+func (s *Server) publicURL(r *http.Request) string {
+	if s.cfg.PublicURL != "" {
+		return strings.TrimRight(s.cfg.PublicURL, "/")
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host
+}

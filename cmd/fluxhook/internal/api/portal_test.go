@@ -1,0 +1,76 @@
+package api_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestPortalSessionsActAsTheirTenantUntilTheyExpire: an admin key makes a portal link for a
+// tenant; the link's token sees that tenant's objects only, cannot manage keys or make more
+// links, and stops working when it expires.
+func TestPortalSessionsActAsTheirTenantUntilTheyExpire(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	acme, globex := h.key(ptr("acme")), h.key(ptr("globex"))
+	h.must(http.StatusCreated, acme, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/acme"})
+	other := h.must(http.StatusCreated, globex, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/globex"}).Body["id"].(string)
+
+	h.must(http.StatusForbidden, acme, "POST", "/v1/tenants/acme/portal-sessions", nil)
+	s := h.must(http.StatusCreated, h.admin, "POST", "/v1/tenants/acme/portal-sessions", map[string]any{"ttl_seconds": 600})
+	link := s.Body["url"].(string)
+	_, token, ok := strings.Cut(link, "/portal/#session=")
+	if !ok || !strings.HasPrefix(link, h.srv.URL) || !strings.HasPrefix(token, "fhp_") || s.Body["tenant"] != "acme" {
+		t.Fatalf("session = %s; want a link to this server's portal with the token in its fragment", s.Raw)
+	}
+	list := h.must(http.StatusOK, token, "GET", "/v1/endpoints", nil)
+	if n := len(list.Body["data"].([]any)); n != 1 || strings.Contains(string(list.Raw), other) {
+		t.Fatalf("the acme session lists %d endpoints: %s", n, list.Raw)
+	}
+	h.must(http.StatusNotFound, token, "GET", "/v1/endpoints/"+other, nil)
+	h.must(http.StatusForbidden, token, "GET", "/v1/api-keys", nil)
+	h.must(http.StatusForbidden, token, "POST", "/v1/tenants/acme/portal-sessions", nil)
+	made := h.must(http.StatusCreated, token, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/portal"})
+	trail := h.must(http.StatusOK, acme, "GET", "/v1/audit?object_id="+made.Body["id"].(string), nil)
+	if !strings.Contains(string(trail.Raw), `"actor":"portal:`+s.Body["id"].(string)+`"`) {
+		t.Fatalf("a change made in the portal is not recorded under the session: %s", trail.Raw)
+	}
+
+	op := h.must(http.StatusCreated, h.admin, "POST", "/v1/portal-sessions", nil)
+	if op.Body["tenant"] != nil {
+		t.Fatalf("an operator's session has a tenant: %s", op.Raw)
+	}
+	_, opToken, _ := strings.Cut(op.Body["url"].(string), "#session=")
+	if all := h.must(http.StatusOK, opToken, "GET", "/v1/endpoints", nil); len(all.Body["data"].([]any)) != 3 {
+		t.Fatalf("the operator's session does not see every tenant: %s", all.Raw)
+	}
+	h.must(http.StatusForbidden, opToken, "POST", "/v1/api-keys", map[string]any{})
+
+	h.must(http.StatusUnprocessableEntity, h.admin, "POST", "/v1/tenants/acme/portal-sessions", map[string]any{"ttl_seconds": 10})
+	if _, err := h.db.Pool.Exec(context.Background(), `UPDATE webhook_api_keys SET expires_at = now() WHERE kind = 'portal'`); err != nil {
+		t.Fatal(err)
+	}
+	h.must(http.StatusUnauthorized, token, "GET", "/v1/endpoints", nil)
+}
+
+// TestPortalPageHeaders: the portal's page is served with a policy that allows no inline
+// script, no other origin, and no framing unless configured.
+func TestPortalPageHeaders(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	resp, err := http.Get(h.srv.URL + "/portal/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	csp := resp.Header.Get("Content-Security-Policy")
+	for _, want := range []string{"script-src 'self'", "frame-ancestors 'none'", "default-src 'none'"} {
+		if !strings.Contains(csp, want) {
+			t.Errorf("CSP %q lacks %q", csp, want)
+		}
+	}
+	if strings.Contains(csp, "unsafe-inline") || resp.Header.Get("X-Frame-Options") != "DENY" || resp.StatusCode != 200 {
+		t.Errorf("portal page: %d, CSP %q, X-Frame-Options %q", resp.StatusCode, csp, resp.Header.Get("X-Frame-Options"))
+	}
+}
