@@ -72,8 +72,11 @@ type Server struct {
 type Route struct {
 	Method  string
 	Pattern string
-	Admin   bool
-	handle  func(*request) error
+	// Admin routes need an admin key; AdminOrPortal ones also take an operator's portal
+	// session (every tenant, never a tenant's).
+	Admin         bool
+	AdminOrPortal bool
+	handle        func(*request) error
 }
 
 // maxBody bounds a request's body: the largest is an endpoint with its headers.
@@ -145,6 +148,9 @@ func (s *Server) wrap(rt Route) http.Handler {
 		if err == nil && rt.Admin && (!q.key.Admin() || q.key.Portal) {
 			// A portal session, even an operator's, never manages keys or makes sessions: a
 			// link left in a browser must not mint credentials that outlive it.
+			err = errAdminOnly
+		}
+		if err == nil && rt.AdminOrPortal && !q.key.Admin() {
 			err = errAdminOnly
 		}
 		if err == nil {

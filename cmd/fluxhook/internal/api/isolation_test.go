@@ -84,6 +84,7 @@ var isolationCases = map[string]isolationCase{
 	"POST /v1/endpoints/{id}/test":          {path: func(w *tenantWorld) string { return "/v1/endpoints/" + w.endpoint + "/test" }, status: 202},
 	"GET /v1/endpoints/{id}/health":         {path: func(w *tenantWorld) string { return "/v1/endpoints/" + w.endpoint + "/health" }, status: 200},
 	"GET /v1/audit":                         {path: func(*tenantWorld) string { return "/v1/audit?limit=500" }, status: 200, list: true},
+	"GET /v1/me":                            {path: func(*tenantWorld) string { return "/v1/me" }, status: 200, list: true},
 }
 
 var uuidPattern = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
@@ -103,7 +104,7 @@ func TestTenantKeysNeverReachAnotherTenant(t *testing.T) {
 	rng.Shuffle(len(routes), func(i, j int) { routes[i], routes[j] = routes[j], routes[i] })
 	for _, r := range routes {
 		name := r.Method + " " + r.Pattern
-		if r.Admin {
+		if r.Admin || r.AdminOrPortal {
 			for _, tenant := range []string{"acme", "globex"} {
 				h.must(http.StatusForbidden, h.key(ptr(tenant)), r.Method, strings.ReplaceAll(r.Pattern, "{id}", "00000000-0000-0000-0000-000000000000"), map[string]any{})
 			}

@@ -16,11 +16,13 @@ func (s *Server) table() []Route {
 		{Method: "GET", Pattern: "/v1/endpoints/{id}/health", handle: s.endpointHealth},
 
 		{Method: "GET", Pattern: "/v1/audit", handle: s.listAudit},
+		{Method: "GET", Pattern: "/v1/me", handle: s.me},
 
 		{Method: "GET", Pattern: "/v1/api-keys", Admin: true, handle: s.listKeys},
 		{Method: "POST", Pattern: "/v1/api-keys", Admin: true, handle: s.createKey},
 		{Method: "DELETE", Pattern: "/v1/api-keys/{id}", Admin: true, handle: s.revokeKey},
 		{Method: "POST", Pattern: "/v1/tenants/{tenant}/portal-sessions", Admin: true, handle: s.createTenantPortalSession},
 		{Method: "POST", Pattern: "/v1/portal-sessions", Admin: true, handle: s.createAdminPortalSession},
+		{Method: "GET", Pattern: "/v1/tenants", AdminOrPortal: true, handle: s.listTenants},
 	}
 }
