@@ -13,6 +13,11 @@
 // tenant's row is reported exactly as a missing one (ErrNotFound), so that an id guessed
 // across tenants tells nothing.
 //
+// A recovery (StartRecovery, RunRecovery, GetRecovery, ResumeStale) replays every dead letter
+// of an endpoint since a time as a background job with progress, in batches of one
+// transaction each. Safe to run twice: each batch goes through Replay, which skips what was
+// replayed already under the rows' locks.
+//
 // The functions write no audit records: their callers do, knowing who asked.
 //
 // The statements are in queries/, one file each. Those taking a Filter are templates
