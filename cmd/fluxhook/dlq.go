@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	_ "embed"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,22 +16,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fluxora/fluxhook/sql/deadletters"
 )
 
-//go:embed queries/dlq_list.sql
-var dlqListSQL string
-
-//go:embed queries/dlq_show.sql
-var dlqShowSQL string
-
-//go:embed queries/dlq_lock_ids.sql
-var dlqLockIDsSQL string
-
-//go:embed queries/dlq_lock_matching.sql
-var dlqLockMatchingSQL string
-
-//go:embed queries/dlq_replay.sql
-var dlqReplaySQL string
+// The dead letters' logic (the SQL, what replay skips and why, purge) is package
+// sql/deadletters, which the management API shares: what is here is the command line, its
+// flags, its messages and its exit statuses.
 
 func init() {
 	commands["dlq"] = command{summary: "list, show, replay and purge dead letters", run: runDLQ}
@@ -77,26 +67,16 @@ func (f *dlqFilter) empty() bool {
 	return f.eventType == "" && f.reasonContains == "" && f.since == 0 && f.deliveryID == "" && f.endpointID == ""
 }
 
-// sqlArgs returns the filter as the $1..$5 of dlq_list.sql, dlq_lock_matching.sql and
-// dlq_purge.sql, NULL for an unset filter.
-func (f *dlqFilter) sqlArgs() []any {
-	args := []any{nil, nil, nil, nil, nil}
-	if f.eventType != "" {
-		args[0] = f.eventType
+// toFilter returns the filter as deadletters takes it. --since counts back from the
+// database's clock, as it always did (FailedWithin), not from this machine's.
+func (f *dlqFilter) toFilter() deadletters.Filter {
+	return deadletters.Filter{
+		EventType:      f.eventType,
+		ReasonContains: f.reasonContains,
+		FailedWithin:   f.since,
+		DeliveryID:     f.deliveryID,
+		EndpointID:     f.endpointID,
 	}
-	if f.reasonContains != "" {
-		args[1] = f.reasonContains
-	}
-	if f.since > 0 {
-		args[2] = f.since.Microseconds()
-	}
-	if f.deliveryID != "" {
-		args[3] = f.deliveryID
-	}
-	if f.endpointID != "" {
-		args[4] = f.endpointID
-	}
-	return args
 }
 
 // uuidValue is a flag holding a UUID in canonical form. It refuses anything else when the
@@ -119,28 +99,8 @@ func (v *uuidValue) Set(s string) error {
 	return nil
 }
 
-// canonicalUUID accepts a UUID in the 8-4-4-4-12 form that logs and the delivery id header
-// print, in either case, and returns it in lower case: the form PostgreSQL prints, so that
-// it compares equal to delivery_id::text. Other spellings PostgreSQL would take (braces, no
-// hyphens) are refused: nothing prints them, and a bare run of digits must stay a row id.
-func canonicalUUID(s string) (string, bool) {
-	if len(s) != 36 {
-		return "", false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return "", false
-			}
-		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
-		default:
-			return "", false
-		}
-	}
-	return strings.ToLower(s), true
-}
+// canonicalUUID is the UUID form every id argument takes (see deadletters.CanonicalUUID).
+var canonicalUUID = deadletters.CanonicalUUID
 
 // sinceValue is a positive duration flag that also accepts whole days ("7d"), the unit dead
 // letters are usually looked at in and one time.ParseDuration lacks.
@@ -174,59 +134,18 @@ func (v *sinceValue) Set(s string) error {
 	return nil
 }
 
-// deadLetter is one webhook_dead_letter row as list, show and their --json print it. The JSON
-// names are an interface for scripts; endpoint_url is redacted of any password. delivery_id is
-// the id logs, metrics and the consumer see; id is the row's number, which nothing outside
-// this table knows. endpoint_id is null unless the row is a managed endpoint's delivery;
-// tenant is the event's tenant, null for none; order_key is the event's place in its stream
-// for an ordered endpoint's delivery (what a replay keeps, so that it leads the stream again),
-// null for an unordered one.
-type deadLetter struct {
-	ID          int64           `json:"id"`
-	OutboxID    *int64          `json:"outbox_id"`
-	DeliveryID  string          `json:"delivery_id"`
-	EndpointID  *string         `json:"endpoint_id"`
-	StreamID    *string         `json:"stream_id"`
-	EventType   string          `json:"event_type"`
-	EndpointURL *string         `json:"endpoint_url"`
-	Attempts    int32           `json:"attempts"`
-	LastStatus  *int32          `json:"last_status"`
-	LastError   *string         `json:"last_error"`
-	Reason      string          `json:"reason"`
-	EnqueuedAt  time.Time       `json:"enqueued_at"`
-	FailedAt    time.Time       `json:"failed_at"`
-	ReplayedAt  *time.Time      `json:"replayed_at"`
-	Tenant      *string         `json:"tenant"`
-	OrderKey    *int64          `json:"order_key"`
-	Payload     json.RawMessage `json:"payload,omitempty"`
-}
+// deadLetter is one webhook_dead_letter row as list, show and their --json print it (see
+// deadletters.DeadLetter: the JSON names are an interface for scripts).
+type deadLetter = deadletters.DeadLetter
 
-// scanDeadLetter reads the columns of dlq_list.sql, plus the payload for dlq_show.sql.
-func scanDeadLetter(row pgx.Row, withPayload bool) (deadLetter, error) {
-	var d deadLetter
-	dest := []any{&d.ID, &d.OutboxID, &d.DeliveryID, &d.EndpointID, &d.StreamID, &d.EventType, &d.EndpointURL,
-		&d.Attempts, &d.LastStatus, &d.LastError, &d.Reason, &d.EnqueuedAt, &d.FailedAt, &d.ReplayedAt,
-		&d.Tenant, &d.OrderKey}
-	var payload string
-	if withPayload {
-		dest = append(dest, &payload)
-	}
-	if err := row.Scan(dest...); err != nil {
-		return d, err
-	}
+// redactDeadLetter redacts a password in d's endpoint_url the way every URL the commands
+// print is redacted (deadletters already masks the user info's password; this also masks a
+// password= query parameter).
+func redactDeadLetter(d *deadLetter) {
 	if d.EndpointURL != nil {
 		redacted := redactURL(*d.EndpointURL)
 		d.EndpointURL = &redacted
 	}
-	if withPayload {
-		d.Payload = json.RawMessage(payload)
-	}
-	d.EnqueuedAt, d.FailedAt = d.EnqueuedAt.UTC(), d.FailedAt.UTC()
-	if d.ReplayedAt != nil {
-		t := d.ReplayedAt.UTC()
-		d.ReplayedAt = &t
-	}
-	return d, nil
 }
 
 func runDLQList(ctx context.Context, env *environment, args []string) error {
@@ -247,18 +166,19 @@ func runDLQList(ctx context.Context, env *environment, args []string) error {
 	}
 	defer pool.Close()
 
-	rows, _ := pool.Query(ctx, dlqListSQL, append(filter.sqlArgs(), *limit)...)
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deadLetter, error) { return scanDeadLetter(r, false) })
+	f := filter.toFilter()
+	f.Limit = *limit
+	list, err := deadletters.List(ctx, pool, f)
 	if err != nil {
-		return fmt.Errorf("listing dead letters: %w", err)
+		return err
+	}
+	for i := range list {
+		redactDeadLetter(&list[i])
 	}
 	if len(list) == *limit {
 		fmt.Fprintf(env.stderr, "showing the %d most recent matches; raise --limit to see more\n", *limit)
 	}
 	if *asJSON {
-		if list == nil {
-			list = []deadLetter{}
-		}
 		return writeJSON(env.stdout, list)
 	}
 	if len(list) == 0 {
@@ -306,30 +226,24 @@ func runDLQShow(ctx context.Context, env *environment, args []string) error {
 	}
 	defer pool.Close()
 
-	var id, deliveryID any
-	what := "delivery id " + positional[0]
 	if len(refs.ids) == 1 {
-		id, what = refs.ids[0], "dead letter "+positional[0]
-	} else {
-		deliveryID = refs.deliveryIDs[0]
-	}
-	rows, _ := pool.Query(ctx, dlqShowSQL, id, deliveryID)
-	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (deadLetter, error) { return scanDeadLetter(r, true) })
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", what, err)
-	}
-	if id != nil {
 		// A row id names one row, and its JSON stays the one object it always was.
-		if len(list) == 0 {
-			return fmt.Errorf("dead letter %d not found", refs.ids[0])
+		d, err := deadletters.Get(ctx, pool, refs.ids[0], nil)
+		if err != nil {
+			return err
 		}
+		redactDeadLetter(&d)
 		if *asJSON {
-			return writeJSON(env.stdout, list[0])
+			return writeJSON(env.stdout, d)
 		}
-		return printDeadLetter(env.stdout, list[0])
+		return printDeadLetter(env.stdout, d)
 	}
-	if len(list) == 0 {
-		return fmt.Errorf("no dead letter has delivery id %s", refs.deliveryIDs[0])
+	list, err := deadletters.ByDelivery(ctx, pool, refs.deliveryIDs[0], nil)
+	if err != nil {
+		return err
+	}
+	for i := range list {
+		redactDeadLetter(&list[i])
 	}
 	if *asJSON {
 		// Always an array for a delivery id, whatever the count: its shape then depends on
@@ -419,32 +333,6 @@ func printDeadLetter(w io.Writer, d deadLetter) error {
 	return err
 }
 
-// lockedDeadLetter is what replay needs to know about a row before deciding to replay it.
-type lockedDeadLetter struct {
-	ID           int64
-	DeliveryID   string
-	EventType    string
-	ReplayedAt   *time.Time
-	EndpointID   *string
-	SupersededBy *int64 // a later dead letter of the same delivery to the same destination
-	Tenant       *string
-	// EndpointRemoved: its managed endpoint no longer exists; replayed to it, the event would
-	// only be dead-lettered again, so it is replayed only with --to-endpoint.
-	EndpointRemoved bool
-	// EndpointOtherTenant: its managed endpoint now belongs to another tenant (EndpointTenant,
-	// nil for none); the event goes back there never, only with --to-endpoint to an endpoint
-	// of its own tenant.
-	EndpointOtherTenant bool
-	EndpointTenant      *string
-}
-
-// replayTarget is the endpoint --to-endpoint names.
-type replayTarget struct {
-	id      string
-	tenant  *string
-	ordered bool
-}
-
 func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("dlq replay", env, "fluxhook dlq replay [--force] [--dry-run] [--to-endpoint ID] ID|DELIVERY-ID... | --all-matching FILTER...")
 	dbURL := databaseURLFlag(fs, env)
@@ -469,144 +357,49 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 	}
 	defer pool.Close()
 
-	var out replayOutcome
+	sel := deadletters.Selection{IDs: refs.ids, DeliveryIDs: refs.deliveryIDs}
+	if *all {
+		f := filter.toFilter()
+		sel = deadletters.Selection{Matching: &f}
+	}
+	opts := deadletters.Options{Force: *force, DryRun: *dryRun, ToEndpoint: string(toEndpoint)}
+	var out deadletters.Outcome
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var rows pgx.Rows
-		if *all {
-			rows, _ = tx.Query(ctx, dlqLockMatchingSQL, filter.sqlArgs()...)
-		} else {
-			rows, _ = tx.Query(ctx, dlqLockIDsSQL, nonNil(refs.ids), nonNil(refs.deliveryIDs))
-		}
-		locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (lockedDeadLetter, error) {
-			var l lockedDeadLetter
-			return l, r.Scan(&l.ID, &l.DeliveryID, &l.EventType, &l.ReplayedAt, &l.EndpointID, &l.SupersededBy,
-				&l.Tenant, &l.EndpointRemoved, &l.EndpointOtherTenant, &l.EndpointTenant)
-		})
-		if err != nil {
-			return fmt.Errorf("reading dead letters: %w", err)
-		}
-		var target *replayTarget
-		if toEndpoint != "" {
-			if target, err = lockReplayTarget(ctx, tx, string(toEndpoint)); err != nil {
-				return err
-			}
-			out.target = target
-		}
-		if !*all {
-			if err := refs.missing(locked, "nothing replayed"); err != nil {
-				return err
-			}
-			out.selected = refs.selected(locked)
-		}
-		toTarget := map[string]bool{} // delivery ids replayed so far (to the target, with one)
-		for _, l := range locked {
-			switch {
-			case l.ReplayedAt != nil && !*force:
-				out.skip = append(out.skip, l)
-			case target == nil && l.EndpointRemoved:
-				out.removed = append(out.removed, l)
-			case target == nil && l.EndpointOtherTenant:
-				out.ownOtherTenant = append(out.ownOtherTenant, l)
-			case target != nil && !sameTenant(l.Tenant, target.tenant):
-				out.otherTenant = append(out.otherTenant, l)
-			case target != nil && toTarget[l.DeliveryID]:
-				// An event fanned out to several endpoints has a dead letter for each: to one
-				// target it goes once.
-				out.sameEvent = append(out.sameEvent, l)
-			case l.SupersededBy != nil && !slices.Contains(refs.ids, l.ID):
-				// Selected through its delivery id or a filter, not by name: the newer dead
-				// letter stands for this delivery to this endpoint, and replaying both would
-				// send the event there twice in one go.
-				out.superseded = append(out.superseded, l)
-			default:
-				out.replay = append(out.replay, l)
-				toTarget[l.DeliveryID] = true
-			}
-		}
-		if *dryRun || len(out.replay) == 0 {
-			return nil
-		}
-		replayIDs := make([]int64, len(out.replay))
-		for i, l := range out.replay {
-			replayIDs[i] = l.ID
-		}
-		var n int64
-		var targetID any
-		ordered := false
-		if target != nil {
-			targetID, ordered = target.id, target.ordered
-		}
-		var keyless []int64
-		if err := tx.QueryRow(ctx, dlqReplaySQL, replayIDs, targetID, ordered).Scan(&n, &keyless); err != nil {
-			return fmt.Errorf("replaying: %w", err)
-		}
-		if n != int64(len(out.replay)) {
-			return fmt.Errorf("replaying: wrote %d outbox rows for %d dead letters; rolled back", n, len(out.replay))
-		}
-		if len(keyless) > 0 {
-			// Rows of this transaction, which no claim sees before it commits: none can be
-			// taken without its key.
-			if _, err := tx.Exec(ctx, `UPDATE webhook_outbox SET order_key = id WHERE id = ANY($1)`, keyless); err != nil {
-				return fmt.Errorf("replaying: keying the events that join an ordered stream: %w", err)
-			}
-		}
-		return nil
+		var err error
+		out, err = deadletters.Replay(ctx, tx, sel, opts)
+		return err
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, deadletters.ErrEndpointNotFound):
+		return fmt.Errorf("--to-endpoint: endpoint %s not found; nothing replayed (fluxhook endpoints list shows the endpoints)", toEndpoint)
+	case errors.Is(err, deadletters.ErrEndpointDisabled):
+		return fmt.Errorf("--to-endpoint: endpoint %s is disabled; nothing replayed: enable it first (fluxhook endpoints enable %s)", toEndpoint, toEndpoint)
+	case err != nil:
 		return err
 	}
-	if err := out.print(env.stdout, *all, *dryRun); err != nil {
+	o := replayOutcome{Outcome: out}
+	if !*all {
+		o.selected = refs.selected(refsOf(out.Rows()))
+	}
+	if err := o.print(env.stdout, *all, *dryRun); err != nil {
 		return err
 	}
-	if skipped := len(out.skip) + len(out.superseded) + len(out.removed) + len(out.otherTenant) + len(out.ownOtherTenant) +
-		len(out.sameEvent); len(out.replay) == 0 && skipped > 0 && !*dryRun {
+	if skipped := len(out.Skipped); len(out.Replayed) == 0 && skipped > 0 && !*dryRun {
 		// Asked to replay, and did nothing: a script must not take that for success.
 		return fmt.Errorf("nothing replayed: each of the %d dead letters selected was skipped, for the reason above", skipped)
 	}
 	return nil
 }
 
-// lockReplayTarget reads and locks (against removal or disabling until the replay commits)
-// the endpoint --to-endpoint names, refusing one that does not exist or is disabled: a replay
-// to it would only be dead-lettered again.
-func lockReplayTarget(ctx context.Context, tx pgx.Tx, id string) (*replayTarget, error) {
-	t := &replayTarget{id: id}
-	var enabled bool
-	err := tx.QueryRow(ctx, `SELECT tenant, enabled, ordering = 'stream' FROM webhook_endpoints WHERE id = $1::uuid FOR SHARE`, id).
-		Scan(&t.tenant, &enabled, &t.ordered)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("--to-endpoint: endpoint %s not found; nothing replayed (fluxhook endpoints list shows the endpoints)", id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("--to-endpoint: reading endpoint %s: %w", id, err)
-	}
-	if !enabled {
-		return nil, fmt.Errorf("--to-endpoint: endpoint %s is disabled; nothing replayed: enable it first (fluxhook endpoints enable %s)", id, id)
-	}
-	return t, nil
-}
-
-// sameTenant says whether an event of tenant a may go to an endpoint of tenant b: both
-// without one, or the same one. Never across tenants, replays included.
-func sameTenant(a, b *string) bool {
-	if a == nil || b == nil {
-		return a == nil && b == nil
-	}
-	return *a == *b
-}
-
-// replayOutcome is what a replay did, or would do with --dry-run: selected says which rows
-// each delivery id argument stood for; target is --to-endpoint's endpoint, nil without it.
+// replayOutcome is what a replay did, or would do with --dry-run, and selected says which
+// rows each delivery id argument stood for.
 type replayOutcome struct {
-	selected                                                  []string
-	target                                                    *replayTarget
-	replay, skip, superseded, removed, otherTenant, sameEvent []lockedDeadLetter
-	// ownOtherTenant: replayed to their own endpoint, whose tenant has changed since.
-	ownOtherTenant []lockedDeadLetter
+	deadletters.Outcome
+	selected []string
 }
 
 func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
-	if all && len(o.replay)+len(o.skip)+len(o.superseded)+len(o.removed)+len(o.otherTenant)+len(o.ownOtherTenant)+len(o.sameEvent) == 0 {
+	if all && len(o.Replayed)+len(o.Skipped) == 0 {
 		_, err := fmt.Fprintln(w, "no dead letters match")
 		return err
 	}
@@ -618,63 +411,67 @@ func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
 		verb = "would replay"
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, l := range o.replay {
+	for _, l := range o.Replayed {
 		endpoint := ""
 		switch {
-		case o.target != nil:
-			endpoint = " to endpoint_id " + o.target.id
+		case o.Target != nil:
+			endpoint = " to endpoint_id " + o.Target.ID
 		case l.EndpointID != nil:
 			endpoint = " endpoint_id " + *l.EndpointID
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\tdelivery_id %s%s\n", verb, l.ID, printable(l.EventType), l.DeliveryID, endpoint)
 	}
-	for _, l := range o.skip {
-		fmt.Fprintf(tw, "skipped\t%d\t%s\talready replayed at %s; --force replays it again\n", l.ID, printable(l.EventType), formatTime(*l.ReplayedAt))
-	}
-	for _, l := range o.superseded {
-		fmt.Fprintf(tw, "skipped\t%d\t%s\tsuperseded by dead letter %d (same delivery, same endpoint); replay %d by its ID to send it anyway\n",
-			l.ID, printable(l.EventType), *l.SupersededBy, l.ID)
-	}
-	for _, l := range o.removed {
-		fmt.Fprintf(tw, "skipped\t%d\t%s\tits endpoint %s was removed; --to-endpoint ID replays it to another endpoint of its tenant\n",
-			l.ID, printable(l.EventType), *l.EndpointID)
-	}
-	for _, l := range o.sameEvent {
-		fmt.Fprintf(tw, "skipped\t%d\t%s\tthe same event (delivery_id %s) already goes to endpoint %s once\n",
-			l.ID, printable(l.EventType), l.DeliveryID, o.target.id)
-	}
-	for _, l := range o.otherTenant {
-		fmt.Fprintf(tw, "skipped\t%d\t%s\tits tenant (%s) is not endpoint %s's (%s): events never cross tenants\n",
-			l.ID, printable(l.EventType), tenantName(l.Tenant), o.target.id, tenantName(o.target.tenant))
-	}
-	for _, l := range o.ownOtherTenant {
-		fmt.Fprintf(tw, "skipped\t%d\t%s\tits endpoint %s now belongs to %s, not to the event's tenant (%s): events never cross tenants; --to-endpoint ID replays it to an endpoint of its tenant\n",
-			l.ID, printable(l.EventType), *l.EndpointID, tenantName(l.EndpointTenant), tenantName(l.Tenant))
+	for _, reason := range deadletters.SkipReasons {
+		for _, l := range o.SkippedFor(reason) {
+			fmt.Fprintf(tw, "skipped\t%d\t%s\t%s\n", l.ID, printable(l.EventType), o.why(l))
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	summary := fmt.Sprintf("%s %d", verb, len(o.replay))
-	if len(o.skip) > 0 {
-		summary += fmt.Sprintf(", skipped %d already replayed", len(o.skip))
+	summary := fmt.Sprintf("%s %d", verb, len(o.Replayed))
+	if n := len(o.SkippedFor(deadletters.SkipAlreadyReplayed)); n > 0 {
+		summary += fmt.Sprintf(", skipped %d already replayed", n)
 	}
-	if len(o.superseded) > 0 {
-		summary += fmt.Sprintf(", skipped %d superseded", len(o.superseded))
+	if n := len(o.SkippedFor(deadletters.SkipSuperseded)); n > 0 {
+		summary += fmt.Sprintf(", skipped %d superseded", n)
 	}
-	if len(o.removed) > 0 {
-		summary += fmt.Sprintf(", skipped %d of removed endpoints", len(o.removed))
+	if n := len(o.SkippedFor(deadletters.SkipEndpointRemoved)); n > 0 {
+		summary += fmt.Sprintf(", skipped %d of removed endpoints", n)
 	}
-	if n := len(o.otherTenant) + len(o.ownOtherTenant); n > 0 {
+	if n := len(o.SkippedFor(deadletters.SkipOtherTenant)) + len(o.SkippedFor(deadletters.SkipEndpointOtherTenant)); n > 0 {
 		summary += fmt.Sprintf(", skipped %d of other tenants", n)
 	}
-	if len(o.sameEvent) > 0 {
-		summary += fmt.Sprintf(", skipped %d of events already going there", len(o.sameEvent))
+	if n := len(o.SkippedFor(deadletters.SkipSameEvent)); n > 0 {
+		summary += fmt.Sprintf(", skipped %d of events already going there", n)
 	}
 	if dryRun {
 		summary += " (dry run: nothing changed)"
 	}
 	_, err := fmt.Fprintln(w, summary)
 	return err
+}
+
+// why says why a dead letter was skipped, and what replays it if anything does.
+func (o *replayOutcome) why(l deadletters.Skip) string {
+	switch l.Reason {
+	case deadletters.SkipAlreadyReplayed:
+		return fmt.Sprintf("already replayed at %s; --force replays it again", formatTime(*l.ReplayedAt))
+	case deadletters.SkipSuperseded:
+		return fmt.Sprintf("superseded by dead letter %d (same delivery, same endpoint); replay %d by its ID to send it anyway",
+			*l.SupersededBy, l.ID)
+	case deadletters.SkipEndpointRemoved:
+		return fmt.Sprintf("its endpoint %s was removed; --to-endpoint ID replays it to another endpoint of its tenant", *l.EndpointID)
+	case deadletters.SkipSameEvent:
+		return fmt.Sprintf("the same event (delivery_id %s) already goes to endpoint %s once", l.DeliveryID, o.Target.ID)
+	case deadletters.SkipOtherTenant:
+		return fmt.Sprintf("its tenant (%s) is not endpoint %s's (%s): events never cross tenants",
+			tenantName(l.Tenant), o.Target.ID, tenantName(o.Target.Tenant))
+	case deadletters.SkipEndpointOtherTenant:
+		return fmt.Sprintf("its endpoint %s now belongs to %s, not to the event's tenant (%s): events never cross tenants; --to-endpoint ID replays it to an endpoint of its tenant",
+			*l.EndpointID, tenantName(l.EndpointTenant), tenantName(l.Tenant))
+	}
+	return string(l.Reason)
 }
 
 // tenantName is how replay's messages name a tenant, "no tenant" for none.
@@ -715,38 +512,10 @@ func parseRefs(args []string) (dlqRefs, error) {
 	return r, nil
 }
 
-// missing returns an error naming the row ids not found and the delivery ids without a dead
-// letter, ending with consequence, or nil when every reference found something.
-func (r dlqRefs) missing(found []lockedDeadLetter, consequence string) error {
-	var ids []int64
-	for _, id := range r.ids {
-		if !slices.ContainsFunc(found, func(l lockedDeadLetter) bool { return l.ID == id }) {
-			ids = append(ids, id)
-		}
-	}
-	var deliveries []string
-	for _, d := range r.deliveryIDs {
-		if !slices.ContainsFunc(found, func(l lockedDeadLetter) bool { return l.DeliveryID == d }) {
-			deliveries = append(deliveries, d)
-		}
-	}
-	var parts []string
-	if len(ids) > 0 {
-		parts = append(parts, fmt.Sprintf("dead letter %s not found", joinIDs(ids)))
-	}
-	if len(deliveries) > 0 {
-		parts = append(parts, fmt.Sprintf("no dead letter has delivery id %s", strings.Join(deliveries, ", ")))
-	}
-	if len(parts) == 0 {
-		return nil
-	}
-	return fmt.Errorf("%s; %s", strings.Join(parts, "; "), consequence)
-}
-
 // selected says, for each delivery id argument, which of the rows found it stands for: the
 // message that keeps a delivery id with several dead letters from acting on more than the
 // operator expected without saying so.
-func (r dlqRefs) selected(found []lockedDeadLetter) []string {
+func (r dlqRefs) selected(found []deadletters.Ref) []string {
 	var lines []string
 	for _, d := range r.deliveryIDs {
 		var ids []int64
@@ -760,13 +529,13 @@ func (r dlqRefs) selected(found []lockedDeadLetter) []string {
 	return lines
 }
 
-// nonNil passes an empty list to PostgreSQL as an empty array rather than NULL, so that
-// `= ANY` over it is false, not unknown.
-func nonNil[T any](s []T) []T {
-	if s == nil {
-		return []T{}
+// refsOf returns the references of rows.
+func refsOf(rows []deadletters.Row) []deadletters.Ref {
+	refs := make([]deadletters.Ref, len(rows))
+	for i, r := range rows {
+		refs[i] = r.Ref
 	}
-	return s
+	return refs
 }
 
 func dashIfNil(s *string) string {
@@ -776,13 +545,8 @@ func dashIfNil(s *string) string {
 	return *s
 }
 
-func joinIDs(ids []int64) string {
-	s := make([]string, len(ids))
-	for i, id := range ids {
-		s[i] = strconv.FormatInt(id, 10)
-	}
-	return strings.Join(s, ", ")
-}
+// joinIDs writes row ids as the messages name them: "5, 9, 12".
+var joinIDs = deadletters.JoinIDs
 
 // shorten keeps table rows on one line; dlq show prints the full text.
 func shorten(s string, n int) string {

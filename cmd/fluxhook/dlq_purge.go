@@ -1,17 +1,13 @@
 package main
 
 import (
-	"cmp"
 	"context"
-	_ "embed"
 	"fmt"
-	"slices"
 
 	"github.com/jackc/pgx/v5"
-)
 
-//go:embed queries/dlq_purge.sql
-var dlqPurgeSQL string
+	"github.com/fluxora/fluxhook/sql/deadletters"
+)
 
 // runDLQPurge deletes dead letters: the only way they leave the table, since the janitor
 // keeps them. Like bulk replay, deleting by filter needs an explicit filter, and --dry-run
@@ -37,17 +33,16 @@ func runDLQPurge(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	sqlArgs := append(filter.sqlArgs(), !*all, nonNil(refs.ids), nonNil(refs.deliveryIDs), *replayedOnly)
-	var purged []lockedDeadLetter
+	sel := deadletters.Selection{IDs: refs.ids, DeliveryIDs: refs.deliveryIDs}
+	if *all {
+		f := filter.toFilter()
+		sel = deadletters.Selection{Matching: &f}
+	}
+	var purged []deadletters.Ref
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rows, _ := tx.Query(ctx, dlqPurgeSQL, sqlArgs...)
 		var err error
-		purged, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (lockedDeadLetter, error) {
-			var l lockedDeadLetter
-			return l, r.Scan(&l.ID, &l.DeliveryID)
-		})
-		if err != nil {
-			return fmt.Errorf("purging: %w", err)
+		if purged, err = deadletters.Purge(ctx, tx, sel, deadletters.PurgeOptions{ReplayedOnly: *replayedOnly}); err != nil {
+			return err
 		}
 		if *dryRun {
 			return errDryRun
@@ -57,8 +52,6 @@ func runDLQPurge(ctx context.Context, env *environment, args []string) error {
 	if err != nil && err != errDryRun {
 		return err
 	}
-	// DELETE … RETURNING has no order; ids ascending read as the table does.
-	slices.SortFunc(purged, func(a, b lockedDeadLetter) int { return cmp.Compare(a.ID, b.ID) })
 	verb := "purged"
 	if *dryRun {
 		verb = "would purge"

@@ -1,13 +1,14 @@
--- fluxhook dlq replay: re-enqueue locked dead letters as first attempts of the same event (same
--- delivery_id, payload, endpoint and enqueued_at, so consumers deduplicate it and latency stays
--- end to end), due now, and mark them replayed. One statement, so the wake-up trigger fires
--- once. A managed endpoint's dead letter goes back to that endpoint (endpoint_id), marked
--- routed so that it is not fanned out again; so does an event that went to WEBHOOK_URL after
--- being routed. $2, when set, is the managed endpoint the dead letters go to instead
--- (--to-endpoint: the command checked it exists, is enabled and has each event's tenant), and
--- $3 whether that endpoint orders streams: the order key is kept only if it does.
+-- Replay: re-enqueue locked dead letters ($1, locked by lock.sql in this transaction) as first
+-- attempts of the same event (same delivery_id, payload, endpoint and enqueued_at, so consumers
+-- deduplicate it and latency stays end to end), due now, and mark them replayed. One
+-- statement, so the wake-up trigger fires once. A managed endpoint's dead letter goes back to
+-- that endpoint (endpoint_id), marked routed so that it is not fanned out again; so does an
+-- event that went to WEBHOOK_URL after being routed. $2, when set, is the managed endpoint the
+-- dead letters go to instead (Options.ToEndpoint, `dlq replay --to-endpoint`: Replay checked
+-- it exists, is enabled and has each event's tenant), and $3 whether that endpoint orders
+-- streams: the order key is kept only if it does.
 --
--- A dead letter without an order key whose destination orders streams (--to-endpoint names one
+-- A dead letter without an order key whose destination orders streams (ToEndpoint names one
 -- that does, or its own endpoint was switched to ordering since) gets its new row's id as its
 -- key: it goes after the stream's events enqueued before the replay. Returns the number of
 -- outbox rows written and the ids of those that need that key.
@@ -33,7 +34,7 @@ WITH replayed AS (
     USING replayed r
     WHERE o.id = r.outbox_id AND o.delivery_id = r.delivery_id AND NOT o.processed
       AND o.deferred_reason LIKE 'stream stopped%'
-      -- Sent elsewhere (--to-endpoint), the event does not come back to this stream: it
+      -- Sent elsewhere (ToEndpoint), the event does not come back to this stream: it
       -- stays stopped until its dead letter is purged (or replayed to it).
       AND ($2::uuid IS NULL OR $2::uuid = o.endpoint_id)
     RETURNING o.id, o.stream_id, o.event_type, o.payload, o.created_at, o.delivery_id, o.attempt, o.enqueued_at,
@@ -58,15 +59,15 @@ WITH replayed AS (
     -- several events of one stream replayed together keep that order when their ids become
     -- their keys (below).
     FROM (SELECT * FROM replayed ORDER BY enqueued_at, id) r
-    -- Never across tenants, --to-endpoint included (the command checks it too; a row refused
-    -- here makes the count differ, and the command rolls back).
+    -- Never across tenants, ToEndpoint included (Replay checks it too; a row refused here
+    -- makes the count differ, and Replay fails, for its caller to roll back).
     WHERE $2::uuid IS NULL
        OR tenant IS NOT DISTINCT FROM (SELECT e.tenant FROM webhook_endpoints e WHERE e.id = $2::uuid)
     RETURNING id, order_key, stream_id, endpoint_id
 )
 -- The rows that need a key: no place in their stream to go back to (their endpoint did not
 -- order streams when they failed), but a destination that orders streams now. Each takes its
--- own id as its key, set by the command in the same transaction (a statement cannot update
+-- own id as its key, set by Replay in the same transaction (key_joined.sql) (a statement cannot update
 -- the rows it inserts): it joins its stream at the end there, as an event enqueued now would,
 -- instead of overtaking the stream's waiting events. An id, not a nextval of its own, so that
 -- replaying needs no grant on the sequence.
