@@ -96,7 +96,10 @@ func runAPIKeysList(ctx context.Context, env *environment, args []string) error 
 		return err
 	}
 	if *asJSON {
-		return writeJSON(env.stdout, nonNil(keys))
+		if keys == nil {
+			keys = []apikeys.Key{}
+		}
+		return writeJSON(env.stdout, keys)
 	}
 	if len(keys) == 0 {
 		fmt.Fprintln(env.stdout, "no API keys: `fluxhook api-keys add` makes one")

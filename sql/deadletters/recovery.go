@@ -38,7 +38,7 @@ const (
 )
 
 // Recovery is a job replaying every dead letter of an endpoint since a time
-// (webhook_recoveries, schema 18), as the API's GET shows it.
+// (webhook_recoveries, schema 17), as the API's GET shows it.
 type Recovery struct {
 	ID         string `json:"id"`
 	EndpointID string `json:"endpoint_id"`

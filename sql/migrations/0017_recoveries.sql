@@ -1,4 +1,4 @@
--- fluxhook schema 18: recovery jobs, and the dead-letter indexes the management API reads by.
+-- fluxhook schema 17: recovery jobs, and the dead-letter indexes the management API reads by.
 --
 -- A recovery replays every dead letter of one endpoint since a time: what a team does once
 -- the consumer behind that endpoint is fixed. It can be thousands of dead letters, too many
@@ -63,4 +63,4 @@ CREATE INDEX IF NOT EXISTS webhook_dead_letter_endpoint_idx ON webhook_dead_lett
 CREATE INDEX IF NOT EXISTS webhook_dead_letter_tenant_idx ON webhook_dead_letter (tenant, failed_at, id)
     WHERE tenant IS NOT NULL;
 
-INSERT INTO webhook_schema_version (version) VALUES (18) ON CONFLICT (version) DO NOTHING;
+INSERT INTO webhook_schema_version (version) VALUES (17) ON CONFLICT (version) DO NOTHING;
