@@ -116,14 +116,17 @@ func startAPI(ctx context.Context, cfg serveConfig, ln net.Listener, log *zap.Lo
 		}
 		acfg.Breakers = store
 	}
-	srv := &http.Server{Handler: api.New(acfg), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+	a := api.New(acfg)
+	srv := &http.Server{Handler: a, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(log.Named("api"))}
 	go func() { _ = srv.Serve(ln) }()
+	a.ResumeRecoveries()
 	log.Info("serving the management API", zap.String("addr", ln.Addr().String()))
 	return func() {
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
+		a.Close()
 		pool.Close()
 		if store != nil {
 			_ = store.Close()

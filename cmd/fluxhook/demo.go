@@ -259,9 +259,10 @@ func demoAPI(ctx context.Context, dbURL string) (base, key string, stop func(), 
 		return "", "", nil, err
 	}
 	cipher, _ := endpoints.NewCipher("", "") // the demo's endpoints keep their secrets in clear
-	srv := &http.Server{Handler: api.New(api.Config{Pool: pool, Cipher: cipher}), ReadHeaderTimeout: 5 * time.Second}
+	a := api.New(api.Config{Pool: pool, Cipher: cipher})
+	srv := &http.Server{Handler: a, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	return "http://" + ln.Addr().String(), key, func() { _ = srv.Close(); pool.Close() }, nil
+	return "http://" + ln.Addr().String(), key, func() { _ = srv.Close(); a.Close(); pool.Close() }, nil
 }
 
 func randomSecret() string {

@@ -14,12 +14,14 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/fluxora/fluxhook/sql/apikeys"
+	"github.com/fluxora/fluxhook/sql/deadletters"
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/stages/send"
 )
@@ -65,6 +67,12 @@ type Server struct {
 	cfg    Config
 	mux    *http.ServeMux
 	routes []Route
+
+	// jobs run the recoveries the API starts, past the request that started them, until
+	// Close cancels them (a cancelled recovery stays resumable).
+	jobs       sync.WaitGroup
+	jobsCtx    context.Context
+	cancelJobs context.CancelFunc
 }
 
 // Route is one operation of the API, as registered: the method and pattern net/http routes
@@ -94,6 +102,7 @@ func New(cfg Config) *Server {
 		cfg.Now = time.Now
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s.jobsCtx, s.cancelJobs = context.WithCancel(context.Background())
 	s.mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(openAPIDocument)
@@ -112,6 +121,36 @@ func New(cfg Config) *Server {
 			Message: fmt.Sprintf("no route %s %s; GET /v1/openapi.json lists the routes", r.Method, r.URL.Path)}})
 	})
 	return s
+}
+
+// background runs fn in a goroutine that Close cancels and waits for.
+func (s *Server) background(fn func(ctx context.Context)) {
+	s.jobs.Add(1)
+	go func() {
+		defer s.jobs.Done()
+		fn(s.jobsCtx)
+	}()
+}
+
+// ResumeRecoveries takes over, in the background, the recoveries a process that died left
+// running: call it once the server serves. Several API processes may: each job is taken by one.
+func (s *Server) ResumeRecoveries() {
+	s.background(func(ctx context.Context) {
+		done, err := deadletters.ResumeStale(ctx, s.cfg.Pool, recoveryStaleAfter)
+		for _, r := range done {
+			s.cfg.Logger.Info("resumed recovery", zap.String("recovery_id", r.ID), zap.String("state", r.State))
+		}
+		if err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("resuming recoveries failed", zap.Error(err))
+		}
+	})
+}
+
+// Close stops the recoveries running in the background (they stay resumable) and waits for
+// them; the HTTP server is the caller's to shut down first.
+func (s *Server) Close() {
+	s.cancelJobs()
+	s.jobs.Wait()
 }
 
 // Routes lists the API's operations.

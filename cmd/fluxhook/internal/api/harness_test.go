@@ -87,6 +87,7 @@ func newHarness(t testing.TB) *harness {
 		"internal.example":  {netip.MustParseAddr("10.0.0.5")},
 	}})
 	srv := httptest.NewServer(a)
+	t.Cleanup(a.Close) // after the server closes: cleanups run last first
 	t.Cleanup(srv.Close)
 	h := &harness{t: t, db: db, srv: srv, api: a}
 	h.admin = h.key(nil)

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"regexp"
@@ -47,6 +48,9 @@ func TestRoutesAreTheContract(t *testing.T) {
 type tenantWorld struct {
 	key      string
 	endpoint string
+	// deadLetter is a dead letter of endpoint; recovery a recovery job of it.
+	deadLetter string
+	recovery   string
 	// spare is a second endpoint, for the routes that delete it.
 	spare string
 }
@@ -56,6 +60,9 @@ func newTenantWorld(h *harness, tenant string) *tenantWorld {
 	w := &tenantWorld{key: h.key(ptr(tenant))}
 	w.endpoint = h.must(http.StatusCreated, w.key, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/" + tenant}).Body["id"].(string)
 	w.spare = h.must(http.StatusCreated, w.key, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/" + tenant + "-spare"}).Body["id"].(string)
+	w.deadLetter = fmt.Sprint(h.deadLetter(w.endpoint, ptr(tenant), "order.paid"))
+	w.recovery = h.must(http.StatusAccepted, w.key, "POST", "/v1/endpoints/"+w.spare+"/recover",
+		map[string]any{"since": "2026-01-01T00:00:00Z"}).Body["id"].(string)
 	return w
 }
 
@@ -83,8 +90,21 @@ var isolationCases = map[string]isolationCase{
 	"POST /v1/endpoints/{id}/enable":        {path: func(w *tenantWorld) string { return "/v1/endpoints/" + w.endpoint + "/enable" }, status: 200},
 	"POST /v1/endpoints/{id}/test":          {path: func(w *tenantWorld) string { return "/v1/endpoints/" + w.endpoint + "/test" }, status: 202},
 	"GET /v1/endpoints/{id}/health":         {path: func(w *tenantWorld) string { return "/v1/endpoints/" + w.endpoint + "/health" }, status: 200},
-	"GET /v1/audit":                         {path: func(*tenantWorld) string { return "/v1/audit?limit=500" }, status: 200, list: true},
-	"GET /v1/me":                            {path: func(*tenantWorld) string { return "/v1/me" }, status: 200, list: true},
+	"POST /v1/endpoints/{id}/recover": {path: func(w *tenantWorld) string { return "/v1/endpoints/" + w.endpoint + "/recover" },
+		body: map[string]any{"since": "2026-01-01T00:00:00Z"}, status: 202},
+	"GET /v1/recoveries/{id}":           {path: func(w *tenantWorld) string { return "/v1/recoveries/" + w.recovery }, status: 200},
+	"GET /v1/dead-letters":              {path: func(*tenantWorld) string { return "/v1/dead-letters?limit=500" }, status: 200, list: true},
+	"GET /v1/dead-letters/{id}":         {path: func(w *tenantWorld) string { return "/v1/dead-letters/" + w.deadLetter }, status: 200},
+	"POST /v1/dead-letters/{id}/replay": {path: func(w *tenantWorld) string { return "/v1/dead-letters/" + w.deadLetter + "/replay" }, status: 200},
+	"GET /v1/audit":                     {path: func(*tenantWorld) string { return "/v1/audit?limit=500" }, status: 200, list: true},
+	"GET /v1/me":                        {path: func(*tenantWorld) string { return "/v1/me" }, status: 200, list: true},
+}
+
+// normalizeIDs replaces the ids in an answer (UUIDs, and the dead-letter id given) with one
+// placeholder, so that two answers can be compared for all but the id they name.
+func normalizeIDs(raw []byte, deadLetter string) string {
+	s := uuidPattern.ReplaceAllString(string(raw), "<id>")
+	return strings.ReplaceAll(s, "dead letter "+deadLetter+" ", "dead letter <id> ")
 }
 
 var uuidPattern = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
@@ -134,9 +154,10 @@ func TestTenantKeysNeverReachAnotherTenant(t *testing.T) {
 			if got.Status != http.StatusNotFound {
 				t.Errorf("%s with the other tenant's id answered %d; want 404: %s", name, got.Status, got.Raw)
 			}
-			missing := h.call(me.key, r.Method, uuidPattern.ReplaceAllString(c.path(other), "00000000-0000-4000-8000-000000000000"), c.body)
-			if missing.Status != http.StatusNotFound || string(missing.Raw) != strings.ReplaceAll(string(got.Raw), other.endpoint, "00000000-0000-4000-8000-000000000000") &&
-				string(missing.Raw) != strings.ReplaceAll(string(got.Raw), other.spare, "00000000-0000-4000-8000-000000000000") {
+			missingPath := uuidPattern.ReplaceAllString(c.path(other), "00000000-0000-4000-8000-000000000000")
+			missingPath = strings.Replace(missingPath, "/dead-letters/"+other.deadLetter, "/dead-letters/999999999", 1)
+			missing := h.call(me.key, r.Method, missingPath, c.body)
+			if missing.Status != http.StatusNotFound || normalizeIDs(missing.Raw, "999999999") != normalizeIDs(got.Raw, other.deadLetter) {
 				t.Errorf("%s: another tenant's id and a missing one answer differently:\n  %s\n  %s", name, got.Raw, missing.Raw)
 			}
 			if after := h.must(http.StatusOK, h.admin, "GET", "/v1/audit?limit=500", nil).Raw; string(after) != string(before) {

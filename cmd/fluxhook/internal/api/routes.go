@@ -15,6 +15,12 @@ func (s *Server) table() []Route {
 		{Method: "POST", Pattern: "/v1/endpoints/{id}/test", handle: s.sendTestEvent},
 		{Method: "GET", Pattern: "/v1/endpoints/{id}/health", handle: s.endpointHealth},
 
+		{Method: "POST", Pattern: "/v1/endpoints/{id}/recover", handle: s.startRecovery},
+		{Method: "GET", Pattern: "/v1/recoveries/{id}", handle: s.getRecovery},
+		{Method: "GET", Pattern: "/v1/dead-letters", handle: s.listDeadLetters},
+		{Method: "GET", Pattern: "/v1/dead-letters/{id}", handle: s.getDeadLetter},
+		{Method: "POST", Pattern: "/v1/dead-letters/{id}/replay", handle: s.replayDeadLetter},
+
 		{Method: "GET", Pattern: "/v1/audit", handle: s.listAudit},
 		{Method: "GET", Pattern: "/v1/me", handle: s.me},
 

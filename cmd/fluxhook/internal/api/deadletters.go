@@ -1,0 +1,210 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/fluxora/fluxhook/sql/audit"
+	"github.com/fluxora/fluxhook/sql/deadletters"
+)
+
+// recoveryStaleAfter is how long a running recovery may go without progress before an API
+// process starting up takes it over: well above a batch's duration (a few hundred replays).
+const recoveryStaleAfter = 2 * time.Minute
+
+// deadLetterError turns the dead-letter store's errors into the API's: invalid input names
+// its field, another tenant's row is not found like a missing one.
+func deadLetterError(err error, what, id string) error {
+	var inv *deadletters.InvalidError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &inv):
+		return errInvalid(inv.Field, "%s", inv.Error())
+	case errors.Is(err, deadletters.ErrNotFound):
+		return errNotFound(what, id)
+	case errors.Is(err, deadletters.ErrEndpointNotFound):
+		return errNotFound("endpoint", id)
+	case errors.Is(err, deadletters.ErrEndpointDisabled):
+		return errConflict("%s", strings.TrimPrefix(err.Error(), "endpoint disabled: "))
+	}
+	return err
+}
+
+func (s *Server) listDeadLetters(q *request) error {
+	limit, err := q.limit()
+	if err != nil {
+		return err
+	}
+	query := q.r.URL.Query()
+	f := deadletters.Filter{Tenant: q.scope(), EndpointID: query.Get("endpoint_id"), EventType: query.Get("event_type"),
+		DeliveryID: query.Get("delivery_id"), ReasonContains: query.Get("reason_contains"), Limit: limit + 1}
+	if t := q.tenantParam(); t != nil {
+		if f.Tenant != nil && *t != *f.Tenant {
+			writeJSON(q.w, http.StatusOK, page[deadletters.DeadLetter]{Data: []deadletters.DeadLetter{}})
+			return nil
+		}
+		f.Tenant = t
+	}
+	if f.Since, err = q.timeParam("since"); err != nil {
+		return err
+	}
+	if f.Until, err = q.timeParam("until"); err != nil {
+		return err
+	}
+	switch v := query.Get("replayed"); v {
+	case "":
+	case "true":
+		f.Replayed = deadletters.ReplayedOnly
+	case "false":
+		f.Replayed = deadletters.NotReplayed
+	default:
+		return errInvalid("replayed", "replayed: must be true or false, not %q", v)
+	}
+	if c := query.Get("cursor"); c != "" {
+		if f.After, err = deadletters.ParseCursor(c); err != nil {
+			return errInvalid("cursor", "cursor: not one this API gave; pass next_cursor from the previous page as it is")
+		}
+	}
+	list, err := deadletters.List(q.ctx, s.cfg.Pool, f)
+	if err != nil {
+		return deadLetterError(err, "dead letter", "")
+	}
+	out := page[deadletters.DeadLetter]{Data: list}
+	if len(list) > limit {
+		out.Data = list[:limit]
+		c := list[limit-1].Cursor().String()
+		out.NextCursor = &c
+	}
+	if out.Data == nil {
+		out.Data = []deadletters.DeadLetter{}
+	}
+	writeJSON(q.w, http.StatusOK, out)
+	return nil
+}
+
+// deadLetterID reads the {id} of a dead-letter route: a positive integer, or not found.
+func deadLetterID(q *request) (int64, string, error) {
+	raw := q.r.PathValue("id")
+	id, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, raw, errNotFound("dead letter", raw)
+	}
+	return id, raw, nil
+}
+
+func (s *Server) getDeadLetter(q *request) error {
+	id, raw, err := deadLetterID(q)
+	if err != nil {
+		return err
+	}
+	d, err := deadletters.Get(q.ctx, s.cfg.Pool, id, q.scope())
+	if err != nil {
+		return deadLetterError(err, "dead letter", raw)
+	}
+	writeJSON(q.w, http.StatusOK, d)
+	return nil
+}
+
+// replayResult is what a replay of one dead letter did.
+type replayResult struct {
+	Replayed   bool    `json:"replayed"`
+	DeliveryID string  `json:"delivery_id"`
+	SkipReason *string `json:"skip_reason"`
+}
+
+func (s *Server) replayDeadLetter(q *request) error {
+	id, raw, err := deadLetterID(q)
+	if err != nil {
+		return err
+	}
+	var in struct {
+		Force bool `json:"force"`
+	}
+	if q.r.ContentLength != 0 {
+		if err := q.decode(&in); err != nil {
+			return err
+		}
+	}
+	var out replayResult
+	err = pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		o, err := deadletters.Replay(q.ctx, tx, deadletters.Selection{Tenant: q.scope(), IDs: []int64{id}},
+			deadletters.Options{Force: in.Force})
+		if err != nil {
+			return deadLetterError(err, "dead letter", raw)
+		}
+		switch {
+		case len(o.Replayed) == 1:
+			out = replayResult{Replayed: true, DeliveryID: o.Replayed[0].DeliveryID}
+			return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: o.Replayed[0].Tenant, Action: "dead_letter.replay",
+				ObjectType: "dead_letter", ObjectID: raw, After: map[string]any{"delivery_id": out.DeliveryID, "force": in.Force}})
+		case len(o.Skipped) == 1:
+			reason := string(o.Skipped[0].Reason)
+			out = replayResult{DeliveryID: o.Skipped[0].DeliveryID, SkipReason: &reason}
+			return nil
+		}
+		return errNotFound("dead letter", raw)
+	})
+	if err != nil {
+		return err
+	}
+	if !out.Replayed {
+		hint := ""
+		if *out.SkipReason == string(deadletters.SkipAlreadyReplayed) {
+			hint = `; send {"force": true} to replay it again`
+		}
+		return errConflict("dead letter %s was not replayed: %s%s", raw, *out.SkipReason, hint)
+	}
+	writeJSON(q.w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) startRecovery(q *request) error {
+	endpointID := q.r.PathValue("id")
+	var in struct {
+		Since *time.Time `json:"since"`
+	}
+	if err := q.decode(&in); err != nil {
+		return err
+	}
+	if in.Since == nil {
+		return errInvalid("since", "since: required, an RFC 3339 time: the dead letters that failed since then are replayed")
+	}
+	var r deadletters.Recovery
+	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		if r, err = deadletters.StartRecovery(q.ctx, tx, endpointID, *in.Since, q.actor(), q.scope()); err != nil {
+			return deadLetterError(err, "endpoint", endpointID)
+		}
+		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: r.Tenant, Action: "recovery.start",
+			ObjectType: "recovery", ObjectID: r.ID, After: r})
+	})
+	if err != nil {
+		return err
+	}
+	s.background(func(ctx context.Context) {
+		if _, err := deadletters.RunRecovery(ctx, s.cfg.Pool, r.ID); err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("recovery failed", zap.String("recovery_id", r.ID), zap.String("endpoint_id", r.EndpointID), zap.Error(err))
+		}
+	})
+	q.w.Header().Set("Location", "/v1/recoveries/"+r.ID)
+	writeJSON(q.w, http.StatusAccepted, r)
+	return nil
+}
+
+func (s *Server) getRecovery(q *request) error {
+	id := q.r.PathValue("id")
+	r, err := deadletters.GetRecovery(q.ctx, s.cfg.Pool, id, q.scope())
+	if err != nil {
+		return deadLetterError(err, "recovery", id)
+	}
+	writeJSON(q.w, http.StatusOK, r)
+	return nil
+}
