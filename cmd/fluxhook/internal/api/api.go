@@ -48,6 +48,9 @@ type Config struct {
 	// Breakers reads circuit state for an endpoint's health (the Redis gate's store); nil
 	// when the gate is in-process, and health says "unknown".
 	Breakers Breakers
+	// DefaultURL is the dispatchers' WEBHOOK_URL, when known, so that deliveries to it show
+	// its origin; empty (fluxhook api alone) shows them without one.
+	DefaultURL string
 	// Now is the clock, for tests; nil is time.Now.
 	Now func() time.Time
 }
