@@ -107,7 +107,8 @@ func startAPI(ctx context.Context, cfg serveConfig, ln net.Listener, log *zap.Lo
 		return nil, fmt.Errorf("%w: WEBHOOK_ENCRYPTION_KEY: %v", errInvalidConfig, err)
 	}
 	acfg := api.Config{Pool: pool, Cipher: cipher, Logger: log.Named("api"), AllowedNetworks: d.AllowedNetworks,
-		PublicURL: cfg.publicURL, Portal: portal.Handler(portal.Options{FrameAncestors: cfg.frameAnc})}
+		PublicURL: cfg.publicURL, Portal: portal.Handler(portal.Options{FrameAncestors: cfg.frameAnc}),
+		DefaultURL: d.DefaultURL}
 	var store *redisstore.Store
 	if d.RedisURL != "" {
 		if store, err = redisstore.Open(d.RedisURL, redisstore.Options{}); err != nil {

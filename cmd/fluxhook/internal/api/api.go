@@ -58,6 +58,9 @@ type Config struct {
 	// PublicURL is the base URL users reach this server at, for portal links (default: the
 	// request's host, over http unless the request came over TLS).
 	PublicURL string
+	// DefaultURL is the dispatchers' WEBHOOK_URL, when known, so that deliveries to it show
+	// its origin; empty (fluxhook api alone) shows them without one.
+	DefaultURL string
 	// Now is the clock, for tests; nil is time.Now.
 	Now func() time.Time
 }

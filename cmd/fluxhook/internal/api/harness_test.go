@@ -66,6 +66,10 @@ func (f fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Ad
 	return nil, fmt.Errorf("lookup %s: no such host", host)
 }
 
+// defaultURL is the WEBHOOK_URL the tests' API knows, with a token in its query that no answer
+// may show.
+const defaultURL = "https://default.example.com/hooks?token=operator-secret"
+
 // harness is one API over its own database.
 type harness struct {
 	t     testing.TB
@@ -82,7 +86,7 @@ func newHarness(t testing.TB) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := api.New(api.Config{Pool: db.Pool, Cipher: c, Portal: portal.Handler(portal.Options{}), Resolver: fakeResolver{
+	a := api.New(api.Config{Pool: db.Pool, Cipher: c, Portal: portal.Handler(portal.Options{}), DefaultURL: defaultURL, Resolver: fakeResolver{
 		"hooks.example.com": {netip.MustParseAddr("93.184.215.14")},
 		"internal.example":  {netip.MustParseAddr("10.0.0.5")},
 	}})

@@ -51,6 +51,8 @@ type tenantWorld struct {
 	// deadLetter is a dead letter of endpoint; recovery a recovery job of it.
 	deadLetter string
 	recovery   string
+	// event is the delivery id of a test event sent to endpoint, pending.
+	event string
 	// spare is a second endpoint, for the routes that delete it.
 	spare string
 }
@@ -60,6 +62,7 @@ func newTenantWorld(h *harness, tenant string) *tenantWorld {
 	w := &tenantWorld{key: h.key(ptr(tenant))}
 	w.endpoint = h.must(http.StatusCreated, w.key, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/" + tenant}).Body["id"].(string)
 	w.spare = h.must(http.StatusCreated, w.key, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/" + tenant + "-spare"}).Body["id"].(string)
+	w.event = h.must(http.StatusAccepted, w.key, "POST", "/v1/endpoints/"+w.endpoint+"/test", nil).Body["delivery_id"].(string)
 	w.deadLetter = fmt.Sprint(h.deadLetter(w.endpoint, ptr(tenant), "order.paid"))
 	w.recovery = h.must(http.StatusAccepted, w.key, "POST", "/v1/endpoints/"+w.spare+"/recover",
 		map[string]any{"since": "2026-01-01T00:00:00Z"}).Body["id"].(string)
@@ -93,6 +96,10 @@ var isolationCases = map[string]isolationCase{
 	"POST /v1/endpoints/{id}/recover": {path: func(w *tenantWorld) string { return "/v1/endpoints/" + w.endpoint + "/recover" },
 		body: map[string]any{"since": "2026-01-01T00:00:00Z"}, status: 202},
 	"GET /v1/recoveries/{id}":           {path: func(w *tenantWorld) string { return "/v1/recoveries/" + w.recovery }, status: 200},
+	"GET /v1/events":                    {path: func(*tenantWorld) string { return "/v1/events?limit=500" }, status: 200, list: true},
+	"GET /v1/events/{delivery_id}":      {path: func(w *tenantWorld) string { return "/v1/events/" + w.event }, status: 200},
+	"GET /v1/deliveries/{delivery_id}":  {path: func(w *tenantWorld) string { return "/v1/deliveries/" + w.event }, status: 200},
+	"GET /v1/endpoints/{id}/deliveries": {path: func(w *tenantWorld) string { return "/v1/endpoints/" + w.endpoint + "/deliveries" }, status: 200},
 	"GET /v1/dead-letters":              {path: func(*tenantWorld) string { return "/v1/dead-letters?limit=500" }, status: 200, list: true},
 	"GET /v1/dead-letters/{id}":         {path: func(w *tenantWorld) string { return "/v1/dead-letters/" + w.deadLetter }, status: 200},
 	"POST /v1/dead-letters/{id}/replay": {path: func(w *tenantWorld) string { return "/v1/dead-letters/" + w.deadLetter + "/replay" }, status: 200},
@@ -143,7 +150,7 @@ func TestTenantKeysNeverReachAnotherTenant(t *testing.T) {
 			if c.list {
 				got := h.must(c.status, me.key, r.Method, c.path(me), c.body)
 				for _, id := range uuidPattern.FindAllString(string(got.Raw), -1) {
-					if id == other.endpoint || id == other.spare {
+					if id == other.endpoint || id == other.spare || id == other.event || id == other.recovery {
 						t.Errorf("%s with %s's key shows the other tenant's object %s", name, me.key[:20], id)
 					}
 				}

@@ -14,6 +14,11 @@ func (s *Server) table() []Route {
 		{Method: "POST", Pattern: "/v1/endpoints/{id}/enable", handle: s.enableEndpoint},
 		{Method: "POST", Pattern: "/v1/endpoints/{id}/test", handle: s.sendTestEvent},
 		{Method: "GET", Pattern: "/v1/endpoints/{id}/health", handle: s.endpointHealth},
+		{Method: "GET", Pattern: "/v1/endpoints/{id}/deliveries", handle: s.listEndpointDeliveries},
+
+		{Method: "GET", Pattern: "/v1/events", handle: s.listEvents},
+		{Method: "GET", Pattern: "/v1/events/{delivery_id}", handle: s.getEvent},
+		{Method: "GET", Pattern: "/v1/deliveries/{delivery_id}", handle: s.getDelivery},
 
 		{Method: "POST", Pattern: "/v1/endpoints/{id}/recover", handle: s.startRecovery},
 		{Method: "GET", Pattern: "/v1/recoveries/{id}", handle: s.getRecovery},
