@@ -1,113 +1,15 @@
 package main
 
 import (
-	"context"
-	"crypto/sha256"
-	_ "embed"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"text/tabwriter"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/status"
 	fluxgate "github.com/fluxora/fluxhook/stages/gate"
-	"github.com/fluxora/fluxhook/stages/gate/redisstore"
 )
 
-//go:embed queries/status_endpoints.sql
-var statusEndpointsSQL string
-
-// breakerStatus is one endpoint's circuit as `status` shows it: by hash, never by URL.
-type breakerStatus struct {
-	Endpoint string `json:"endpoint"`
-	State    string `json:"state"`
-	Failures int    `json:"consecutive_failures"`
-	// OpenForSeconds is how long the circuit stays open before the next probe: each failed
-	// probe starts it again, so it says nothing about how long the endpoint has been down.
-	OpenForSeconds float64 `json:"open_for_seconds"`
-	ProbeHeld      bool    `json:"probe_held"`
-	// OpenSince is when the circuit opened for this spell (by Redis's clock), kept across
-	// failed probes until a probe succeeds: how long the endpoint has been down. Null while
-	// closed, and for a spell that began under a fluxhook that did not record it.
-	OpenSince *time.Time `json:"open_since"`
-	// FailedProbes counts the probes that failed since OpenSince.
-	FailedProbes int `json:"failed_probes"`
-
-	openAge time.Duration // since OpenSince, by Redis's clock (for the text output)
-}
-
-// readBreakers reads the breaker state of the endpoints in use from the shared Redis store.
-// Without REDIS_URL the state lives inside each `serve` process and cannot be read from here;
-// the report says so rather than showing every circuit as closed.
-func readBreakers(ctx context.Context, tx pgx.Tx, redisURL, defaultURL string) ([]breakerStatus, string, error) {
-	if redisURL == "" {
-		return nil, "breaker state is in-process (no REDIS_URL): see each instance's fluxora_webhook_circuit_breaker_transitions_total", nil
-	}
-	rows, _ := tx.Query(ctx, statusEndpointsSQL)
-	urls, err := pgx.CollectRows(rows, pgx.RowTo[*string])
-	if err != nil {
-		return nil, "", fmt.Errorf("reading endpoints: %w", err)
-	}
-	seen := map[string]bool{}
-	var hashes []string
-	add := func(u string) {
-		if u == "" {
-			return
-		}
-		sum := sha256.Sum256([]byte(u))
-		h := hex.EncodeToString(sum[:])
-		if !seen[h] {
-			seen[h] = true
-			hashes = append(hashes, h)
-		}
-	}
-	add(defaultURL)
-	for _, u := range urls {
-		if u != nil {
-			add(*u)
-		}
-	}
-	// A managed endpoint's breaker is keyed by its key, "ep:<id>", not its URL (see
-	// send.ManagedEndpoint): two endpoints on one URL have breakers of their own.
-	rows, _ = tx.Query(ctx, `SELECT 'ep:' || id::text FROM webhook_endpoints ORDER BY created_at LIMIT 1000`)
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, "", fmt.Errorf("reading endpoints: %w", err)
-	}
-	for _, k := range keys {
-		add(k)
-	}
-	store, err := redisstore.Open(redisURL, redisstore.Options{})
-	if err != nil {
-		return nil, "", err
-	}
-	defer store.Close()
-	snaps, err := store.Inspect(ctx, hashes)
-	if err != nil {
-		return nil, "", fmt.Errorf("reading breaker state from Redis: %w", err)
-	}
-	out := []breakerStatus{}
-	for _, s := range snaps {
-		if s.State == fluxgate.Closed && s.Failures == 0 {
-			continue // only endpoints with trouble
-		}
-		b := breakerStatus{Endpoint: s.Hash, State: string(s.State), Failures: s.Failures,
-			OpenForSeconds: s.OpenFor.Seconds(), ProbeHeld: s.ProbeHeld, FailedProbes: s.FailedProbes}
-		if !s.OpenSince.IsZero() {
-			since := s.OpenSince.UTC()
-			b.OpenSince = &since
-			// Aged by Redis's clock (Snapshot.At), not this host's, which may be skewed.
-			b.openAge = max(s.At.Sub(s.OpenSince), 0)
-		}
-		out = append(out, b)
-	}
-	note := fmt.Sprintf("%d endpoints checked; closed circuits without failures are not listed", len(hashes))
-	return out, note, nil
-}
-
-func printBreakers(w io.Writer, breakers []breakerStatus, note string) error {
+func printBreakers(w io.Writer, breakers []status.Breaker, note string) error {
 	fmt.Fprintln(w, "\ncircuit breakers:")
 	if len(breakers) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -118,7 +20,7 @@ func printBreakers(w io.Writer, breakers []breakerStatus, note string) error {
 		for _, b := range breakers {
 			since, next := "-", "-"
 			if b.OpenSince != nil {
-				since = formatSeconds(b.openAge.Seconds()) + " ago"
+				since = formatSeconds(b.OpenAge().Seconds()) + " ago"
 			} else if b.State != string(fluxgate.Closed) {
 				since = "unknown" // opened under a fluxhook that did not record it
 			}
