@@ -108,7 +108,7 @@ func startAPI(ctx context.Context, cfg serveConfig, ln net.Listener, log *zap.Lo
 	}
 	acfg := api.Config{Pool: pool, Cipher: cipher, Logger: log.Named("api"), AllowedNetworks: d.AllowedNetworks,
 		PublicURL: cfg.publicURL, Portal: portal.Handler(portal.Options{FrameAncestors: cfg.frameAnc}),
-		DefaultURL: d.DefaultURL}
+		DefaultURL: d.DefaultURL, RedisURL: d.RedisURL}
 	var store *redisstore.Store
 	if d.RedisURL != "" {
 		if store, err = redisstore.Open(d.RedisURL, redisstore.Options{}); err != nil {

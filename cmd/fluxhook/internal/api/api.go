@@ -47,6 +47,9 @@ type Config struct {
 	// Resolver looks endpoint host names up when they are created, to refuse a name whose
 	// every address the dispatcher would refuse; nil is the system's resolver.
 	Resolver send.Resolver
+	// RedisURL is the shared gate's Redis (REDIS_URL), for the breakers in GET /v1/status;
+	// empty when the gate is in-process.
+	RedisURL string
 	// Breakers reads circuit state for an endpoint's health (the Redis gate's store); nil
 	// when the gate is in-process, and health says "unknown".
 	Breakers Breakers

@@ -46,6 +46,17 @@ func TestPortalSessionsActAsTheirTenantUntilTheyExpire(t *testing.T) {
 		t.Fatalf("the operator's session does not see every tenant: %s", all.Raw)
 	}
 	h.must(http.StatusForbidden, opToken, "POST", "/v1/api-keys", map[string]any{})
+	if st := h.must(http.StatusOK, opToken, "GET", "/v1/status", nil); st.Body["backlog"] == nil || st.Body["schema_version"] == nil {
+		t.Fatalf("the operator's status overview = %s", st.Raw)
+	}
+	if ts := h.must(http.StatusOK, opToken, "GET", "/v1/tenants", nil); len(ts.Body["data"].([]any)) != 2 {
+		t.Fatalf("the operator's tenant selector = %s; want acme and globex", ts.Raw)
+	}
+	h.must(http.StatusForbidden, token, "GET", "/v1/status", nil)
+	h.must(http.StatusForbidden, token, "GET", "/v1/tenants", nil)
+	if me := h.must(http.StatusOK, token, "GET", "/v1/me", nil); me.Body["tenant"] != "acme" || me.Body["portal"] != true || me.Body["admin"] != false {
+		t.Fatalf("/v1/me for the acme session = %s", me.Raw)
+	}
 
 	h.must(http.StatusUnprocessableEntity, h.admin, "POST", "/v1/tenants/acme/portal-sessions", map[string]any{"ttl_seconds": 10})
 	if _, err := h.db.Pool.Exec(context.Background(), `UPDATE webhook_api_keys SET expires_at = now() WHERE kind = 'portal'`); err != nil {

@@ -35,5 +35,6 @@ func (s *Server) table() []Route {
 		{Method: "POST", Pattern: "/v1/tenants/{tenant}/portal-sessions", Admin: true, handle: s.createTenantPortalSession},
 		{Method: "POST", Pattern: "/v1/portal-sessions", Admin: true, handle: s.createAdminPortalSession},
 		{Method: "GET", Pattern: "/v1/tenants", AdminOrPortal: true, handle: s.listTenants},
+		{Method: "GET", Pattern: "/v1/status", AdminOrPortal: true, handle: s.getStatus},
 	}
 }
