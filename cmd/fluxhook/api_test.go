@@ -1,13 +1,23 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/api"
+	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 )
 
@@ -167,5 +177,92 @@ func TestCLIEndpointChangesAreAudited(t *testing.T) {
 		OR coalesce(before::text, '') || coalesce(after::text, '') LIKE '%tok-secret-1%'`, ep.Secret)
 	if leaks != 0 {
 		t.Fatalf("%d audit entries hold the secret or a header value", leaks)
+	}
+}
+
+// docResolver resolves the host names docs/api.md's examples use, without DNS.
+type docResolver struct{}
+
+func (docResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if host == "hooks.example.com" {
+		return []netip.Addr{netip.MustParseAddr("93.184.215.14")}, nil
+	}
+	return nil, fmt.Errorf("lookup %s: no such host", host)
+}
+
+// statusRecorder keeps the statuses a handler answered, for TestAPIDocExamplesRun.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) { r.status = code; r.ResponseWriter.WriteHeader(code) }
+
+// TestAPIDocExamplesRun runs every shell example of docs/api.md, in order, in one bash (with
+// the fluxhook binary on PATH, curl and jq), against an API on a test database: each request
+// must succeed but the one the page shows failing (422, a private address), so the page's
+// examples cannot rot.
+func TestAPIDocExamplesRun(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []string{"bash", "curl", "jq"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is not installed: .ci/services installs it", tool)
+		}
+	}
+	db := sqltest.NewMigrated(t)
+	cipher, _ := endpoints.NewCipher("", "")
+	a := api.New(api.Config{Pool: db.Pool, Cipher: cipher, Resolver: docResolver{}})
+	t.Cleanup(a.Close)
+	var mu sync.Mutex
+	var calls []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w, status: 200}
+		a.ServeHTTP(rec, r)
+		mu.Lock()
+		calls = append(calls, fmt.Sprintf("%d %s %s", rec.status, r.Method, r.URL.Path))
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+
+	md := readDoc(t, repoRoot(t), "docs/api.md")
+	var script strings.Builder
+	script.WriteString("set -euo pipefail\n")
+	for _, block := range strings.Split(md, "```sh\n")[1:] {
+		code, _, _ := strings.Cut(block, "```")
+		script.WriteString(code)
+	}
+	src := strings.Replace(script.String(), "export FLUXHOOK_API=http://127.0.0.1:8080", "export FLUXHOOK_API="+srv.URL, 1)
+	if src == script.String() {
+		t.Fatal("docs/api.md no longer sets FLUXHOOK_API=http://127.0.0.1:8080: update this test")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(fluxhookBinary(t), filepath.Join(bin, "fluxhook")); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "-c", src)
+	cmd.Dir = dir
+	cmd.Env = []string{"PATH=" + bin + ":" + os.Getenv("PATH"), "HOME=" + dir, "DATABASE_URL=" + db.URL}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("docs/api.md's examples failed: %v\n%s", err, out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	failed := 0
+	for _, c := range calls {
+		if !strings.HasPrefix(c, "2") {
+			failed++
+			if c != "422 POST /v1/endpoints" {
+				t.Errorf("an example's request answered %s\n%s", c, out)
+			}
+		}
+	}
+	t.Logf("calls:\n%s", strings.Join(calls, "\n"))
+	if failed != 1 || len(calls) < 10 {
+		t.Fatalf("%d requests, %d failed; want every example to run and only the refused URL to fail:\n%s\n%s", len(calls), failed, strings.Join(calls, "\n"), out)
 	}
 }
