@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -86,7 +87,9 @@ func newHarness(t testing.TB) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := api.New(api.Config{Pool: db.Pool, Cipher: c, Portal: portal.Handler(portal.Options{}), DefaultURL: defaultURL, Resolver: fakeResolver{
+	// The API runs as a role with exactly the grants docs/install.md gives it, so that every
+	// test also tests the page; fixtures are written with db.Pool, as the schema owner.
+	a := api.New(api.Config{Pool: sqltest.ConnectAs(t, db, documentedAPIRole(t, db)), Cipher: c, Portal: portal.Handler(portal.Options{}), DefaultURL: defaultURL, Resolver: fakeResolver{
 		"hooks.example.com": {netip.MustParseAddr("93.184.215.14")},
 		"internal.example":  {netip.MustParseAddr("10.0.0.5")},
 	}})
@@ -196,4 +199,39 @@ func (r response) errorCode() (code, field string) {
 	code, _ = e["code"].(string)
 	field, _ = e["field"].(string)
 	return code, field
+}
+
+// documentedAPIRole creates a role with the grants of docs/install.md's block for the
+// management API (the first sql block after "**The management API**"), each "TO fluxhook_api".
+func documentedAPIRole(t testing.TB, db *sqltest.DB) string {
+	t.Helper()
+	md, err := os.ReadFile("../../../../docs/install.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(md), "**The management API**")
+	_, rest, ok2 := strings.Cut(rest, "```sql\n")
+	block, _, ok3 := strings.Cut(rest, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatal("docs/install.md has no sql block after **The management API**")
+	}
+	role := sqltest.NewRole(t, db)
+	n := 0
+	for _, stmt := range strings.Split(block, ";") {
+		stmt = strings.Join(strings.Fields(stmt), " ")
+		if stmt == "" {
+			continue
+		}
+		if !strings.HasPrefix(stmt, "GRANT ") || !strings.HasSuffix(stmt, " TO fluxhook_api") {
+			t.Fatalf("docs/install.md's API block holds %q; want only GRANT ... TO fluxhook_api", stmt)
+		}
+		if _, err := db.Pool.Exec(context.Background(), strings.TrimSuffix(stmt, "fluxhook_api")+role); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+		n++
+	}
+	if n < 4 {
+		t.Fatalf("docs/install.md's API block has %d grants", n)
+	}
+	return role
 }
