@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
@@ -77,6 +78,9 @@ func TestDemoDeliversSampleEvents(t *testing.T) {
 
 // TestDemoStopsOnSIGINT runs the demo without an event count, as a person does, and stops it
 // with Ctrl-C once events arrive: it must drain, exit 0 and leave nothing behind.
+// demoCurl is the curl line the demo prints for its first delivery: the header and the URL.
+var demoCurl = regexp.MustCompile(`curl -s -H 'Authorization: ([^']+)' (http://\S+/v1/deliveries/\S+)`)
+
 func TestDemoStopsOnSIGINT(t *testing.T) {
 	t.Parallel()
 	db := sqltest.New(t)
@@ -85,6 +89,22 @@ func TestDemoStopsOnSIGINT(t *testing.T) {
 	p.waitFor(60*time.Second, "two sample events to arrive", func() bool {
 		return len(receivedLine.FindAllString(p.stdout.String(), -1)) >= 2
 	})
+	// The curl line the demo prints for its first delivery works, as printed, while it runs.
+	m := demoCurl.FindStringSubmatch(p.stdout.String())
+	if m == nil {
+		t.Fatalf("the demo printed no curl line for its first delivery; stdout:\n%s", p.stdout.String())
+	}
+	req, _ := http.NewRequest("GET", m[2], nil)
+	req.Header.Set("Authorization", m[1])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"attempts"`) {
+		t.Fatalf("the demo's curl line answered %d: %s", resp.StatusCode, body)
+	}
 	p.signal(syscall.SIGINT)
 	if code := p.waitExit(20 * time.Second); code != 0 {
 		t.Fatalf("demo exited %d after SIGINT, want 0; stdout:\n%s", code, p.stdout.String())
