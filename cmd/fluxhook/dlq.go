@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fluxora/fluxhook/sql/audit"
 	"github.com/fluxora/fluxhook/sql/deadletters"
 )
 
@@ -366,8 +367,10 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 	var out deadletters.Outcome
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		out, err = deadletters.Replay(ctx, tx, sel, opts)
-		return err
+		if out, err = deadletters.Replay(ctx, tx, sel, opts); err != nil {
+			return err
+		}
+		return audit.RecordAll(ctx, tx, deadletters.AuditReplays(out, audit.CLIActor(), opts))
 	})
 	switch {
 	case errors.Is(err, deadletters.ErrEndpointNotFound):

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fluxora/fluxhook/sql/audit"
 	"github.com/fluxora/fluxhook/sql/deadletters"
 )
 
@@ -47,7 +49,13 @@ func runDLQPurge(ctx context.Context, env *environment, args []string) error {
 		if *dryRun {
 			return errDryRun
 		}
-		return nil
+		actor := audit.CLIActor()
+		changes := make([]audit.Change, len(purged))
+		for i, r := range purged {
+			changes[i] = audit.Change{Actor: actor, Action: "dead_letter.purge", ObjectType: "dead_letter",
+				ObjectID: strconv.FormatInt(r.ID, 10), Before: map[string]any{"delivery_id": r.DeliveryID}}
+		}
+		return audit.RecordAll(ctx, tx, changes)
 	})
 	if err != nil && err != errDryRun {
 		return err

@@ -78,6 +78,46 @@ func Record(ctx context.Context, q Querier, c Change) error {
 	return nil
 }
 
+// RecordAll writes every change in one statement: a bulk replay or purge records one entry per
+// dead letter without a round trip each. Call it with the transaction that makes the changes.
+func RecordAll(ctx context.Context, q Querier, changes []Change) error {
+	if len(changes) == 0 {
+		return nil
+	}
+	n := len(changes)
+	actors, tenants, actions, types, ids := make([]string, n), make([]*string, n), make([]string, n), make([]string, n), make([]string, n)
+	befores, afters := make([]*string, n), make([]*string, n)
+	for i, c := range changes {
+		if c.Actor == "" || c.Action == "" || c.ObjectType == "" || c.ObjectID == "" {
+			return errors.New("audit: an entry needs an actor, an action, an object type and an object id")
+		}
+		b, err := encode(c.Before)
+		if err != nil {
+			return fmt.Errorf("audit: encoding the object before %s: %w", c.Action, err)
+		}
+		a, err := encode(c.After)
+		if err != nil {
+			return fmt.Errorf("audit: encoding the object after %s: %w", c.Action, err)
+		}
+		actors[i], tenants[i], actions[i], types[i], ids[i] = c.Actor, c.Tenant, c.Action, c.ObjectType, c.ObjectID
+		if b != nil {
+			s := string(b)
+			befores[i] = &s
+		}
+		if a != nil {
+			s := string(a)
+			afters[i] = &s
+		}
+	}
+	_, err := q.Exec(ctx, `INSERT INTO webhook_audit (actor, tenant, action, object_type, object_id, before, after)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[])`,
+		actors, tenants, actions, types, ids, befores, afters)
+	if err != nil {
+		return fmt.Errorf("audit: recording %d changes: %w", n, err)
+	}
+	return nil
+}
+
 func encode(v any) ([]byte, error) {
 	if v == nil {
 		return nil, nil

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fluxora/fluxhook/sql/audit"
 )
 
 // Selection says which dead letters Replay and Purge act on: by reference (IDs and
@@ -376,4 +379,23 @@ func sameTenant(a, b *string) bool {
 		return a == nil && b == nil
 	}
 	return *a == *b
+}
+
+// AuditReplays is the audit trail's record of o: one entry per dead letter replayed, by actor,
+// naming the event and where it went (its own endpoint, or ToEndpoint). A dry run changes
+// nothing and records nothing.
+func AuditReplays(o Outcome, actor string, opts Options) []audit.Change {
+	if o.DryRun {
+		return nil
+	}
+	out := make([]audit.Change, 0, len(o.Replayed))
+	for _, r := range o.Replayed {
+		after := map[string]any{"delivery_id": r.DeliveryID, "event_type": r.EventType, "force": opts.Force}
+		if opts.ToEndpoint != "" {
+			after["to_endpoint"] = opts.ToEndpoint
+		}
+		out = append(out, audit.Change{Actor: actor, Tenant: r.Tenant, Action: "dead_letter.replay",
+			ObjectType: "dead_letter", ObjectID: strconv.FormatInt(r.ID, 10), After: after})
+	}
+	return out
 }

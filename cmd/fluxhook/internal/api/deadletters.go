@@ -143,8 +143,7 @@ func (s *Server) replayDeadLetter(q *request) error {
 		switch {
 		case len(o.Replayed) == 1:
 			out = replayResult{Replayed: true, DeliveryID: o.Replayed[0].DeliveryID}
-			return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: o.Replayed[0].Tenant, Action: "dead_letter.replay",
-				ObjectType: "dead_letter", ObjectID: raw, After: map[string]any{"delivery_id": out.DeliveryID, "force": in.Force}})
+			return audit.RecordAll(q.ctx, tx, deadletters.AuditReplays(o, q.actor(), deadletters.Options{Force: in.Force}))
 		case len(o.Skipped) == 1:
 			reason := string(o.Skipped[0].Reason)
 			out = replayResult{DeliveryID: o.Skipped[0].DeliveryID, SkipReason: &reason}
