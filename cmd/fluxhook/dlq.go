@@ -238,23 +238,26 @@ func (v *sinceValue) Set(s string) error {
 // for an ordered endpoint's delivery (what a replay keeps, so that it leads the stream again),
 // null for an unordered one.
 type deadLetter struct {
-	ID          int64           `json:"id"`
-	OutboxID    *int64          `json:"outbox_id"`
-	DeliveryID  string          `json:"delivery_id"`
-	EndpointID  *string         `json:"endpoint_id"`
-	StreamID    *string         `json:"stream_id"`
-	EventType   string          `json:"event_type"`
-	EndpointURL *string         `json:"endpoint_url"`
-	Attempts    int32           `json:"attempts"`
-	LastStatus  *int32          `json:"last_status"`
-	LastError   *string         `json:"last_error"`
-	Reason      string          `json:"reason"`
-	EnqueuedAt  time.Time       `json:"enqueued_at"`
-	FailedAt    time.Time       `json:"failed_at"`
-	ReplayedAt  *time.Time      `json:"replayed_at"`
-	Tenant      *string         `json:"tenant"`
-	OrderKey    *int64          `json:"order_key"`
-	Payload     json.RawMessage `json:"payload,omitempty"`
+	ID          int64      `json:"id"`
+	OutboxID    *int64     `json:"outbox_id"`
+	DeliveryID  string     `json:"delivery_id"`
+	EndpointID  *string    `json:"endpoint_id"`
+	StreamID    *string    `json:"stream_id"`
+	EventType   string     `json:"event_type"`
+	EndpointURL *string    `json:"endpoint_url"`
+	Attempts    int32      `json:"attempts"`
+	LastStatus  *int32     `json:"last_status"`
+	LastError   *string    `json:"last_error"`
+	Reason      string     `json:"reason"`
+	EnqueuedAt  time.Time  `json:"enqueued_at"`
+	FailedAt    time.Time  `json:"failed_at"`
+	ReplayedAt  *time.Time `json:"replayed_at"`
+	Tenant      *string    `json:"tenant"`
+	OrderKey    *int64     `json:"order_key"`
+	// LastResponseExcerpt is the start of the consumer's last answer (schema 15), shown by
+	// dlq show only: nil in a list, and when the dead letter kept none.
+	LastResponseExcerpt *string         `json:"last_response_excerpt,omitempty"`
+	Payload             json.RawMessage `json:"payload,omitempty"`
 }
 
 // scanDeadLetter reads the columns of dlq_list.sql, plus the payload for dlq_show.sql.
@@ -265,7 +268,7 @@ func scanDeadLetter(row pgx.Row, withPayload bool) (deadLetter, error) {
 		&d.Tenant, &d.OrderKey}
 	var payload string
 	if withPayload {
-		dest = append(dest, &payload)
+		dest = append(dest, &d.LastResponseExcerpt, &payload)
 	}
 	if err := row.Scan(dest...); err != nil {
 		return d, err
@@ -456,6 +459,14 @@ func printDeadLetter(w io.Writer, d deadLetter) error {
 		fmt.Fprintf(tw, "last_status\t-\n")
 	}
 	fmt.Fprintf(tw, "last_error\t%s\n", orNone(d.LastError, "-"))
+	switch {
+	case d.LastResponseExcerpt != nil && *d.LastResponseExcerpt == "":
+		fmt.Fprintf(tw, "last_answer\t- (an empty body)\n")
+	case d.LastResponseExcerpt != nil:
+		fmt.Fprintf(tw, "last_answer\t%s\n", printable(*d.LastResponseExcerpt))
+	default:
+		fmt.Fprintf(tw, "last_answer\t- (none kept)\n")
+	}
 	fmt.Fprintf(tw, "reason\t%s\n", printable(d.Reason))
 	fmt.Fprintf(tw, "enqueued_at\t%s\n", formatTime(d.EnqueuedAt))
 	fmt.Fprintf(tw, "failed_at\t%s\n", formatTime(d.FailedAt))
