@@ -315,6 +315,14 @@ func printDeadLetter(w io.Writer, d deadLetter) error {
 		fmt.Fprintf(tw, "last_status\t-\n")
 	}
 	fmt.Fprintf(tw, "last_error\t%s\n", orNone(d.LastError, "-"))
+	switch {
+	case d.LastResponseExcerpt != nil && *d.LastResponseExcerpt == "":
+		fmt.Fprintf(tw, "last_answer\t- (an empty body)\n")
+	case d.LastResponseExcerpt != nil:
+		fmt.Fprintf(tw, "last_answer\t%s\n", printable(*d.LastResponseExcerpt))
+	default:
+		fmt.Fprintf(tw, "last_answer\t- (none kept)\n")
+	}
 	fmt.Fprintf(tw, "reason\t%s\n", printable(d.Reason))
 	fmt.Fprintf(tw, "enqueued_at\t%s\n", formatTime(d.EnqueuedAt))
 	fmt.Fprintf(tw, "failed_at\t%s\n", formatTime(d.FailedAt))

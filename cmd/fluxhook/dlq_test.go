@@ -161,6 +161,11 @@ func TestDLQShow(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 	f := insertDLQFixtures(t, db)
+	// The consumer's last answer (schema 15), a line break in it.
+	if _, err := db.Pool.Exec(context.Background(), `UPDATE webhook_dead_letter SET last_response_excerpt = $2 WHERE id = $1`,
+		f.notFound, "{\"error\":\"no such order\"}\n"); err != nil {
+		t.Fatal(err)
+	}
 
 	r := runCLI(t, db.URL, "dlq", "show", itoa(f.notFound))
 	if r.code != 0 {
@@ -169,6 +174,7 @@ func TestDLQShow(t *testing.T) {
 	for _, want := range []string{
 		"event_type    order.created", "stream_id     orders", "reason        permanent: HTTP 404",
 		"last_status   503", "last_error    consumer down", "endpoint_url  - (the configured WEBHOOK_URL)",
+		`last_answer   {"error":"no such order"}\x0a`,
 		"payload:\n{\n  \"note\": \"<b>&</b>\",\n  \"order\": 1\n}\n",
 	} {
 		if !strings.Contains(r.stdout, want) {
@@ -182,10 +188,18 @@ func TestDLQShow(t *testing.T) {
 		t.Fatalf("dlq show --json printed %q: %v", r.stdout, err)
 	}
 	if d.ID != f.badEndpoint || d.EndpointURL == nil || *d.EndpointURL != "https://bot:xxxxx@consumer.example/hook" ||
-		d.ReplayedAt == nil || string(d.Payload) != "{}" || d.OutboxID == nil || *d.OutboxID != 42 {
+		d.ReplayedAt == nil || string(d.Payload) != "{}" || d.OutboxID == nil || *d.OutboxID != 42 || d.LastResponseExcerpt != nil {
 		t.Errorf("dlq show --json = %+v", d)
 	}
+	r = runCLI(t, db.URL, "dlq", "show", "--json", itoa(f.notFound))
+	if err := json.Unmarshal([]byte(r.stdout), &d); err != nil || d.LastResponseExcerpt == nil ||
+		*d.LastResponseExcerpt != "{\"error\":\"no such order\"}\n" {
+		t.Errorf("dlq show --json = %+v, %v; want the last answer", d, err)
+	}
 	r = runCLI(t, db.URL, "dlq", "show", itoa(f.badEndpoint))
+	if !strings.Contains(r.stdout, "last_answer   - (none kept)") {
+		t.Errorf("dlq show of a dead letter without an answer:\n%s", r.stdout)
+	}
 	if strings.Contains(r.stdout, "hunter2") || !strings.Contains(r.stdout, "https://bot:xxxxx@consumer.example/hook") {
 		t.Errorf("dlq show must redact the endpoint's password:\n%s", r.stdout)
 	}

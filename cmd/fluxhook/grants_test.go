@@ -48,6 +48,14 @@ func TestServeUnderTheDocumentedGrants(t *testing.T) {
 			queryInt(t, db, `SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND NOT enabled AND disabled_reason LIKE '%410%'`, goneID) == 1 &&
 			queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1`, goneEvent) == 1
 	})
+	// Each answer (an empty body) is stored with its attempt, and the 410 as the dead letter's
+	// last answer: schema 15's columns are written under the same grants.
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_delivery_log WHERE endpoint_id = $1 AND response_excerpt = ''`, orderedID); n != 3 {
+		t.Errorf("%d of the ordered endpoint's attempts have the (empty) answer stored, want 3", n)
+	}
+	if n := queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE delivery_id = $1 AND last_response_excerpt = ''`, goneEvent); n != 1 {
+		t.Errorf("the 410's dead letter has no answer stored")
+	}
 	var got []string
 	for _, r := range ordered.requests() {
 		got = append(got, r.DeliveryID)

@@ -182,23 +182,26 @@ func JoinIDs(ids []int64) string {
 // credentials is dead-lettered for having them, and they must not be shown. Payload is set
 // only where asked for (Get, ByDelivery, Filter.IncludePayload).
 type DeadLetter struct {
-	ID          int64           `json:"id"`
-	OutboxID    *int64          `json:"outbox_id"`
-	DeliveryID  string          `json:"delivery_id"`
-	EndpointID  *string         `json:"endpoint_id"`
-	StreamID    *string         `json:"stream_id"`
-	EventType   string          `json:"event_type"`
-	EndpointURL *string         `json:"endpoint_url"`
-	Attempts    int32           `json:"attempts"`
-	LastStatus  *int32          `json:"last_status"`
-	LastError   *string         `json:"last_error"`
-	Reason      string          `json:"reason"`
-	EnqueuedAt  time.Time       `json:"enqueued_at"`
-	FailedAt    time.Time       `json:"failed_at"`
-	ReplayedAt  *time.Time      `json:"replayed_at"`
-	Tenant      *string         `json:"tenant"`
-	OrderKey    *int64          `json:"order_key"`
-	Payload     json.RawMessage `json:"payload,omitempty"`
+	ID          int64      `json:"id"`
+	OutboxID    *int64     `json:"outbox_id"`
+	DeliveryID  string     `json:"delivery_id"`
+	EndpointID  *string    `json:"endpoint_id"`
+	StreamID    *string    `json:"stream_id"`
+	EventType   string     `json:"event_type"`
+	EndpointURL *string    `json:"endpoint_url"`
+	Attempts    int32      `json:"attempts"`
+	LastStatus  *int32     `json:"last_status"`
+	LastError   *string    `json:"last_error"`
+	Reason      string     `json:"reason"`
+	EnqueuedAt  time.Time  `json:"enqueued_at"`
+	FailedAt    time.Time  `json:"failed_at"`
+	ReplayedAt  *time.Time `json:"replayed_at"`
+	Tenant      *string    `json:"tenant"`
+	OrderKey    *int64     `json:"order_key"`
+	// LastResponseExcerpt is the start of the consumer's last answer (schema 15): read with
+	// the payload (Get, ByDelivery), nil in a list and when the dead letter kept none.
+	LastResponseExcerpt *string         `json:"last_response_excerpt,omitempty"`
+	Payload             json.RawMessage `json:"payload,omitempty"`
 }
 
 // Cursor is where a page of List ended: the failed_at and id of its last row. The next page
@@ -432,7 +435,7 @@ func scan(row pgx.Row, withPayload bool) (DeadLetter, error) {
 		&d.Tenant, &d.OrderKey}
 	var payload string
 	if withPayload {
-		dest = append(dest, &payload)
+		dest = append(dest, &d.LastResponseExcerpt, &payload)
 	}
 	if err := row.Scan(dest...); err != nil {
 		return d, err

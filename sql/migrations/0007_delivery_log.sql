@@ -61,17 +61,28 @@ CREATE INDEX IF NOT EXISTS webhook_delivery_log_processed_at_idx
 -- Every outbox row the way webhook_outbox showed it up to schema 6: the queue (pending rows,
 -- processed false, and rows settled before the upgrade, processed true) and the log
 -- (processed true, no lease). Queries written against the old table's delivery log read this
--- view instead.
-CREATE OR REPLACE VIEW webhook_deliveries AS
-SELECT id, stream_id, event_type, payload, created_at, processed, delivery_id, attempt, enqueued_at,
-       lease_until, leased_by, endpoint_url, processed_at, status_code, error, duration_ms,
-       lease_token, deferred_reason, tenant, endpoint_id, routed_at, order_key
-FROM webhook_outbox
-UNION ALL
-SELECT id, stream_id, event_type, payload, created_at, true, delivery_id, attempt, enqueued_at,
-       NULL::timestamptz, leased_by, endpoint_url, processed_at, status_code, error, duration_ms,
-       lease_token, NULL::text, tenant, endpoint_id, routed_at, order_key
-FROM webhook_delivery_log;
+-- view instead. Created only where it does not exist: schema 15 appends a column, which
+-- CREATE OR REPLACE VIEW could not drop again when the whole script (migrate --print) is
+-- applied to a database already past it.
+DO $do$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_class c
+                   WHERE c.relname = 'webhook_deliveries'
+                     AND c.relnamespace = (SELECT relnamespace FROM pg_catalog.pg_class
+                                           WHERE oid = 'webhook_outbox'::pg_catalog.regclass)) THEN
+        CREATE VIEW webhook_deliveries AS
+        SELECT id, stream_id, event_type, payload, created_at, processed, delivery_id, attempt, enqueued_at,
+               lease_until, leased_by, endpoint_url, processed_at, status_code, error, duration_ms,
+               lease_token, deferred_reason, tenant, endpoint_id, routed_at, order_key
+        FROM webhook_outbox
+        UNION ALL
+        SELECT id, stream_id, event_type, payload, created_at, true, delivery_id, attempt, enqueued_at,
+               NULL::timestamptz, leased_by, endpoint_url, processed_at, status_code, error, duration_ms,
+               lease_token, NULL::text, tenant, endpoint_id, routed_at, order_key
+        FROM webhook_delivery_log;
+    END IF;
+END
+$do$;
 
 -- The queue stays small: vacuum it by a fixed number of dead tuples, not by a share of its
 -- size, so that a table that grew (a backlog, or history kept from before schema 7) is not

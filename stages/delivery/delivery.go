@@ -243,6 +243,13 @@ type Outcome struct {
 	Reason string
 	// Duration is how long the HTTP attempt took.
 	Duration time.Duration
+	// Excerpt is the start of the consumer's response body, so that the delivery log (and a
+	// dead letter) can show what the consumer answered, not only its status: at most
+	// send.Config.ResponseExcerptBytes bytes, valid UTF-8 (invalid bytes replaced) and without
+	// NUL, which PostgreSQL's text refuses. Excerpted says it was read: settle stores NULL
+	// without it (no response, or excerpts off) and Excerpt, possibly empty, with it.
+	Excerpt   string
+	Excerpted bool
 	// Delay is, for Retry, the minimum wait the consumer asked for with Retry-After (0 when
 	// it did not); for Defer and Release, the wait before the row is due again.
 	Delay time.Duration

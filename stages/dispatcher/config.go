@@ -78,6 +78,11 @@ type Config struct {
 	// request's signature scheme: true for fluxora, false for standard (a managed endpoint's
 	// own scheme included). Set it false for consumers that answer 409 for something else.
 	Conflict409Delivered *bool
+	// ResponseExcerptBytes is how much of each consumer answer is stored with its attempt in
+	// the delivery log (response_excerpt) and on a dead letter (last_response_excerpt), so
+	// that what the consumer said can be read back (WEBHOOK_RESPONSE_EXCERPT_BYTES). Nil means
+	// send.DefaultResponseExcerptBytes (1024); 0 stores none (NULL).
+	ResponseExcerptBytes *int
 	// PermanentStatuses are the consumer answers dead-lettered at once besides 410 Gone
 	// (WEBHOOK_PERMANENT_STATUSES); every other non-2xx answer is retried on the schedule
 	// (send.Classify). Nil means send.DefaultPermanentStatuses (413); empty, none. A managed

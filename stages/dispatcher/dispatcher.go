@@ -131,6 +131,7 @@ func New(cfg Config) (*Dispatcher, error) {
 		// 409 as "already delivered": nil lets each request's scheme decide (see send.ConflictDelivered).
 		Conflict409Delivered: cfg.Conflict409Delivered,
 		PermanentStatuses:    cfg.PermanentStatuses,
+		ResponseExcerptBytes: cfg.ResponseExcerptBytes,
 	})
 	if err != nil {
 		errs = append(errs, err)

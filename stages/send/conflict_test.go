@@ -99,7 +99,9 @@ func TestSendConflictAndTooLarge(t *testing.T) {
 				w.WriteHeader(tt.answer.status)
 				_, _ = io.WriteString(w, tt.answer.body)
 			})
-			s := newSender(t, send.Config{Conflict409Delivered: tt.setting})
+			// Without excerpts: the start of a 409's body is read for its classification alone
+			// (TestSendExcerptBesideConflict reads both).
+			s := newSender(t, send.Config{Conflict409Delivered: tt.setting, ResponseExcerptBytes: new(0)})
 			d := newDelivery(t, s, srv.URL+"/hook")
 			if tt.payload != nil {
 				d.Payload = tt.payload

@@ -193,6 +193,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		{send.Config{EndpointConcurrency: -1}, []string{"EndpointConcurrency"}},
 		{send.Config{MaxResponseBytes: -1}, []string{"MaxResponseBytes"}},
 		{send.Config{MaxConnsPerHost: -1}, []string{"MaxConnsPerHost"}},
+		{send.Config{ResponseExcerptBytes: new(-1)}, []string{"WEBHOOK_RESPONSE_EXCERPT_BYTES", "65536", "-1"}},
+		{send.Config{ResponseExcerptBytes: new(send.MaxResponseExcerptBytes + 1)}, []string{"WEBHOOK_RESPONSE_EXCERPT_BYTES", "65537"}},
 	}
 	for _, tt := range tests {
 		s, err := send.New(tt.cfg)
@@ -212,6 +214,13 @@ func TestNewValidatesConfig(t *testing.T) {
 		t.Fatalf("New with a loopback http WEBHOOK_URL: %v", err)
 	}
 	s.Close()
+	for _, n := range []int{0, send.MaxResponseExcerptBytes} {
+		s, err := send.New(send.Config{ResponseExcerptBytes: new(n)})
+		if err != nil {
+			t.Fatalf("New with ResponseExcerptBytes %d: %v", n, err)
+		}
+		s.Close()
+	}
 }
 
 func TestConfigWithDefaults(t *testing.T) {
@@ -223,6 +232,8 @@ func TestConfigWithDefaults(t *testing.T) {
 		MaxResponseBytes:    send.DefaultMaxResponseBytes,
 		MaxConnsPerHost:     send.DefaultEndpointConcurrency,
 		Resolver:            net.DefaultResolver,
+		// DeepEqual compares what the pointers point to: 0 would be "none", not the default.
+		ResponseExcerptBytes: new(send.DefaultResponseExcerptBytes),
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Config{}.WithDefaults() = %+v, want %+v", got, want)
@@ -230,5 +241,8 @@ func TestConfigWithDefaults(t *testing.T) {
 	got = send.Config{EndpointConcurrency: 8}.WithDefaults()
 	if got.MaxConnsPerHost != 8 {
 		t.Errorf("MaxConnsPerHost default = %d, want EndpointConcurrency (8)", got.MaxConnsPerHost)
+	}
+	if got := (send.Config{ResponseExcerptBytes: new(0)}).WithDefaults(); *got.ResponseExcerptBytes != 0 {
+		t.Errorf("ResponseExcerptBytes 0 became %d: 0 means none, not the default", *got.ResponseExcerptBytes)
 	}
 }

@@ -33,6 +33,13 @@ const (
 	// DefaultMaxResponseBytes is enough to drain the typical short acknowledgement so the
 	// connection can be reused, and small enough that an endless body costs nothing.
 	DefaultMaxResponseBytes = 64 << 10
+	// DefaultResponseExcerptBytes keeps the whole of a typical answer (an acknowledgement, a
+	// JSON error, the start of an HTML error page) while a log row stays about the size its
+	// payload makes it.
+	DefaultResponseExcerptBytes = 1024
+	// MaxResponseExcerptBytes bounds ResponseExcerptBytes: the excerpt is read within
+	// DefaultMaxResponseBytes, and every byte of it is stored in each attempt's log row.
+	MaxResponseExcerptBytes = 64 << 10
 	// SaturatedWait is how long Send waits for a saturated endpoint's slot before releasing
 	// the row (see acquire).
 	SaturatedWait = 50 * time.Millisecond
@@ -68,6 +75,12 @@ type Config struct {
 	// connection can be reused; anything longer closes the connection instead. Zero means
 	// DefaultMaxResponseBytes.
 	MaxResponseBytes int64
+	// ResponseExcerptBytes is how much of each response body is kept as Outcome.Excerpt,
+	// which settle stores with the attempt, so that the delivery log and dead letters show
+	// what the consumer answered (WEBHOOK_RESPONSE_EXCERPT_BYTES). Nil means
+	// DefaultResponseExcerptBytes; 0 keeps none. It is read out of the MaxResponseBytes that
+	// are read anyway, so a smaller MaxResponseBytes bounds it too.
+	ResponseExcerptBytes *int
 	// MaxConnsPerHost caps connections to one host:port across all endpoints on it, to
 	// protect a consumer that exposes many endpoint URLs. Zero means EndpointConcurrency.
 	// Endpoints that share a host share this cap, so a saturated one can make the others
@@ -118,6 +131,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxResponseBytes == 0 {
 		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.ResponseExcerptBytes == nil {
+		c.ResponseExcerptBytes = new(DefaultResponseExcerptBytes)
 	}
 	if c.MaxConnsPerHost == 0 {
 		c.MaxConnsPerHost = c.EndpointConcurrency
@@ -170,6 +186,9 @@ func (c Config) Validate() error {
 	if c.MaxConnsPerHost < 0 {
 		return fmt.Errorf("send: MaxConnsPerHost must be positive (0 for EndpointConcurrency), got %d", c.MaxConnsPerHost)
 	}
+	if p := c.ResponseExcerptBytes; p != nil && (*p < 0 || *p > MaxResponseExcerptBytes) {
+		return fmt.Errorf("WEBHOOK_RESPONSE_EXCERPT_BYTES: must be from 0 (keep none) to %d bytes, got %d", MaxResponseExcerptBytes, *p)
+	}
 	return nil
 }
 
@@ -194,6 +213,13 @@ type Sender struct {
 	rowGuard     *guard
 
 	defaultEndpoint *delivery.Endpoint // nil without DefaultURL
+
+	// excerpt is how many bytes of a body are kept as Outcome.Excerpt and peek how many of a
+	// 409's body classifyConflict reads, both within MaxResponseBytes; heads holds the
+	// buffers (*[]byte of max(excerpt, peek) bytes) they are read into, so that reading them
+	// allocates nothing but the excerpt's string.
+	excerpt, peek int
+	heads         sync.Pool
 
 	endpointsMu sync.Mutex
 	endpoints   map[string]*delivery.Endpoint // by raw endpoint_url
@@ -263,6 +289,10 @@ func New(cfg Config) (*Sender, error) {
 	if cfg.DefaultURL != "" {
 		s.defaultEndpoint = newEndpoint(cfg.DefaultURL, "")
 	}
+	s.excerpt = int(min(int64(*cfg.ResponseExcerptBytes), cfg.MaxResponseBytes))
+	s.peek = int(min(conflictPeekBytes, cfg.MaxResponseBytes))
+	size := max(s.excerpt, s.peek)
+	s.heads.New = func() any { b := make([]byte, size); return &b }
 	return s, nil
 }
 
@@ -380,12 +410,20 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 		return delivery.Outcome{Kind: delivery.Retry, Error: describeError(err, s.cfg.Timeout, timedOut), Duration: elapsed}
 	}
 	status := resp.StatusCode
-	// A 409 that may mean "already delivered" is decided by the start of its body too (see
-	// classifyConflict), so that much is kept rather than discarded.
+	// The start of the body is kept: as the excerpt stored with the attempt, and for a 409 that
+	// may mean "already delivered", to decide it (see classifyConflict). One read serves both,
+	// into a pooled buffer; with excerpts off, only such a 409 reads into one.
 	conflict := status == http.StatusConflict && ConflictDelivered(s.cfg.Conflict409Delivered, d.Header)
-	var head []byte
+	keep := s.excerpt
 	if conflict {
-		head, _ = io.ReadAll(io.LimitReader(resp.Body, min(conflictPeekBytes, s.cfg.MaxResponseBytes)))
+		keep = max(keep, s.peek)
+	}
+	var head []byte
+	var buf *[]byte
+	if keep > 0 {
+		buf = s.heads.Get().(*[]byte)
+		n, _ := io.ReadFull(resp.Body, (*buf)[:keep])
+		head = (*buf)[:n]
 	}
 	// Drain a little so that the connection can be reused; whatever is left (or a body that
 	// never ends) is cut off by Close, and a trickling body by the request timeout. A read
@@ -398,12 +436,18 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 		permanent = d.Endpoint.PermanentStatuses
 	}
 	out := delivery.Outcome{Kind: Classify(status, permanent), Status: status, Duration: time.Since(start)}
+	if s.excerpt > 0 {
+		out.Excerpt, out.Excerpted = excerptOf(head[:min(len(head), s.excerpt)], s.excerpt), true
+	}
 	switch {
 	case conflict:
-		out.Kind, out.Error = classifyConflict(head, resp.Header.Get("Retry-After"))
+		out.Kind, out.Error = classifyConflict(head[:min(len(head), s.peek)], resp.Header.Get("Retry-After"))
 		out.AlreadyDelivered = out.Kind == delivery.Delivered
 	case out.Kind != delivery.Delivered:
 		out.Error = statusError(status)
+	}
+	if buf != nil {
+		s.heads.Put(buf) // head is not used beyond this point: excerptOf copied what it keeps
 	}
 	if status == http.StatusRequestEntityTooLarge {
 		// Settle keeps a Permanent outcome's own Reason; without one it would write a bare

@@ -19,7 +19,8 @@
 --   token, unique per call (its new rows' lease token, and the key of its deliveries: one
 --   event may come twice, claimed again after its lease ran out, each claim with deliveries
 --   of its own), $9 the lease in milliseconds, $10 each delivery's attempt duration in ms,
---   $11 its error text ('' none), $12 each event's number of endpoints.
+--   $11 its error text ('' none), $12 each event's number of endpoints, $13 the start of the
+--   consumer's answer to each delivery (schema 15; NULL: none kept).
 -- Returns one row per event written ('e', its new token) and one per new delivery row ('d',
 -- its lease token, its endpoint id, its row id). An event whose lease this instance lost
 -- returns nothing and nothing of it is written: its holder delivers it again.
@@ -28,9 +29,9 @@ WITH input AS (
 ), deliveries AS (
     -- The endpoint ids come as text and are cast here: pgx parsing them into uuids on the
     -- client was 3% of the dispatcher's CPU in the fanout bench.
-    SELECT new_token, endpoint_id::uuid AS endpoint_id, delivered, status, duration_ms, error
-    FROM unnest($4::bigint[], $5::text[], $6::smallint[], $7::int[], $10::int[], $11::text[])
-        AS t(new_token, endpoint_id, delivered, status, duration_ms, error)
+    SELECT new_token, endpoint_id::uuid AS endpoint_id, delivered, status, duration_ms, error, excerpt
+    FROM unnest($4::bigint[], $5::text[], $6::smallint[], $7::int[], $10::int[], $11::text[], $13::text[])
+        AS t(new_token, endpoint_id, delivered, status, duration_ms, error, excerpt)
 ), ev AS (
     DELETE FROM webhook_outbox o
     USING input i
@@ -41,9 +42,10 @@ WITH input AS (
 ), logged AS (
     INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
                                       enqueued_at, leased_by, lease_token, endpoint_url, processed_at,
-                                      status_code, error, duration_ms, tenant, endpoint_id, routed_at)
+                                      status_code, error, duration_ms, tenant, endpoint_id, routed_at,
+                                      response_excerpt)
     SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, $3, lease_token,
-           endpoint_url, now(), NULL, 'routed to ' || n || ' endpoint(s)', NULL, tenant, NULL, now()
+           endpoint_url, now(), NULL, 'routed to ' || n || ' endpoint(s)', NULL, tenant, NULL, now(), NULL
     FROM ev
     UNION ALL
     -- The sequence is looked up once per execution, in an InitPlan: pg_get_serial_sequence
@@ -52,7 +54,7 @@ WITH input AS (
     -- in psql).
     SELECT nextval((SELECT pg_get_serial_sequence('webhook_outbox', 'id')::regclass)), e.stream_id, e.event_type, e.payload,
            e.created_at, e.delivery_id, 1, e.enqueued_at, $3, e.lease_token, NULL, now(),
-           nullif(d.status, 0), nullif(d.error, ''), d.duration_ms, e.tenant, d.endpoint_id, now()
+           nullif(d.status, 0), nullif(d.error, ''), d.duration_ms, e.tenant, d.endpoint_id, now(), d.excerpt
     FROM deliveries d JOIN ev e ON e.new_token = d.new_token
     WHERE d.delivered = 1
 ), made AS (

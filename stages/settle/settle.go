@@ -31,6 +31,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fluxora/fluxhook/stages/delivery"
@@ -196,6 +197,7 @@ func (s *Settler) columns(batch []*delivery.Delivery) []any {
 	reasons := make([]string, n)
 	tokens := make([]int64, n)
 	orderKeys := make([]int64, n)
+	excerpts := make(pgtype.FlatArray[*string], n)
 	for i, d := range batch {
 		o := d.Outcome
 		ids[i] = d.ID
@@ -210,8 +212,20 @@ func (s *Settler) columns(batch []*delivery.Delivery) []any {
 		delays[i] = o.Delay.Milliseconds()
 		reasons[i] = o.Reason
 		tokens[i] = d.LeaseToken
+		excerpts[i] = excerpt(&d.Outcome)
 	}
-	return []any{ids, kinds, statuses, errs, durations, delays, reasons, s.instance, tokens, orderKeys}
+	return []any{ids, kinds, statuses, errs, durations, delays, reasons, s.instance, tokens, orderKeys, excerpts}
+}
+
+// excerpt is o's Excerpt as a nullable text: nil, which pgx sends as NULL, when none was kept
+// (o.Excerpted false). A pointer into o rather than a copy of the string; collected in a
+// pgtype.FlatArray, which pgx walks without reflection (a []*string would take its reflection
+// path). o outlives the statement, and settle does not change o.Excerpt meanwhile.
+func excerpt(o *delivery.Outcome) *string {
+	if !o.Excerpted {
+		return nil
+	}
+	return &o.Excerpt
 }
 
 // stopKind is settle.sql's kind for the dead letter of an ordered row whose consumer stops
@@ -358,6 +372,22 @@ func isRowError(err error) bool {
 	return false
 }
 
+// isEncodingError reports whether err is the database refusing text it cannot store in its
+// encoding (character_not_in_repertoire, which invalid byte sequences raise too, and
+// untranslatable_character): what a consumer's answer, valid UTF-8, can still cause in a
+// database that is not UTF-8, on a connection whose client_encoding is UTF8.
+func isEncodingError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "22021", "22P05":
+		return true
+	}
+	return false
+}
+
 // settleEach settles the rows of a rejected batch one at a time. A row error (see isRowError)
 // only ever affects its own row: the loop goes on to the next row whatever the row's kind, so
 // one bad row can neither hold back nor roll back the others. Any other error is about the
@@ -370,6 +400,14 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 		var written []int64
 		one := []*delivery.Delivery{d}
 		err := s.pool.QueryRow(ctx, settleSQL, s.columns(one)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written)
+		if d.Outcome.Excerpt != "" && isEncodingError(err) {
+			// The consumer's answer is kept at best: text the database cannot store (a
+			// character its encoding lacks, in a database that is not UTF-8) must not cost
+			// the row its settle, nor a delivered row a dead letter.
+			d.Outcome.Excerpt = ""
+			d.Outcome.Excerpted = false
+			err = s.pool.QueryRow(ctx, settleSQL, s.columns(one)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written)
+		}
 		if err == nil {
 			r.Stale = markStale(one, written)
 		} else {
@@ -405,7 +443,7 @@ func (s *Settler) deadLetter(ctx context.Context, d *delivery.Delivery, rowErr e
 	if o.Kind == delivery.Delivered {
 		reason = fmt.Sprintf("settle failed: delivered (HTTP %d) but could not be settled: %v", o.Status, rowErr)
 	}
-	tag, err := s.pool.Exec(ctx, deadLetterSQL, d.ID, reason, o.Status, o.Error, s.instance, d.LeaseToken)
+	tag, err := s.pool.Exec(ctx, deadLetterSQL, d.ID, reason, o.Status, o.Error, s.instance, d.LeaseToken, excerpt(&o))
 	if err != nil {
 		if isRowError(err) {
 			// The outcome keeps its Kind (what the attempt told about the endpoint, which the
@@ -524,6 +562,7 @@ func (s *Settler) settleAnchored(ctx context.Context, batch []Anchored, lease ti
 	var delivered []int16
 	var statuses, durations []int32
 	var errs []string
+	var excerpts pgtype.FlatArray[*string]
 	for i, a := range batch {
 		ids[i], tokens[i], newTokens[i], counts[i] = a.EventID, a.LeaseToken, a.NewToken, int32(a.Endpoints)
 		for _, d := range a.Delivered {
@@ -531,14 +570,16 @@ func (s *Settler) settleAnchored(ctx context.Context, batch []Anchored, lease ti
 			statuses = append(statuses, int32(d.Outcome.Status))
 			durations = append(durations, int32(d.Outcome.Duration.Milliseconds()))
 			errs = append(errs, d.Outcome.Error)
+			excerpts = append(excerpts, excerpt(&d.Outcome))
 		}
 		for _, ep := range a.Rows {
 			evTokens, eps, delivered = append(evTokens, a.NewToken), append(eps, ep), append(delivered, 0)
 			statuses, durations, errs = append(statuses, 0), append(durations, 0), append(errs, "")
+			excerpts = append(excerpts, nil)
 		}
 	}
 	rows, err := s.pool.Query(ctx, anchoredSQL, ids, tokens, s.instance, evTokens, eps, delivered, statuses,
-		newTokens, lease.Milliseconds(), durations, errs, counts)
+		newTokens, lease.Milliseconds(), durations, errs, counts, excerpts)
 	if err != nil {
 		return fmt.Errorf("settle of events routed in memory: %w", err)
 	}
@@ -577,7 +618,7 @@ func (s *Settler) Warm(ctx context.Context, anchored bool) error {
 	var errs []error
 	if anchored {
 		rows, err := s.pool.Query(ctx, anchoredSQL, []int64{}, []int64{}, s.instance, []int64{}, []string{}, []int16{},
-			[]int32{}, []int64{}, int64(0), []int32{}, []string{}, []int32{})
+			[]int32{}, []int64{}, int64(0), []int32{}, []string{}, []int32{}, pgtype.FlatArray[*string]{})
 		if err == nil {
 			rows.Close()
 			err = rows.Err()

@@ -3,7 +3,8 @@
 --   status (0 = none), $4 error ('' = none), $5 attempt duration ms, $6 delay ms before the
 --   next row is due (retry, defer) or the lease ends (release), $7 dead-letter or deferral
 --   reason, $8 this dispatcher's instance id, $9 each row's lease token (its claim's), $10 each
---   row's order key (schema 6; 0: unordered). Kind 6 is a dead letter of an ordered row whose
+--   row's order key (schema 6; 0: unordered), $11 the start of the consumer's answer (schema 15;
+--   NULL: none kept). Kind 6 is a dead letter of an ordered row whose
 --   consumer stops the stream: the row stays undelivered, parked at 'infinity' with the reason,
 --   so that it holds the rest of its stream until the dead letter is replayed or purged.
 --
@@ -34,8 +35,8 @@
 WITH input AS (
     SELECT *
     FROM unnest($1::bigint[], $2::smallint[], $3::int[], $4::text[], $5::int[], $6::bigint[], $7::text[],
-                $9::bigint[], $10::bigint[])
-        AS t(id, kind, status, error, duration_ms, delay_ms, reason, token, order_key)
+                $9::bigint[], $10::bigint[], $11::text[])
+        AS t(id, kind, status, error, duration_ms, delay_ms, reason, token, order_key, excerpt)
 ), settled AS (
     DELETE FROM webhook_outbox o
     USING input i
@@ -43,14 +44,15 @@ WITH input AS (
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
               o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, i.kind, i.status, i.error, i.delay_ms, i.reason,
-              nullif(i.order_key, 0) AS order_key, o.created_at, i.duration_ms, i.token
+              nullif(i.order_key, 0) AS order_key, o.created_at, i.duration_ms, i.token, i.excerpt
 ), logged AS (
     INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
                                       enqueued_at, leased_by, lease_token, endpoint_url, processed_at,
-                                      status_code, error, duration_ms, tenant, endpoint_id, routed_at, order_key)
+                                      status_code, error, duration_ms, tenant, endpoint_id, routed_at, order_key,
+                                      response_excerpt)
     SELECT id, stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, $8, token,
            endpoint_url, now(), nullif(status, 0), nullif(error, ''), duration_ms, tenant, endpoint_id,
-           routed_at, order_key
+           routed_at, order_key, excerpt
     FROM settled
 ), stopped AS (
     UPDATE webhook_outbox o
@@ -68,7 +70,7 @@ WITH input AS (
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.delivery_id, o.stream_id, o.event_type, o.payload, o.attempt, o.enqueued_at,
               o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, i.kind, i.status, i.error, i.delay_ms, i.reason,
-              o.order_key, o.created_at, i.duration_ms, i.token
+              o.order_key, o.created_at, i.duration_ms, i.token, i.excerpt
 ), requeued AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt,
                                 enqueued_at, endpoint_url, tenant, endpoint_id, routed_at, order_key)
@@ -80,9 +82,9 @@ WITH input AS (
 ), dead AS (
     INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload,
                                      endpoint_url, attempts, last_status, last_error, reason,
-                                     enqueued_at, tenant, endpoint_id, order_key)
+                                     enqueued_at, tenant, endpoint_id, order_key, last_response_excerpt)
     SELECT id, delivery_id, stream_id, event_type, payload, endpoint_url, attempt,
-           nullif(status, 0), nullif(error, ''), reason, enqueued_at, tenant, endpoint_id, order_key
+           nullif(status, 0), nullif(error, ''), reason, enqueued_at, tenant, endpoint_id, order_key, excerpt
     FROM (SELECT * FROM settled WHERE kind = 3 UNION ALL SELECT * FROM stopped) d
     RETURNING id
 ), deferred AS (

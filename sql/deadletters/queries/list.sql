@@ -7,7 +7,7 @@
 -- what a list does not need.
 SELECT d.id, d.outbox_id, d.delivery_id::text, d.endpoint_id::text, d.stream_id, d.event_type, d.endpoint_url,
        d.attempts, d.last_status, d.last_error, d.reason, d.enqueued_at, d.failed_at, d.replayed_at, d.tenant,
-       d.order_key{{if .Payload}}, d.payload::text{{end}}
+       d.order_key{{if .Payload}}, d.last_response_excerpt, d.payload::text{{end}}
 FROM webhook_dead_letter d
 WHERE true{{template "filter" .}}
 {{- if .After}} AND (d.failed_at, d.id) < (@after_failed_at::timestamptz, @after_id::bigint){{end}}

@@ -22,9 +22,7 @@ SELECT src, id, attempt, endpoint_id::text, endpoint_url, routed_at, due_at, par
 FROM (
     SELECT 'log' AS src, l.id, l.attempt, l.endpoint_id, l.endpoint_url, l.routed_at, NULL::timestamptz AS due_at,
            false AS parked, l.processed_at, l.status_code, l.error, l.duration_ms,
-           -- The response excerpt: the one place to switch to l.response_excerpt once
-           -- webhook_delivery_log has the column (schema 15).
-           NULL::text AS response_excerpt,
+           l.response_excerpt,
            l.event_type, l.stream_id, l.tenant, l.enqueued_at, l.payload
     FROM webhook_delivery_log l
     WHERE l.delivery_id = $1::uuid AND ($2::text IS NULL OR l.tenant = $2)
