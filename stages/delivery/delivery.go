@@ -84,6 +84,14 @@ type Delivery struct {
 	// permanent answer, or no request).
 	ProbeEnded bool
 	NextProbe  time.Duration
+	// RecheckIn is set by the gate's Check on a row it deferred behind a half-open probe
+	// that another attempt holds, when shorter than the row's Delay: the breaker's reset.
+	// That probe may be another instance's, and only the instance that records its end
+	// learns of it, so the claims hold the endpoint for RecheckIn at most, not for the
+	// probe's whole remaining time, and then let the gate decide on its due rows afresh:
+	// another instance's recovery reaches this one within a reset. The row itself keeps its
+	// Delay (the probe's end brings it forward). 0: the claims may hold for the Delay.
+	RecheckIn time.Duration
 
 	// Anchor, when set, says this delivery has no row of its own: its event was routed in
 	// memory and the event's row, still leased, holds it (see Anchor).

@@ -836,8 +836,9 @@ func enqueueTogether(t *testing.T, b *bundle, evs ...outbox.Event) []string {
 }
 
 // deferredBehindProbe waits until every row of ids was deferred behind the probe in flight by
-// one of gates.
-func deferredBehindProbe(t *testing.T, gates []*observedGate, ids []string) {
+// one of gates, and the deferrals are in the table: a probe that ends between a row's
+// deferral and its settle finds nothing to resume, and the row waits for the probe's expiry.
+func deferredBehindProbe(t *testing.T, b *bundle, gates []*observedGate, ids []string) {
 	t.Helper()
 	eventually(t, 30*time.Second, "the rows deferred behind the probe in flight", func() bool {
 		seen := map[string]bool{}
@@ -853,7 +854,8 @@ func deferredBehindProbe(t *testing.T, gates []*observedGate, ids []string) {
 				return false
 			}
 		}
-		return true
+		return b.count(`SELECT count(*) FROM webhook_deliveries WHERE NOT processed AND deferred_reason = $1 AND delivery_id::text = ANY ($2::text[])`,
+			gate.DeferProbe.String(), ids) == len(ids)
 	})
 }
 
@@ -896,7 +898,7 @@ func testProbeThatDoesNotClose(t *testing.T, store gate.Store, status int) {
 		t.Fatal("timed out waiting for the half-open probe")
 	}
 	behind := enqueueTogether(t, b, outbox.Event{}, outbox.Event{}, outbox.Event{})
-	deferredBehindProbe(t, []*observedGate{og}, behind)
+	deferredBehindProbe(t, b, []*observedGate{og}, behind)
 	ended := time.Now()
 	h.release <- status
 
@@ -954,11 +956,89 @@ func testProbeResumesEveryKey(t *testing.T, store gate.Store, instances int) {
 	}
 	url := outbox.Event{EndpointURL: c.URL()}
 	behind := enqueueTogether(t, b, outbox.Event{}, url, outbox.Event{}, url, outbox.Event{}, url)
-	deferredBehindProbe(t, gates, behind)
+	deferredBehindProbe(t, b, gates, behind)
 	h.release <- http.StatusOK
 
 	// Expected: a claim or two; left to the probe's expiry, two minutes.
 	eventually(t, 20*time.Second, "the rows of both keys behind the probe delivered", func() bool {
 		return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_deliveries WHERE status_code = 200 AND delivery_id::text = ANY ($1::text[])`, behind) == len(behind)
 	})
+}
+
+// TestProbeOnAnotherInstanceEndsTheHold: two instances share the gate's store. Instance A
+// holds the half-open probe (its one slot busy with it, so that it claims nothing else);
+// instance B defers rows behind it and holds the endpoint. A's probe succeeds, closing the
+// circuit, and A stops: only B is left to deliver, and only A was told of the close. B must
+// deliver the rows that come next within about a reset (one second here), not when the probe
+// it deferred them behind would have expired (two minutes).
+func TestProbeOnAnotherInstanceEndsTheHold(t *testing.T) {
+	t.Parallel()
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		prefix := redistest.Prefix(t)
+		testProbeOnAnotherInstance(t, func() gate.Store { return redistest.Open(t, prefix) })
+	})
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		shared := memstore.New(memstore.Options{})
+		testProbeOnAnotherInstance(t, func() gate.Store { return shared })
+	})
+}
+
+func testProbeOnAnotherInstance(t *testing.T, newStore func() gate.Store) {
+	const reset = time.Second
+	b := setup(t)
+	h := newHeldProbe()
+	c := newConsumer(t, h.respond)
+	config := func() dispatcher.Config {
+		cfg := b.config(c.URL())
+		cfg.Timeout = 30 * time.Second // the held probe must not time out
+		cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, time.Hour}
+		return cfg
+	}
+	trans := &transitions{}
+	cfgA := config()
+	cfgA.MaxInFlight = 1
+	gA, err := gate.NewBreakerGate(newStore(), gate.Params{Threshold: 1, Reset: reset, RetryRPS: 100, ProbeTimeout: 2 * time.Minute},
+		gate.Hooks{OnTransition: trans.add, OnFailOpen: func() { t.Error("gate failed open") }, Logger: cfgA.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgA.Gate = gA
+	a := b.start(cfgA)
+
+	b.enqueue(outbox.Event{EventType: tripEvent})
+	select {
+	case <-h.arrived: // A holds the probe, and has no free slot
+	case <-time.After(30 * time.Second):
+		t.Fatal("timed out waiting for the half-open probe")
+	}
+	cfgB := config()
+	ogB := probeGate(t, newStore(), cfgB, reset)
+	cfgB.Gate = ogB
+	b.start(cfgB)
+	behind := enqueueTogether(t, b, outbox.Event{}, outbox.Event{}, outbox.Event{})
+	deferredBehindProbe(t, b, []*observedGate{ogB}, behind)
+
+	h.release <- http.StatusOK
+	eventually(t, 10*time.Second, "the probe to close the circuit", func() bool { _, ok := trans.first("half_open>closed"); return ok })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Stop(ctx); err != nil {
+		t.Fatalf("stopping the instance that probed: %v", err)
+	}
+
+	start := time.Now()
+	after := enqueueTogether(t, b, outbox.Event{}, outbox.Event{})
+	// Expected: within a reset and a claim; held until the probe's expiry, two minutes.
+	for _, rows := range []struct {
+		what string
+		ids  []string
+	}{{"the rows that came after the circuit closed", after}, {"the rows deferred behind the probe", behind}} {
+		eventually(t, 15*time.Second, "the other instance to deliver "+rows.what, func() bool {
+			return b.count(`SELECT count(DISTINCT delivery_id) FROM webhook_deliveries WHERE status_code = 200 AND delivery_id::text = ANY ($1::text[])`,
+				rows.ids) == len(rows.ids)
+		})
+	}
+	t.Logf("delivered by the other instance %s after the circuit closed and the prober stopped", time.Since(start))
 }

@@ -25,6 +25,20 @@ import (
 // after every earlier one's) kept the retries whose slots had come out of the claims until
 // they came back together and were mostly deferred again: retries ran at a twentieth of the
 // endpoint's rate.
+//
+// A hold behind a half-open probe lasts until the probe's expiry (the request timeout and
+// more), which only the probe's end cuts short, and only the instance that records the end
+// learns of it (resumeAfterProbe): another instance sharing the Redis gate would keep
+// skipping an endpoint that had recovered. So such a hold lasts the breaker's reset at most
+// (Delivery.RecheckIn, from the gate): when it lapses the claims take the endpoint's due rows
+// and the gate decides on them with the store's current state, which is the re-check. That
+// costs nothing per event and no Redis call of its own: at most one claim and one deferral
+// of the rows that came meanwhile per reset and endpoint, while a probe hangs. The rows
+// deferred behind the probe keep their time in the table, and the closing instance's resume
+// makes them due. A Redis pub/sub channel would tell the other instances sooner, but it
+// needs a subscriber connection and its lifecycle on every instance, and it loses messages
+// (a dropped subscription, a restart) so that a bound like this one would still be needed;
+// the reset is already the delay the breaker accepts before it tries an endpoint again.
 type gatedEndpoints struct {
 	mu    sync.Mutex
 	all   map[string]time.Time           // endpoint key → until when every row is held
@@ -54,6 +68,9 @@ func (g *gatedEndpoints) note(now time.Time, settled []*delivery.Delivery) {
 			continue
 		}
 		until := now.Add(o.Delay)
+		if del.RecheckIn > 0 && del.RecheckIn < o.Delay {
+			until = now.Add(del.RecheckIn) // behind another attempt's probe: see gatedEndpoints
+		}
 		if o.Reason == gate.DeferRateLimit.String() {
 			if g.slots == nil {
 				g.slots = make(map[string]map[int64]time.Time)

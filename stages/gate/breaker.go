@@ -194,8 +194,12 @@ func (g *BreakerGate) Params() Params { return g.p }
 
 // Check decides for every row of batch with one store call: rows held back get a Defer
 // outcome with the wait and the reason, the row that becomes the half-open probe gets its
-// owner token in GateToken, and the rest are left undecided (attempt now). When the store
-// cannot be reached, every row is allowed (fail open) and OnFailOpen is called per row.
+// owner token in GateToken, and the rest are left undecided (attempt now). A row deferred
+// behind a probe in flight also gets RecheckIn, the reset, when that is sooner than the
+// probe's expiry: the probe may be another instance's, whose end this one is never told of,
+// so the caller should not hold the endpoint for longer (delivery.Delivery.RecheckIn). When
+// the store cannot be reached, every row is allowed (fail open) and OnFailOpen is called per
+// row.
 func (g *BreakerGate) Check(ctx context.Context, batch []*delivery.Delivery) {
 	if !g.p.Breaker() && !g.p.Limiter() {
 		return
@@ -247,6 +251,9 @@ func (g *BreakerGate) Check(ctx context.Context, batch []*delivery.Delivery) {
 				del.GateToken = checks[i].Token
 			case rd.Verdict.Deferred():
 				del.Outcome = delivery.Outcome{Kind: delivery.Defer, Delay: max(rd.Delay, time.Millisecond), Reason: rd.Verdict.String()}
+				if rd.Verdict == DeferProbe && g.p.Reset < del.Outcome.Delay {
+					del.RecheckIn = g.p.Reset
+				}
 			}
 		}
 		g.transitions(dec.Transitions)

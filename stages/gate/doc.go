@@ -30,7 +30,12 @@
 //     holds (a claim and a settle each time, for nothing). A probe that succeeds sooner must
 //     not leave them waiting, so the gate that records the success calls Hooks.OnClosed with
 //     the endpoint's hash, for the caller to bring forward the rows it deferred behind that
-//     breaker. Only the owner's result moves the breaker and only the
+//     breaker. Only that instance is told: another one sharing the store holding back the
+//     endpoint's rows would keep doing so until the probe expires, so Check gives each row
+//     deferred behind a probe delivery.Delivery.RecheckIn, Reset when it is sooner than the
+//     expiry, for the caller to hold the endpoint no longer and ask the gate again then (its
+//     next Check reads the store's current state). Only the owner's result moves the breaker
+//     and only the
 //     owner releases the probe: success closes the circuit; a retryable failure opens it for
 //     another Reset; a permanent answer or no attempt (saturated endpoint, shutdown) gives the
 //     probe back unchanged, so the next row checked probes. Rows already deferred behind a

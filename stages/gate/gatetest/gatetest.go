@@ -681,6 +681,11 @@ func testRowsWaitForProbeExpiry(t *testing.T, b Backend) {
 			if wait := deferredFor(t, d, gate.DeferProbe); wait > probeTimeout || wait < probeTimeout-time.Since(start)-b.Slack() {
 				t.Fatalf("row behind a held probe deferred by %s, want until the probe expires (%s)", wait, probeTimeout)
 			}
+			// The probe may be another instance's, whose end this one is not told of: the
+			// caller's claims should look again after a reset.
+			if d.RecheckIn != reset {
+				t.Fatalf("row behind a held probe: RecheckIn %s, want the reset (%s)", d.RecheckIn, reset)
+			}
 		}
 	}
 	passed := 200 * time.Millisecond
