@@ -68,7 +68,7 @@ func addKey(t *testing.T, db *sqltest.DB, args ...string) (id, key string) {
 func TestAPICommandTakesTheCLIsKeys(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
-	adminID, admin := addKey(t, db, "--description", "ops")
+	adminID, admin := addKey(t, db, "--admin", "--description", "ops")
 	_, acme := addKey(t, db, "--tenant", "acme")
 	p := startCommand(t, fluxhookBinary(t), "api", map[string]string{"DATABASE_URL": db.URL, "API_ADDR": "127.0.0.1:0"}, "api")
 	addr := p.logField(15*time.Second, "serving the management API", "addr")
@@ -114,7 +114,7 @@ func TestServeWithAPIAddrSendsATestEvent(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 	consumer := newHookConsumer(t, nil)
-	_, admin := addKey(t, db)
+	_, admin := addKey(t, db, "--admin")
 	env := serveEnv(db.URL, "")
 	delete(env, "WEBHOOK_URL")
 	delete(env, "WEBHOOK_SECRET")

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -30,18 +31,31 @@ func runAPIKeys(ctx context.Context, env *environment, args []string) error {
 	return runGroup(ctx, env, "api-keys", "[ID] [flags]", apiKeysSubcommands, args, func(err error) error { return err })
 }
 
+// runAPIKeysAdd makes a key. Its scope is chosen explicitly, --tenant T or --admin: an admin
+// key sees every tenant and manages keys, so it must never be what an empty or forgotten
+// --tenant "$CUSTOMER" silently makes.
 func runAPIKeysAdd(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("api-keys add", env, "fluxhook api-keys add [--tenant T] [--description D] [--json]")
+	fs := newFlagSet("api-keys add", env, "fluxhook api-keys add --tenant T | --admin [--description D] [--json]")
 	dbURL := databaseURLFlag(fs, env)
-	tenant := fs.String("tenant", "", "limit the key to this tenant's endpoints, events and dead letters (default: an admin key, every tenant)")
+	tenant := fs.String("tenant", "", "limit the key to this tenant's endpoints, events and dead letters")
+	admin := fs.Bool("admin", false, "make an admin key: every tenant, and the keys themselves")
 	description := fs.String("description", "", "free text for people: who uses the key")
 	asJSON := fs.Bool("json", false, "print the key and its record as one JSON object")
 	if err := noArguments(fs, args); err != nil {
 		return err
 	}
+	tenantGiven := false
+	fs.Visit(func(f *flag.Flag) { tenantGiven = tenantGiven || f.Name == "tenant" })
 	n := apikeys.New{Description: *description, CreatedBy: audit.CLIActor()}
-	if *tenant != "" {
+	switch {
+	case tenantGiven && *admin:
+		return usageError("--tenant and --admin: choose one; a key is either one tenant's or an admin key")
+	case tenantGiven && *tenant == "":
+		return usageError("--tenant: empty; name the tenant (an empty variable?), or use --admin for an admin key")
+	case tenantGiven:
 		n.Tenant = tenant
+	case !*admin:
+		return usageError("choose the key's scope: --tenant T (one tenant's objects) or --admin (every tenant, and the keys)")
 	}
 	if err := n.Validate(); err != nil {
 		return usageError("--%v", err)

@@ -24,8 +24,8 @@ var commandHelp = map[string]cli.Help{
 
 	"api": {Sentence: "Serve the management API (docs/api.md) without delivering: endpoints, events, deliveries with every attempt, dead letters and replay, per tenant.", Example: "DATABASE_URL=postgres://fluxhook@db/app API_ADDR=127.0.0.1:8080 fluxhook api"},
 
-	"api-keys":        {Sentence: "Manage the keys of the management API: an admin key sees every tenant, a tenant key only its own.", Example: "fluxhook api-keys add --description 'billing service'"},
-	"api-keys add":    {Sentence: "Make a key for the management API, for one tenant or (without --tenant) an admin key; it is shown once.", Example: "fluxhook api-keys add --tenant acme --description 'acme portal'"},
+	"api-keys":        {Sentence: "Manage the keys of the management API: an admin key sees every tenant, a tenant key only its own.", Example: "fluxhook api-keys add --admin --description 'ops'"},
+	"api-keys add":    {Sentence: "Make a key for the management API, for one tenant (--tenant) or every tenant (--admin); it is shown once.", Example: "fluxhook api-keys add --tenant acme --description 'acme portal'"},
 	"api-keys list":   {Sentence: "List the API keys by prefix, never the keys themselves, with their last use.", Example: "fluxhook api-keys list --json"},
 	"api-keys revoke": {Sentence: "End an API key at once: requests with it are answered 401.", Example: "fluxhook api-keys revoke 5b0c…"},
 

@@ -44,7 +44,7 @@ var (
 	errUnauthorized = &apiError{Status: http.StatusUnauthorized, Code: "unauthorized",
 		Message: "a valid API key is required: send it as Authorization: Bearer fhk_... (fluxhook api-keys add makes one)"}
 	errAdminOnly = &apiError{Status: http.StatusForbidden, Code: "forbidden",
-		Message: "this route needs an admin key (one made without --tenant), not a tenant key or a portal session"}
+		Message: "this route needs an admin key (fluxhook api-keys add --admin), not a tenant key or a portal session"}
 	errInternal = &apiError{Status: http.StatusInternalServerError, Code: "internal",
 		Message: "the server could not complete the request; it is logged with this request's id"}
 )
