@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fluxora/fluxhook/sql/apikeys"
 	"github.com/fluxora/fluxhook/sql/audit"
@@ -93,9 +94,12 @@ func runAPIKeysAdd(ctx context.Context, env *environment, args []string) error {
 	return nil
 }
 
+// runAPIKeysList lists the keys, or with --portal the portal sessions that have not expired:
+// the links an operator may need to end before they do.
 func runAPIKeysList(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("api-keys list", env, "fluxhook api-keys list [--json]")
+	fs := newFlagSet("api-keys list", env, "fluxhook api-keys list [--portal] [--json]")
 	dbURL := databaseURLFlag(fs, env)
+	portal := fs.Bool("portal", false, "list the portal sessions that have not expired (revoked ones included) instead of the keys")
 	asJSON := fs.Bool("json", false, "print the keys as a JSON array")
 	if err := noArguments(fs, args); err != nil {
 		return err
@@ -105,6 +109,9 @@ func runAPIKeysList(ctx context.Context, env *environment, args []string) error 
 		return err
 	}
 	defer pool.Close()
+	if *portal {
+		return listPortalSessions(ctx, env, pool, *asJSON)
+	}
 	keys, err := apikeys.List(ctx, pool)
 	if err != nil {
 		return err
@@ -121,33 +128,77 @@ func runAPIKeysList(ctx context.Context, env *environment, args []string) error 
 	}
 	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tPREFIX\tTENANT\tDESCRIPTION\tCREATED\tLAST USED\tREVOKED")
-	at := func(t *time.Time) string {
-		if t == nil {
-			return "-"
-		}
-		return t.UTC().Format(time.RFC3339)
-	}
 	for _, k := range keys {
-		tenant := "(admin)"
-		if k.Tenant != nil {
-			tenant = printable(*k.Tenant)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, tenant, orDash(printable(k.Description)),
-			k.CreatedAt.UTC().Format(time.RFC3339), at(k.LastUsedAt), at(k.RevokedAt))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Prefix, keyTenant(k), orDash(printable(k.Description)),
+			k.CreatedAt.UTC().Format(time.RFC3339), timeOrDash(k.LastUsedAt), timeOrDash(k.RevokedAt))
 	}
 	return tw.Flush()
 }
 
+// listPortalSessions prints the portal sessions that have not expired, newest first, every
+// one of them: an operator looking for the link to end wants them all, and expired ones are
+// left out, so the list is at most a day of links.
+func listPortalSessions(ctx context.Context, env *environment, pool *pgxpool.Pool, asJSON bool) error {
+	var all []apikeys.Session
+	f := apikeys.SessionFilter{Limit: 1000}
+	for {
+		list, err := apikeys.ListPortalSessions(ctx, pool, f)
+		if err != nil {
+			return err
+		}
+		all = append(all, list...)
+		if len(list) < f.Limit {
+			break
+		}
+		last := list[len(list)-1]
+		f.AfterCreated, f.AfterID = last.CreatedAt, last.ID
+	}
+	if asJSON {
+		if all == nil {
+			all = []apikeys.Session{}
+		}
+		return writeJSON(env.stdout, all)
+	}
+	if len(all) == 0 {
+		fmt.Fprintln(env.stdout, "no portal sessions that have not expired")
+		return nil
+	}
+	tw := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPREFIX\tTENANT\tCREATED BY\tCREATED\tEXPIRES\tLAST USED\tREVOKED")
+	for _, s := range all {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.Prefix, keyTenant(s.Key), printable(s.CreatedBy),
+			s.CreatedAt.UTC().Format(time.RFC3339), s.ExpiresAt.UTC().Format(time.RFC3339), timeOrDash(s.LastUsedAt), timeOrDash(s.RevokedAt))
+	}
+	return tw.Flush()
+}
+
+// keyTenant is a key's or a session's scope as the lists show it.
+func keyTenant(k apikeys.Key) string {
+	if k.Tenant == nil {
+		return "(admin)"
+	}
+	return printable(*k.Tenant)
+}
+
+func timeOrDash(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// runAPIKeysRevoke ends a key, with the portal sessions it made, or one portal session: both
+// are ids `api-keys list` (--portal) shows.
 func runAPIKeysRevoke(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("api-keys revoke", env, "fluxhook api-keys revoke ID [--json]")
 	dbURL := databaseURLFlag(fs, env)
-	asJSON := fs.Bool("json", false, "print the revoked key as one JSON object")
+	asJSON := fs.Bool("json", false, "print the revoked key or session as one JSON object")
 	positional, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(positional) != 1 {
-		return usageError("api-keys revoke takes exactly one key id (see `fluxhook api-keys list`)")
+		return usageError("api-keys revoke takes exactly one key or portal session id (see `fluxhook api-keys list`, --portal)")
 	}
 	id := positional[0]
 	pool, err := connectCurrent(ctx, *dbURL)
@@ -156,26 +207,33 @@ func runAPIKeysRevoke(ctx context.Context, env *environment, args []string) erro
 	}
 	defer pool.Close()
 	var k apikeys.Key
+	var ended []apikeys.Key
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		before, err := apikeys.Get(ctx, tx, id)
-		if err != nil {
-			return err
+		k, ended, err = apikeys.RevokeAudited(ctx, tx, id, audit.CLIActor())
+		if errors.Is(err, apikeys.ErrNotFound) {
+			k, err = apikeys.RevokePortalSessionAudited(ctx, tx, id, audit.CLIActor())
 		}
-		if k, err = apikeys.Revoke(ctx, tx, id); err != nil {
-			return err
-		}
-		return audit.Record(ctx, tx, audit.Change{Actor: audit.CLIActor(), Tenant: k.Tenant, Action: "api_key.revoke",
-			ObjectType: "api_key", ObjectID: k.ID, Before: before, After: k})
+		return err
 	})
 	if errors.Is(err, apikeys.ErrNotFound) {
-		return fmt.Errorf("API key %s not found; nothing revoked (fluxhook api-keys list shows the keys)", id)
+		return fmt.Errorf("API key or portal session %s not found; nothing revoked (fluxhook api-keys list shows the keys, --portal the sessions)", id)
 	}
 	if err != nil {
 		return err
 	}
 	if *asJSON {
+		if k.Portal {
+			return writeJSON(env.stdout, apikeys.SessionOf(k))
+		}
 		return writeJSON(env.stdout, k)
 	}
+	if k.Portal {
+		fmt.Fprintf(env.stdout, "revoked portal session %s (%s): its link is refused from now on\n", k.ID, k.Prefix)
+		return nil
+	}
 	fmt.Fprintf(env.stdout, "revoked API key %s (%s): requests with it are refused from now on\n", k.ID, k.Prefix)
+	if len(ended) > 0 {
+		fmt.Fprintf(env.stdout, "and the %d portal sessions it made\n", len(ended))
+	}
 	return nil
 }

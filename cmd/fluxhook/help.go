@@ -26,8 +26,8 @@ var commandHelp = map[string]cli.Help{
 
 	"api-keys":        {Sentence: "Manage the keys of the management API: an admin key sees every tenant, a tenant key only its own.", Example: "fluxhook api-keys add --admin --description 'ops'"},
 	"api-keys add":    {Sentence: "Make a key for the management API, for one tenant (--tenant) or every tenant (--admin); it is shown once.", Example: "fluxhook api-keys add --tenant acme --description 'acme portal'"},
-	"api-keys list":   {Sentence: "List the API keys by prefix, never the keys themselves, with their last use.", Example: "fluxhook api-keys list --json"},
-	"api-keys revoke": {Sentence: "End an API key at once: requests with it are answered 401.", Example: "fluxhook api-keys revoke 5b0c…"},
+	"api-keys list":   {Sentence: "List the API keys (--portal: the portal sessions not yet expired) by prefix, never the keys themselves, with their last use.", Example: "fluxhook api-keys list --portal"},
+	"api-keys revoke": {Sentence: "End an API key, with the portal sessions it made, or one portal session, at once: requests with it are answered 401.", Example: "fluxhook api-keys revoke 5b0c…"},
 
 	"dlq":        {Sentence: "Find out why events were dead-lettered, send them again once the consumer is fixed, or delete them.", Example: "fluxhook dlq list --reason-contains 'HTTP 404' --since 24h"},
 	"dlq list":   {Sentence: "List dead letters, newest first, optionally filtered.", Example: "fluxhook dlq list --event-type order.paid --since 24h"},

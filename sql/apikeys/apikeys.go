@@ -175,10 +175,14 @@ func List(ctx context.Context, q Querier) ([]Key, error) {
 
 // Get returns one key by id.
 func Get(ctx context.Context, q Querier, id string) (Key, error) {
+	return get(ctx, q, id, "key")
+}
+
+func get(ctx context.Context, q Querier, id, kind string) (Key, error) {
 	if !isUUID(id) {
 		return Key{}, ErrNotFound
 	}
-	k, err := scan(q.QueryRow(ctx, `SELECT `+columns+` FROM webhook_api_keys WHERE id = $1::uuid AND kind = 'key'`, id))
+	k, err := scan(q.QueryRow(ctx, `SELECT `+columns+` FROM webhook_api_keys WHERE id = $1::uuid AND kind = $2`, id, kind))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Key{}, ErrNotFound
 	}
@@ -186,17 +190,97 @@ func Get(ctx context.Context, q Querier, id string) (Key, error) {
 }
 
 // Revoke ends a key at once: the next request with it gets 401. Revoking a revoked key is not
-// an error and keeps its first revocation time.
+// an error and keeps its first revocation time. The portal sessions the key made live on:
+// RevokeAudited ends them with it.
 func Revoke(ctx context.Context, q Querier, id string) (Key, error) {
+	return revoke(ctx, q, id, "key")
+}
+
+func revoke(ctx context.Context, q Querier, id, kind string) (Key, error) {
 	if !isUUID(id) {
 		return Key{}, ErrNotFound
 	}
 	k, err := scan(q.QueryRow(ctx, `UPDATE webhook_api_keys SET revoked_at = coalesce(revoked_at, now())
-		WHERE id = $1::uuid AND kind = 'key' RETURNING `+columns, id))
+		WHERE id = $1::uuid AND kind = $2 RETURNING `+columns, id, kind))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Key{}, ErrNotFound
 	}
 	return k, err
+}
+
+// Session is a portal session as lists show it: its record and when it ends, never its token.
+type Session struct {
+	Key
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// SessionOf is the portal session k as lists show it.
+func SessionOf(k Key) Session {
+	s := Session{Key: k}
+	if k.ExpiresAt != nil {
+		s.ExpiresAt = *k.ExpiresAt
+	}
+	return s
+}
+
+// SessionFilter selects a page of portal sessions.
+type SessionFilter struct {
+	// Tenant, when set, keeps that tenant's sessions only.
+	Tenant *string
+	// AfterCreated and AfterID are the last session of the previous page (zero: the first).
+	AfterCreated time.Time
+	AfterID      string
+	// Limit is the most sessions returned (1 to 1000; 0 means 100).
+	Limit int
+}
+
+// ListPortalSessions returns the portal sessions that have not expired, revoked ones included
+// (so that a revocation shows), newest first (created_at, then id): the links an operator may
+// need to end before they expire. Expired ones are left out: they end by themselves, and one
+// is made per link handed out.
+func ListPortalSessions(ctx context.Context, q Querier, f SessionFilter) ([]Session, error) {
+	limit := f.Limit
+	if limit <= 0 || limit > 1000 {
+		limit = 100
+	}
+	var after, afterID any
+	if !f.AfterCreated.IsZero() {
+		if !isUUID(f.AfterID) {
+			return nil, ErrNotFound
+		}
+		after, afterID = f.AfterCreated, f.AfterID
+	}
+	rows, _ := q.Query(ctx, `SELECT `+columns+` FROM webhook_api_keys
+		WHERE kind = 'portal' AND expires_at > now() AND ($1::text IS NULL OR tenant = $1)
+		  AND ($2::timestamptz IS NULL OR (created_at, id) < ($2, $3::uuid))
+		ORDER BY created_at DESC, id DESC LIMIT $4`, f.Tenant, after, afterID, limit)
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Session, error) {
+		k, err := scan(r)
+		return SessionOf(k), err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing portal sessions: %w", err)
+	}
+	return list, nil
+}
+
+// RevokePortalSession ends a portal session at once, as Revoke ends a key; ErrNotFound for an
+// id that is not a session's.
+func RevokePortalSession(ctx context.Context, q Querier, id string) (Key, error) {
+	return revoke(ctx, q, id, "portal")
+}
+
+// revokeSessionsMadeBy ends the live portal sessions the key k made (created_by is k's actor
+// name) and returns them as they are now, revoked: before, each had no revocation time.
+func revokeSessionsMadeBy(ctx context.Context, q Querier, k Key) ([]Key, error) {
+	rows, _ := q.Query(ctx, `UPDATE webhook_api_keys SET revoked_at = now()
+		WHERE kind = 'portal' AND created_by = $1 AND revoked_at IS NULL AND expires_at > now()
+		RETURNING `+columns, k.Actor())
+	ended, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) { return scan(r) })
+	if err != nil {
+		return nil, fmt.Errorf("revoking the portal sessions of key %s: %w", k.ID, err)
+	}
+	return ended, nil
 }
 
 // Authenticate returns the unrevoked, unexpired key or portal session token is, or

@@ -3,6 +3,7 @@ package apikeys_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -117,5 +118,86 @@ func TestPortalSessionsExpireAndAreNotKeys(t *testing.T) {
 	}
 	if _, _, err := apikeys.AddPortalSession(ctx, db.Pool, apikeys.New{CreatedBy: "x"}, 0); err == nil {
 		t.Fatal("a session without a lifetime was made")
+	}
+}
+
+// TestRevokingAKeyEndsTheSessionsItMade: a portal link handed out by a key that leaks or whose
+// holder leaves must not outlive it. RevokeAudited ends the key's live sessions, and only its
+// own; each revocation is an audit entry; a session is listed until it expires and revoked on
+// its own with RevokePortalSessionAudited.
+func TestRevokingAKeyEndsTheSessionsItMade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqltest.NewMigrated(t)
+	minter, _, err := apikeys.Add(ctx, db.Pool, apikeys.New{CreatedBy: "cli:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acme := "acme"
+	session := func(n apikeys.New) (apikeys.Key, string) {
+		s, token, err := apikeys.AddPortalSession(ctx, db.Pool, n, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, token
+	}
+	mine, mineToken := session(apikeys.New{Tenant: &acme, CreatedBy: minter.Actor()})
+	ops, opsToken := session(apikeys.New{CreatedBy: minter.Actor()})
+	_, otherToken := session(apikeys.New{Tenant: &acme, CreatedBy: "key:someone-else"})
+	expired, _ := session(apikeys.New{CreatedBy: minter.Actor()})
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_api_keys SET expires_at = now() - interval '1 second' WHERE id = $1`, expired.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	live, err := apikeys.ListPortalSessions(ctx, db.Pool, apikeys.SessionFilter{})
+	if err != nil || len(live) != 3 {
+		t.Fatalf("ListPortalSessions = %d sessions, %v; want the 3 not expired", len(live), err)
+	}
+	if onlyAcme, _ := apikeys.ListPortalSessions(ctx, db.Pool, apikeys.SessionFilter{Tenant: &acme}); len(onlyAcme) != 2 {
+		t.Fatalf("acme's sessions: %d; want 2", len(onlyAcme))
+	}
+
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	k, ended, err := apikeys.RevokeAudited(ctx, tx, minter.ID, "cli:ops")
+	if err != nil || k.RevokedAt == nil || len(ended) != 2 {
+		t.Fatalf("RevokeAudited = %+v, %d sessions, %v; want the key and its 2 live sessions", k, len(ended), err)
+	}
+	if _, err := apikeys.RevokePortalSessionAudited(ctx, tx, minter.ID, "cli:ops"); !errors.Is(err, apikeys.ErrNotFound) {
+		t.Fatalf("revoking a key as a session: %v; want ErrNotFound", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, token := range []string{mineToken, opsToken} {
+		if _, err := apikeys.Authenticate(ctx, db.Pool, token); !errors.Is(err, apikeys.ErrInvalid) {
+			t.Errorf("a session of the revoked key still authenticates: %v", err)
+		}
+	}
+	other, err := apikeys.Authenticate(ctx, db.Pool, otherToken)
+	if err != nil {
+		t.Fatalf("another key's session was ended too: %v", err)
+	}
+	var entries []string
+	rows, _ := db.Pool.Query(ctx, `SELECT action || ' ' || object_id || ' ' || actor FROM webhook_audit ORDER BY id`)
+	for rows.Next() {
+		var e string
+		_ = rows.Scan(&e)
+		entries = append(entries, e)
+	}
+	if rows.Err() != nil || len(entries) != 3 || entries[0] != "api_key.revoke "+minter.ID+" cli:ops" ||
+		!slices.Contains(entries, "portal_session.revoke "+mine.ID+" cli:ops") || !slices.Contains(entries, "portal_session.revoke "+ops.ID+" cli:ops") {
+		t.Fatalf("audit trail = %q; want the key's revocation and its two sessions'", entries)
+	}
+
+	s, err := apikeys.RevokePortalSessionAudited(ctx, db.Pool, other.ID, "cli:ops")
+	if err != nil || s.RevokedAt == nil {
+		t.Fatalf("RevokePortalSessionAudited = %+v, %v", s, err)
+	}
+	if _, err := apikeys.Authenticate(ctx, db.Pool, otherToken); !errors.Is(err, apikeys.ErrInvalid) {
+		t.Fatalf("a revoked session authenticates: %v", err)
 	}
 }

@@ -56,19 +56,14 @@ func (s *Server) createKey(q *request) error {
 	return nil
 }
 
+// revokeKey ends a key and the portal sessions it made (apikeys.RevokeAudited).
 func (s *Server) revokeKey(q *request) error {
 	id := q.r.PathValue("id")
 	var out apikeys.Key
 	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		before, err := apikeys.Get(q.ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		if out, err = apikeys.Revoke(q.ctx, tx, id); err != nil {
-			return err
-		}
-		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: out.Tenant, Action: "api_key.revoke",
-			ObjectType: "api_key", ObjectID: out.ID, Before: before, After: out})
+		var err error
+		out, _, err = apikeys.RevokeAudited(q.ctx, tx, id, q.actor())
+		return err
 	})
 	if errors.Is(err, apikeys.ErrNotFound) {
 		return errNotFound("API key", id)

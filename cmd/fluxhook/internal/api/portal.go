@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -89,4 +90,61 @@ func (s *Server) publicURL(r *http.Request) string {
 		scheme = "https"
 	}
 	return scheme + "://" + r.Host
+}
+
+// listPortalSessions lists the portal links that still work or were revoked before they
+// expired, newest first, so that an operator can find one to end (?tenant: one tenant's).
+func (s *Server) listPortalSessions(q *request) error {
+	limit, err := q.limit()
+	if err != nil {
+		return err
+	}
+	f := apikeys.SessionFilter{Tenant: q.tenantParam(), Limit: limit + 1}
+	var c struct {
+		Created time.Time `json:"c"`
+		ID      string    `json:"i"`
+	}
+	if ok, err := q.cursor(&c); err != nil {
+		return err
+	} else if ok {
+		f.AfterCreated, f.AfterID = c.Created, c.ID
+	}
+	list, err := apikeys.ListPortalSessions(q.ctx, s.cfg.Pool, f)
+	if errors.Is(err, apikeys.ErrNotFound) {
+		return errBadCursor
+	}
+	if err != nil {
+		return err
+	}
+	out := page[apikeys.Session]{Data: list}
+	if len(list) > limit {
+		out.Data = list[:limit]
+		last := list[limit-1]
+		c.Created, c.ID = last.CreatedAt, last.ID
+		out.NextCursor = encodeCursor(c)
+	}
+	if out.Data == nil {
+		out.Data = []apikeys.Session{}
+	}
+	writeJSON(q.w, http.StatusOK, out)
+	return nil
+}
+
+// revokePortalSession ends a portal link before it expires: the next request with it is 401.
+func (s *Server) revokePortalSession(q *request) error {
+	id := q.r.PathValue("id")
+	var out apikeys.Key
+	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = apikeys.RevokePortalSessionAudited(q.ctx, tx, id, q.actor())
+		return err
+	})
+	if errors.Is(err, apikeys.ErrNotFound) {
+		return errNotFound("portal session", id)
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusOK, apikeys.SessionOf(out))
+	return nil
 }

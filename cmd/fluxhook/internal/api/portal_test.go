@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -63,6 +64,68 @@ func TestPortalSessionsActAsTheirTenantUntilTheyExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.must(http.StatusUnauthorized, token, "GET", "/v1/endpoints", nil)
+}
+
+// TestPortalSessionsCanBeRevoked: a portal link is a bearer credential in a browser's history
+// for up to 24 hours (an operator's sees every tenant). An admin key lists the links that have
+// not expired and ends one before it does; revoking the admin key that made links ends them
+// too, and only them; each revocation is in the audit trail.
+func TestPortalSessionsCanBeRevoked(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	minted := h.must(http.StatusCreated, h.admin, "POST", "/v1/api-keys", map[string]any{"description": "portal minter"})
+	minter, minterID := minted.Body["key"].(string), minted.Body["id"].(string)
+	session := func(key, path string) (id, token string) {
+		s := h.must(http.StatusCreated, key, "POST", path, map[string]any{"ttl_seconds": 86400})
+		_, token, _ = strings.Cut(s.Body["url"].(string), "#session=")
+		return s.Body["id"].(string), token
+	}
+	opID, opToken := session(minter, "/v1/portal-sessions")
+	acmeID, acmeToken := session(minter, "/v1/tenants/acme/portal-sessions")
+	otherID, otherToken := session(h.admin, "/v1/tenants/acme/portal-sessions")
+
+	list := h.must(http.StatusOK, h.admin, "GET", "/v1/portal-sessions", nil)
+	for _, id := range []string{opID, acmeID, otherID} {
+		if !strings.Contains(string(list.Raw), id) {
+			t.Errorf("GET /v1/portal-sessions misses session %s: %s", id, list.Raw)
+		}
+	}
+	if strings.Contains(string(list.Raw), opToken[len(opToken)-43:]) {
+		t.Fatalf("the list shows a session's token: %s", list.Raw)
+	}
+	if acme := h.must(http.StatusOK, h.admin, "GET", "/v1/portal-sessions?tenant=acme", nil); len(acme.Body["data"].([]any)) != 2 || strings.Contains(string(acme.Raw), opID) {
+		t.Errorf("?tenant=acme lists %s; want the two acme sessions", acme.Raw)
+	}
+	first := h.must(http.StatusOK, h.admin, "GET", "/v1/portal-sessions?limit=2", nil)
+	next := h.must(http.StatusOK, h.admin, "GET", "/v1/portal-sessions?limit=2&cursor="+first.Body["next_cursor"].(string), nil)
+	if len(first.Body["data"].([]any)) != 2 || len(next.Body["data"].([]any)) != 1 || next.Body["next_cursor"] != nil {
+		t.Errorf("pages of 2: %s then %s", first.Raw, next.Raw)
+	}
+
+	h.must(http.StatusNotFound, h.admin, "DELETE", "/v1/api-keys/"+opID, nil)
+	h.must(http.StatusNotFound, h.admin, "DELETE", "/v1/portal-sessions/"+minterID, nil)
+	h.must(http.StatusNotFound, h.admin, "DELETE", "/v1/portal-sessions/nope", nil)
+	h.must(http.StatusForbidden, opToken, "DELETE", "/v1/portal-sessions/"+opID, nil)
+	if r := h.must(http.StatusOK, h.admin, "DELETE", "/v1/portal-sessions/"+opID, nil); r.Body["revoked_at"] == nil {
+		t.Errorf("the revoked session = %s", r.Raw)
+	}
+	h.must(http.StatusUnauthorized, opToken, "GET", "/v1/status", nil)
+	h.must(http.StatusOK, acmeToken, "GET", "/v1/me", nil)
+
+	h.must(http.StatusOK, h.admin, "DELETE", "/v1/api-keys/"+minterID, nil)
+	h.must(http.StatusUnauthorized, acmeToken, "GET", "/v1/me", nil)
+	h.must(http.StatusOK, otherToken, "GET", "/v1/me", nil)
+
+	trail := h.must(http.StatusOK, h.admin, "GET", "/v1/audit?object_type=portal_session", nil)
+	var revoked []string
+	for _, e := range trail.Body["data"].([]any) {
+		if e := e.(map[string]any); e["action"] == "portal_session.revoke" {
+			revoked = append(revoked, e["object_id"].(string))
+		}
+	}
+	if len(revoked) != 2 || !slices.Contains(revoked, opID) || !slices.Contains(revoked, acmeID) {
+		t.Errorf("portal_session.revoke entries for %v; want %s (revoked) and %s (its key revoked): %s", revoked, opID, acmeID, trail.Raw)
+	}
 }
 
 // TestPortalPageHeaders: the portal's page is served with a policy that allows no inline

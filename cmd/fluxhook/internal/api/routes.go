@@ -34,6 +34,8 @@ func (s *Server) table() []Route {
 		{Method: "DELETE", Pattern: "/v1/api-keys/{id}", Admin: true, handle: s.revokeKey},
 		{Method: "POST", Pattern: "/v1/tenants/{tenant}/portal-sessions", Admin: true, handle: s.createTenantPortalSession},
 		{Method: "POST", Pattern: "/v1/portal-sessions", Admin: true, handle: s.createAdminPortalSession},
+		{Method: "GET", Pattern: "/v1/portal-sessions", Admin: true, handle: s.listPortalSessions},
+		{Method: "DELETE", Pattern: "/v1/portal-sessions/{id}", Admin: true, handle: s.revokePortalSession},
 		{Method: "GET", Pattern: "/v1/tenants", AdminOrPortal: true, handle: s.listTenants},
 		{Method: "GET", Pattern: "/v1/status", AdminOrPortal: true, handle: s.getStatus},
 	}
