@@ -139,7 +139,10 @@ const (
 	SkipOtherTenant SkipReason = "other_tenant"
 	// SkipEndpointOtherTenant: its own managed endpoint now belongs to another tenant
 	// (EndpointTenant); the event never goes there again. ToEndpoint sends it to an endpoint
-	// of its tenant.
+	// of its tenant. Only an unscoped caller (the CLI, an admin key) is told so: for a
+	// tenant's caller the endpoint is gone from its tenant, and the reason is
+	// SkipEndpointRemoved, exactly as for one removed, so that it never learns that its old
+	// endpoint lives on under someone else.
 	SkipEndpointOtherTenant SkipReason = "endpoint_other_tenant"
 )
 
@@ -153,9 +156,8 @@ type Skip struct {
 	Reason SkipReason `json:"reason"`
 	// SupersededBy is, for SkipSuperseded, the later dead letter that stands for this one.
 	SupersededBy *int64 `json:"superseded_by,omitempty"`
-	// EndpointTenant is, for SkipEndpointOtherTenant, the endpoint's tenant now (nil for
-	// none). Only an unscoped caller learns it: for a tenant's caller it stays nil, since it
-	// names another tenant.
+	// EndpointTenant is, for SkipEndpointOtherTenant (which only an unscoped caller gets),
+	// the endpoint's tenant now (nil for none).
 	EndpointTenant *string `json:"endpoint_tenant,omitempty"`
 }
 
@@ -278,11 +280,10 @@ func replay(ctx context.Context, tx pgx.Tx, sel Selection, opts Options, candida
 			skip.Reason = SkipAlreadyReplayed
 		case target == nil && l.endpointRemoved:
 			skip.Reason = SkipEndpointRemoved
+		case target == nil && l.endpointOtherTenant && sel.Tenant != nil:
+			skip.Reason = SkipEndpointRemoved
 		case target == nil && l.endpointOtherTenant:
-			skip.Reason = SkipEndpointOtherTenant
-			if sel.Tenant == nil {
-				skip.EndpointTenant = l.endpointTenant
-			}
+			skip.Reason, skip.EndpointTenant = SkipEndpointOtherTenant, l.endpointTenant
 		case target != nil && !sameTenant(l.Tenant, target.Tenant):
 			skip.Reason = SkipOtherTenant
 		case target != nil && toTarget[l.DeliveryID]:

@@ -77,13 +77,14 @@ func TestReplayScoped(t *testing.T) {
 		t.Errorf("dry run to its own other endpoint = %+v, %v", out, err)
 	}
 
-	// Its endpoint given to globex since: skipped, and the scoped caller is not told to whom.
+	// Its endpoint given to globex since: skipped. The unscoped caller is told to whom; for
+	// the scoped caller the endpoint is gone from its tenant, as a removed one.
 	moved := insert(t, db, fixture{tenant: acme, endpoint: acmeOther})
 	exec(t, db, `UPDATE webhook_endpoints SET tenant = 'globex' WHERE id = $1::uuid`, acmeOther)
-	for _, scope := range []*string{acme, nil} {
+	for scope, want := range map[*string]deadletters.SkipReason{acme: deadletters.SkipEndpointRemoved, nil: deadletters.SkipEndpointOtherTenant} {
 		out, err := replay(t, db, deadletters.Selection{Tenant: scope, IDs: []int64{moved}}, deadletters.Options{})
-		if err != nil || len(out.Replayed) != 0 || len(out.Skipped) != 1 || out.Skipped[0].Reason != deadletters.SkipEndpointOtherTenant {
-			t.Fatalf("Replay of a dead letter whose endpoint changed tenant (scope %v) = %+v, %v", scope, out, err)
+		if err != nil || len(out.Replayed) != 0 || len(out.Skipped) != 1 || out.Skipped[0].Reason != want {
+			t.Fatalf("Replay of a dead letter whose endpoint changed tenant (scope %v) = %+v, %v; want %s", scope, out, err, want)
 		}
 		if tenant := out.Skipped[0].EndpointTenant; (scope == nil) != (tenant != nil && *tenant == "globex") {
 			t.Errorf("scope %v: endpoint_tenant %v; only an unscoped caller learns it", scope, tenant)

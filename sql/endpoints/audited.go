@@ -67,6 +67,11 @@ func AddAudited(ctx context.Context, db TxBeginner, c *Cipher, n New, actor stri
 // scope (not found otherwise, as for a missing one), and records the change by actor in the
 // audit trail, with the endpoint before and after, in the same transaction: the trail holds
 // every change that committed and none that did not. It returns the endpoint after.
+//
+// A change of tenant is recorded twice, once for each tenant's trail and each with that
+// tenant's side alone: under the old tenant the endpoint before (and no after), under the new
+// one the endpoint after (and no before). Neither tenant reads the other's view of it (its
+// old description, headers, filter), nor who it went to or came from.
 func Audited(ctx context.Context, db TxBeginner, c *Cipher, id string, scope Scope, actor, action string,
 	change func(tx pgx.Tx) error) (Endpoint, error) {
 	var after Endpoint
@@ -84,10 +89,23 @@ func Audited(ctx context.Context, db TxBeginner, c *Cipher, id string, scope Sco
 		if after, err = readForAudit(ctx, tx, c, id); err != nil {
 			return err
 		}
-		return audit.Record(ctx, tx, audit.Change{Actor: actor, Tenant: tenantPtr(after), Action: action,
-			ObjectType: "endpoint", ObjectID: before.ID, Before: AuditView(before), After: AuditView(after)})
+		return audit.RecordAll(ctx, tx, changeEntries(actor, action, before, after))
 	})
 	return after, err
+}
+
+// changeEntries are the audit entries of a change of the endpoint from before to after: one,
+// or one per tenant when the change moved it to another tenant (see Audited).
+func changeEntries(actor, action string, before, after Endpoint) []audit.Change {
+	from, to := tenantPtr(before), tenantPtr(after)
+	if (from == nil) == (to == nil) && (from == nil || *from == *to) {
+		return []audit.Change{{Actor: actor, Tenant: to, Action: action, ObjectType: "endpoint", ObjectID: before.ID,
+			Before: AuditView(before), After: AuditView(after)}}
+	}
+	return []audit.Change{
+		{Actor: actor, Tenant: from, Action: action, ObjectType: "endpoint", ObjectID: before.ID, Before: AuditView(before)},
+		{Actor: actor, Tenant: to, Action: action, ObjectType: "endpoint", ObjectID: before.ID, After: AuditView(after)},
+	}
 }
 
 // RemoveAudited removes the endpoint id in scope, as Remove does, and records the removal by

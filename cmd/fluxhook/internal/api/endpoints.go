@@ -501,12 +501,14 @@ type hourCount struct {
 // hoursSQL counts an endpoint's settled attempts per hour over the last 24 hours (25 buckets:
 // the current, partial hour and the 24 before it), zeros included so that a chart needs no
 // gap filling. The log's block-range index on processed_at limits the scan to the last day.
+// $2 is the caller's scope: an endpoint moved between tenants keeps its log rows, and its new
+// tenant must not count (read) its old tenant's deliveries, as every other read of the log.
 const hoursSQL = `SELECT h.hour,
        count(l.*) FILTER (WHERE l.status_code BETWEEN 200 AND 299 OR (l.status_code = 409 AND l.error IS NULL)),
        count(l.*) FILTER (WHERE NOT (l.status_code BETWEEN 200 AND 299) OR l.status_code IS NULL)
 FROM generate_series(date_trunc('hour', now()) - interval '24 hours', date_trunc('hour', now()), interval '1 hour') AS h(hour)
 LEFT JOIN webhook_delivery_log l
-       ON l.endpoint_id = $1::uuid AND l.processed_at >= h.hour AND l.processed_at < h.hour + interval '1 hour'
+       ON l.endpoint_id = $1::uuid AND ($2::text IS NULL OR l.tenant = $2) AND l.processed_at >= h.hour AND l.processed_at < h.hour + interval '1 hour'
       AND l.processed_at >= date_trunc('hour', now()) - interval '24 hours' AND l.attempt > 0
 GROUP BY h.hour ORDER BY h.hour`
 
@@ -523,7 +525,7 @@ func (s *Server) endpointHealth(q *request) error {
 		}
 		out = health{EndpointID: e.ID, Enabled: e.Enabled, LastSuccessAt: timePtr(e.LastSuccessAt), FailingSince: timePtr(e.FailingSince),
 			Breaker: breakerState{State: "unknown"}}
-		rows, _ := tx.Query(q.ctx, hoursSQL, e.ID)
+		rows, _ := tx.Query(q.ctx, hoursSQL, e.ID, q.scope())
 		out.Hours, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (hourCount, error) {
 			var h hourCount
 			return h, r.Scan(&h.Hour, &h.Succeeded, &h.Failed)

@@ -1,9 +1,11 @@
 package api_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestEndpointLifecycleOverTheAPI(t *testing.T) {
@@ -157,5 +159,56 @@ func TestEndpointPagesAreStable(t *testing.T) {
 	}
 	if len(seen) != 7 || pages != 3 {
 		t.Fatalf("%d endpoints on %d pages; want 7 on 3", len(seen), pages)
+	}
+}
+
+// TestMovedEndpointStaysWithItsTenant: once an admin gives acme's endpoint to globex (PATCH
+// tenant), each tenant sees its own side alone. globex's key does not read acme's traffic
+// through the endpoint's health, and the update is in each tenant's trail with that tenant's
+// view only (acme: the endpoint before; globex: after); acme's key, replaying one of its own
+// dead letters, is told the endpoint is removed, as it is from acme, not that another tenant
+// has it.
+func TestMovedEndpointStaysWithItsTenant(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	acme, globex := h.key(ptr("acme")), h.key(ptr("globex"))
+	ep := h.must(http.StatusCreated, acme, "POST", "/v1/endpoints",
+		map[string]any{"url": "https://hooks.example.com/a", "description": "acme-private-notes"}).Body["id"].(string)
+	now := time.Now()
+	for i := range 3 {
+		h.exec(seedLog, nil, "order.paid", `{}`, now.Add(-time.Minute), fmt.Sprintf("00000000-0000-4000-8000-00000000000%d", i+1), 1,
+			now.Add(-30*time.Second), 200, nil, 5, "acme", ep, now.Add(-time.Minute))
+	}
+	dl := h.deadLetter(ep, ptr("acme"), "order.paid")
+	count := func(key string) (n float64) {
+		for _, hr := range h.must(http.StatusOK, key, "GET", "/v1/endpoints/"+ep+"/health", nil).Body["hours"].([]any) {
+			n += hr.(map[string]any)["succeeded"].(float64) + hr.(map[string]any)["failed"].(float64)
+		}
+		return n
+	}
+	if n := count(acme); n != 3 {
+		t.Fatalf("acme's health counts %v deliveries; want its 3", n)
+	}
+	h.must(http.StatusOK, h.admin, "PATCH", "/v1/endpoints/"+ep, map[string]any{"tenant": "globex", "description": "globex's now"})
+
+	if n := count(globex); n != 0 {
+		t.Errorf("globex's key sees %v of acme's deliveries in the endpoint's health", n)
+	}
+	if n := count(h.admin); n != 3 {
+		t.Errorf("the admin's health counts %v deliveries; want all 3", n)
+	}
+	if a := h.must(http.StatusOK, globex, "GET", "/v1/audit?object_id="+ep, nil); strings.Contains(string(a.Raw), "acme") || len(a.Body["data"].([]any)) != 1 {
+		t.Errorf("globex's trail of the endpoint: %s; want its update, without acme's view", a.Raw)
+	}
+	a := h.must(http.StatusOK, acme, "GET", "/v1/audit?object_id="+ep, nil)
+	if strings.Contains(string(a.Raw), "globex") || len(a.Body["data"].([]any)) != 2 || a.Body["data"].([]any)[0].(map[string]any)["before"] == nil {
+		t.Errorf("acme's trail of the endpoint: %s; want its creation and the update's before, without globex's view", a.Raw)
+	}
+	if all := h.must(http.StatusOK, h.admin, "GET", "/v1/audit?object_id="+ep, nil); len(all.Body["data"].([]any)) != 3 {
+		t.Errorf("the admin's trail of the endpoint: %s; want the creation and one update entry per tenant", all.Raw)
+	}
+	st, b := h.raw(acme, "POST", fmt.Sprintf("/v1/dead-letters/%d/replay", dl), "")
+	if st != http.StatusConflict || strings.Contains(b, "other_tenant") || !strings.Contains(b, "endpoint_removed") {
+		t.Errorf("acme's replay of its dead letter %d = %d %s; want 409 endpoint_removed", dl, st, b)
 	}
 }
