@@ -269,6 +269,9 @@ func TestEndpointsUpdate(t *testing.T) {
 		{[]string{"--scheme", "standard", "--secret", "not-whsec"}, "--secret:"},
 		{[]string{"--secret", "s"}, "rotate-secret"},
 		{[]string{"--tenant", " acme"}, "--tenant:"},
+		{[]string{"--description", strings.Repeat("d", 1025)}, "--description: 1025 bytes; at most 1024"},
+		{[]string{"--url", "https://b.example/?" + strings.Repeat("q", 2048)}, "--url:"},
+		{[]string{"--event-types", strings.Repeat("e", 201)}, "--event-types:"},
 		{nil, "needs something to change"},
 		{[]string{"--json"}, "needs something to change"},
 	} {

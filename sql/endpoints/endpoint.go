@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -111,10 +112,18 @@ func Matches(filter []string, eventType string) bool {
 }
 
 // ValidateFilter returns an error naming the first filter entry that is neither an exact event
-// type nor a "prefix.*" pattern.
+// type nor a "prefix.*" pattern, or one past the bounds (MaxEventTypes entries of at most
+// MaxEventType bytes, printable UTF-8).
 func ValidateFilter(filter []string) error {
+	if len(filter) > MaxEventTypes {
+		return fmt.Errorf("%d entries; at most %d (a \"prefix.*\" pattern stands for many)", len(filter), MaxEventTypes)
+	}
 	for _, f := range filter {
 		switch {
+		case len(f) > MaxEventType:
+			return fmt.Errorf("event type filter %.40q...: %d bytes; at most %d", f, len(f), MaxEventType)
+		case !utf8.ValidString(f) || strings.ContainsFunc(f, func(r rune) bool { return r < ' ' || r == 0x7f }):
+			return fmt.Errorf("event type filter %q: not printable UTF-8", f)
 		case strings.TrimSpace(f) == "" || f != strings.TrimSpace(f):
 			return fmt.Errorf("event type filter %q: empty or surrounded by spaces", f)
 		case strings.Contains(f, "*") && (!strings.HasSuffix(f, ".*") || strings.Count(f, "*") > 1 || f == ".*"):

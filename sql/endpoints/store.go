@@ -164,6 +164,11 @@ type New struct {
 	// OrderingFailureSkip. It may be set with OrderingNone: it then waits, unused, for the
 	// endpoint to be ordered.
 	OrderingFailure string
+	// TenantQuota, when positive, refuses the endpoint (QuotaError) if its tenant already has
+	// that many: the management API sets MaxTenantEndpoints for a tenant's own callers.
+	// Counted under a lock on the tenant's name held until the caller's transaction ends, so
+	// that concurrent adds in transactions (AddAudited) cannot pass it together.
+	TenantQuota int
 }
 
 // Add validates n and inserts it, with its secret and header values sealed by c (in clear
@@ -186,7 +191,7 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 	if n.OrderingFailure == "" {
 		n.OrderingFailure = OrderingFailureSkip
 	}
-	err := errors.Join(validateURL(n.URL), validateScheme(n.Scheme), validateTenant(n.Tenant),
+	err := errors.Join(validateURL(n.URL), validateDescription(n.Description), validateScheme(n.Scheme), validateTenant(n.Tenant),
 		validateFilter(n.EventTypes), validateLimit("retry_rps", n.RetryRPS),
 		validateLimit("max_concurrency", n.MaxConcurrency), validateHeaders(n.Headers),
 		validateOrdering(n.Ordering), validateOrderingFailure(n.OrderingFailure),
@@ -201,6 +206,11 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 		}
 	} else if err := ValidateSecret(n.Scheme, secret); err != nil {
 		return Endpoint{}, err
+	}
+	if n.TenantQuota > 0 && n.Tenant != "" {
+		if err := checkQuota(ctx, q, n.Tenant, n.TenantQuota); err != nil {
+			return Endpoint{}, err
+		}
 	}
 	// The id is made here rather than by the column's default: every sealed value is bound to
 	// it, so it must be known before the row is written.
@@ -229,6 +239,24 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 		return list[0], errs[0]
 	}
 	return list[0], nil
+}
+
+// checkQuota returns a QuotaError if tenant has limit endpoints or more, after taking a
+// transaction-level advisory lock on the tenant's name: two adds for one tenant count in turn.
+func checkQuota(ctx context.Context, q Querier, tenant string, limit int) error {
+	// The lock first, in a statement of its own: the count's snapshot must be taken once the
+	// lock is held, or it could miss an add that committed while this one waited.
+	if _, err := q.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('fluxhook endpoint quota ' || $1, 0))`, tenant); err != nil {
+		return fmt.Errorf("locking the endpoint quota of tenant %s: %w", tenant, err)
+	}
+	var n int
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM webhook_endpoints WHERE tenant = $1`, tenant).Scan(&n); err != nil {
+		return fmt.Errorf("counting the endpoints of tenant %s: %w", tenant, err)
+	}
+	if n >= limit {
+		return &QuotaError{Tenant: tenant, Limit: limit}
+	}
+	return nil
 }
 
 // firstError returns the first of a joined set of validation errors: reporting one at a time,
@@ -413,6 +441,9 @@ func (p Patch) validate() error {
 	var errs []error
 	if p.URL != nil {
 		errs = append(errs, validateURL(*p.URL))
+	}
+	if p.Description != nil {
+		errs = append(errs, validateDescription(*p.Description))
 	}
 	if p.Tenant != nil {
 		errs = append(errs, validateTenant(*p.Tenant))
@@ -607,6 +638,21 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 			if err := validateHeaders(names); err != nil {
 				return w, err
 			}
+			// The kept headers count against MaxHeaderBytes with the new ones: by their value
+			// opened, or as stored (longer) when it does not open with this key.
+			size := 0
+			for name, v := range h {
+				if plain, err := c.Open(v, HeaderBinding(id, name)); err == nil {
+					v = plain
+				}
+				size += len(name) + len(v)
+			}
+			for name, v := range *p.Headers {
+				size += len(name) + len(v)
+			}
+			if size > MaxHeaderBytes {
+				return w, invalid("headers", "%d bytes of names and values with the headers kept; at most %d", size, MaxHeaderBytes)
+			}
 			for name, v := range h {
 				if !IsSealed(v) {
 					h[name] = c.Seal(v, HeaderBinding(id, name))
@@ -657,6 +703,12 @@ const DefaultDisabledReason = "disabled by an operator"
 func Disable(ctx context.Context, q Querier, id, reason string) error {
 	if reason == "" {
 		reason = DefaultDisabledReason
+	}
+	if len(reason) > MaxDisabledReason {
+		return invalid("reason", "%d bytes; at most %d", len(reason), MaxDisabledReason)
+	}
+	if err := validText("reason", reason, true); err != nil {
+		return err
 	}
 	return updateOne(ctx, q, disableSQL, "disabling", id, reason)
 }

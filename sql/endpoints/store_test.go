@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -308,6 +309,18 @@ func TestAddValidation(t *testing.T) {
 		{"ordering in capitals", with(func(n *endpoints.New) { n.Ordering = "Stream" }), "ordering", `or "stream"`},
 		{"ordering failure", with(func(n *endpoints.New) { n.OrderingFailure = "halt" }), "ordering_failure", `"halt" is not`},
 		{"ordering failure allowed", with(func(n *endpoints.New) { n.OrderingFailure = "retry" }), "ordering_failure", `use "skip"`},
+		{"long url", with(func(n *endpoints.New) { n.URL += "?pad=" + strings.Repeat("x", endpoints.MaxURL) }), "url", "at most 2048"},
+		{"long description", with(func(n *endpoints.New) { n.Description = strings.Repeat("x", endpoints.MaxDescription+1) }), "description", "at most 1024"},
+		{"NUL in description", with(func(n *endpoints.New) { n.Description = "a\x00b" }), "description", "NUL"},
+		{"description not UTF-8", with(func(n *endpoints.New) { n.Description = "a\xffb" }), "description", "UTF-8"},
+		{"escape in description", with(func(n *endpoints.New) { n.Description = "a\x1b[2Jb" }), "description", "control"},
+		{"long tenant", with(func(n *endpoints.New) { n.Tenant = strings.Repeat("t", endpoints.MaxTenant+1) }), "tenant", "at most 200"},
+		{"tenant not UTF-8", with(func(n *endpoints.New) { n.Tenant = "a\xff" }), "tenant", "UTF-8"},
+		{"many headers", with(func(n *endpoints.New) { n.Headers = manyHeaders(endpoints.MaxHeaders+1, 1) }), "headers", "at most 32"},
+		{"large headers", with(func(n *endpoints.New) { n.Headers = manyHeaders(2, endpoints.MaxHeaderBytes/2) }), "headers", "at most 8192"},
+		{"many event types", with(func(n *endpoints.New) { n.EventTypes = manyTypes(endpoints.MaxEventTypes + 1) }), "event_types", "at most 100"},
+		{"long event type", with(func(n *endpoints.New) { n.EventTypes = []string{strings.Repeat("e", endpoints.MaxEventType+1)} }), "event_types", "at most 200"},
+		{"NUL in event type", with(func(n *endpoints.New) { n.EventTypes = []string{"a\x00"} }), "event_types", "printable"},
 	}
 	for _, tc := range cases {
 		_, err := endpoints.Add(context.Background(), db.Pool, nil, tc.n)
@@ -338,6 +351,84 @@ func TestAddValidation(t *testing.T) {
 	} {
 		mustAdd(t, db, nil, n)
 	}
+}
+
+// manyHeaders is n headers whose values are size bytes each.
+func manyHeaders(n, size int) map[string]string {
+	h := make(map[string]string, n)
+	for i := range n {
+		h[fmt.Sprintf("X-H%d", i)] = strings.Repeat("v", size)
+	}
+	return h
+}
+
+// manyTypes is a filter of n distinct event types.
+func manyTypes(n int) []string {
+	types := make([]string, n)
+	for i := range types {
+		types[i] = fmt.Sprintf("type.%d", i)
+	}
+	return types
+}
+
+// TestFieldBoundsHoldOnUpdate: an update is held to the bounds Add is, a merge of headers
+// counting the headers it keeps; a disabled reason is bounded too; the largest endpoint within
+// every bound is accepted.
+func TestFieldBoundsHoldOnUpdate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqltest.NewMigrated(t)
+	c := newCipher(t, endpoints.GenerateKey(), "")
+	types := manyTypes(endpoints.MaxEventTypes)
+	e := mustAdd(t, db, c, endpoints.New{URL: "https://consumer.example/" + strings.Repeat("p", endpoints.MaxURL-len("https://consumer.example/")),
+		Description: strings.Repeat("d", endpoints.MaxDescription), Tenant: strings.Repeat("t", endpoints.MaxTenant),
+		Headers: manyHeaders(2, endpoints.MaxHeaderBytes/2-4), EventTypes: types})
+	long := strings.Repeat("x", endpoints.MaxDescription+1)
+	more := map[string]string{"X-More": "v"}
+	for name, p := range map[string]endpoints.Patch{
+		"description": {Description: &long},
+		"headers":     {Headers: &more, MergeHeaders: true},
+	} {
+		var inv *endpoints.InvalidError
+		if _, err := endpoints.Update(ctx, db.Pool, c, e.ID, p); !errors.As(err, &inv) || inv.Field != name {
+			t.Errorf("Update(%s past its bound) = %v; want an InvalidError on %s", name, err, name)
+		}
+	}
+	var inv *endpoints.InvalidError
+	if err := endpoints.Disable(ctx, db.Pool, e.ID, long); !errors.As(err, &inv) || inv.Field != "reason" {
+		t.Errorf("Disable with a reason past its bound = %v; want an InvalidError on reason", err)
+	}
+}
+
+// TestTenantQuota: with New.TenantQuota, a tenant's endpoints stop at the quota, even when
+// added concurrently; other tenants and adds without a quota are not held to it.
+func TestTenantQuota(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqltest.NewMigrated(t)
+	errs := make(chan error, 5)
+	for i := range 5 {
+		go func() {
+			_, err := endpoints.AddAudited(ctx, db.Pool, nil, endpoints.New{URL: fmt.Sprintf("https://consumer.example/%d", i),
+				Tenant: "acme", TenantQuota: 3}, "cli:test")
+			errs <- err
+		}()
+	}
+	refused := 0
+	for range 5 {
+		var quota *endpoints.QuotaError
+		switch err := <-errs; {
+		case errors.As(err, &quota):
+			refused++
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	if refused != 2 {
+		t.Fatalf("%d of 5 concurrent adds past a quota of 3 were refused; want 2", refused)
+	}
+	mustAdd(t, db, nil, endpoints.New{URL: "https://consumer.example/globex", Tenant: "globex", TenantQuota: 3})
+	mustAdd(t, db, nil, endpoints.New{URL: "https://consumer.example/operator", Tenant: "acme"})
 }
 
 func TestUpdate(t *testing.T) {

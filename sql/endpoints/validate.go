@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/fluxora/fluxhook/stages/send"
 )
@@ -35,6 +36,62 @@ func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
 
 func invalid(field, format string, args ...any) error {
 	return &InvalidError{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// The bounds of an endpoint's free-form fields, in bytes unless said otherwise. Every list
+// and every audit entry holds whole endpoints: unbounded, one tenant's key could make each
+// page of GET /v1/endpoints or /v1/audit hundreds of megabytes, built in memory by the API
+// process (the dispatcher's, under fluxhook serve). Each bound is far above what a consumer
+// needs (a browser's URL limit, a few auth headers, a filter of tens of types).
+const (
+	MaxURL            = 2048
+	MaxDescription    = 1024
+	MaxTenant         = 200
+	MaxHeaders        = 32   // headers per endpoint
+	MaxHeaderBytes    = 8192 // every custom header's name and value together
+	MaxEventTypes     = 100  // entries of the filter
+	MaxEventType      = 200  // one entry
+	MaxDisabledReason = 1024
+)
+
+// MaxTenantEndpoints is how many endpoints a tenant's own callers (its API keys, its portal
+// sessions) may make: New.TenantQuota. An operator (an admin key, the CLI) is not held to it,
+// and may give a tenant more.
+const MaxTenantEndpoints = 100
+
+// QuotaError is Add's refusal of an endpoint past its tenant's quota (New.TenantQuota).
+type QuotaError struct {
+	Tenant string
+	Limit  int
+}
+
+// Error says what the limit is and what to do.
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("tenant %q has %d endpoints, its limit: remove one first, or ask the operator", e.Tenant, e.Limit)
+}
+
+// validText refuses what PostgreSQL cannot store in text (a NUL byte, invalid UTF-8) and, with
+// controls, every control character but tab, line feed and carriage return: the store's last
+// guard, whoever the caller is, so that such a value is a field's error and not a failed
+// statement.
+func validText(field, v string, controls bool) error {
+	switch {
+	case !utf8.ValidString(v):
+		return invalid(field, "is not valid UTF-8")
+	case strings.ContainsRune(v, 0):
+		return invalid(field, "contains a NUL byte")
+	case controls && strings.ContainsFunc(v, func(r rune) bool { return r < ' ' && r != '\t' && r != '\n' && r != '\r' || r == 0x7f }):
+		return invalid(field, "contains a control character")
+	}
+	return nil
+}
+
+// validateDescription bounds the free text for people.
+func validateDescription(d string) error {
+	if len(d) > MaxDescription {
+		return invalid("description", "%d bytes; at most %d", len(d), MaxDescription)
+	}
+	return validText("description", d, true)
 }
 
 // Generated secret sizes. Standard Webhooks asks for 24 to 64 random bytes; 24 is its
@@ -136,6 +193,9 @@ func validateOrderingFailure(failure string) error {
 // host is loopback, no credentials. The network policy (WEBHOOK_ALLOWED_NETWORKS) is the
 // dispatcher's and is applied when it sends.
 func validateURL(u string) error {
+	if len(u) > MaxURL {
+		return &InvalidError{Field: "url", Err: fmt.Errorf("%w: %d bytes; at most %d", send.ErrInvalidURL, len(u), MaxURL)}
+	}
 	if err := send.ValidateURL(u); err != nil {
 		return &InvalidError{Field: "url", Err: err}
 	}
@@ -151,10 +211,20 @@ func validateFilter(filter []string) error {
 
 // validateHeaders is ValidateHeaders plus a check that no two names differ only in case:
 // HTTP names are case-insensitive, so one would silently replace the other when the request
-// is built.
+// is built; and the bounds, MaxHeaders of them and MaxHeaderBytes together.
 func validateHeaders(h map[string]string) error {
 	if err := ValidateHeaders(h); err != nil {
 		return &InvalidError{Field: "headers", Err: err}
+	}
+	if len(h) > MaxHeaders {
+		return invalid("headers", "%d headers; at most %d", len(h), MaxHeaders)
+	}
+	size := 0
+	for k, v := range h {
+		size += len(k) + len(v)
+	}
+	if size > MaxHeaderBytes {
+		return invalid("headers", "%d bytes of names and values; at most %d", size, MaxHeaderBytes)
 	}
 	seen := make(map[string]string, len(h))
 	for k := range h {
@@ -170,6 +240,12 @@ func validateHeaders(h map[string]string) error {
 // validateTenant refuses tenants that can never match a producer's tenant by accident of
 // typing: surrounding spaces and control characters. "" means no tenant.
 func validateTenant(t string) error {
+	if len(t) > MaxTenant {
+		return invalid("tenant", "%d bytes; at most %d", len(t), MaxTenant)
+	}
+	if !utf8.ValidString(t) {
+		return invalid("tenant", "is not valid UTF-8")
+	}
 	if strings.TrimSpace(t) != t {
 		return invalid("tenant", "%q has leading or trailing spaces; tenants match exactly", t)
 	}

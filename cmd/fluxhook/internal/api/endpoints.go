@@ -128,9 +128,12 @@ type endpointInput struct {
 func storeError(err error, id string) error {
 	var inv *endpoints.InvalidError
 	var pending *endpoints.PendingError
+	var quota *endpoints.QuotaError
 	switch {
 	case errors.As(err, &inv):
 		return errInvalid(inv.Field, "%s", inv.Error())
+	case errors.As(err, &quota):
+		return errConflict("%v", quota)
 	case errors.Is(err, endpoints.ErrNotFound):
 		return errNotFound("endpoint", id)
 	case errors.As(err, &pending):
@@ -251,7 +254,7 @@ func (s *Server) createEndpoint(q *request) error {
 	case scope != nil && in.Tenant != nil && *in.Tenant != *scope:
 		return errInvalid("tenant", "tenant: a tenant key creates endpoints of its own tenant (%q) only; leave tenant out", *scope)
 	case scope != nil:
-		n.Tenant = *scope
+		n.Tenant, n.TenantQuota = *scope, endpoints.MaxTenantEndpoints
 	case in.Tenant != nil:
 		if *in.Tenant == "" {
 			return errInvalid("tenant", "tenant: omit it or use null for an endpoint without a tenant; the empty string is not a tenant")

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fluxora/fluxhook/sql/endpoints"
 )
 
 func TestEndpointLifecycleOverTheAPI(t *testing.T) {
@@ -211,4 +213,48 @@ func TestMovedEndpointStaysWithItsTenant(t *testing.T) {
 	if st != http.StatusConflict || strings.Contains(b, "other_tenant") || !strings.Contains(b, "endpoint_removed") {
 		t.Errorf("acme's replay of its dead letter %d = %d %s; want 409 endpoint_removed", dl, st, b)
 	}
+}
+
+// TestEndpointFieldsAreBounded: nothing but the 1 MiB body used to bound an endpoint's
+// description, URL, headers or filter, nor how many endpoints a tenant makes, so one tenant
+// key could make each page of GET /v1/endpoints and GET /v1/audit (each create is recorded
+// with the whole endpoint) hundreds of MiB, built in memory in the API process. Each field is
+// bounded now, refused with 422 naming it, and a tenant's own keys stop at
+// endpoints.MaxTenantEndpoints endpoints (409); an admin key may give a tenant more.
+func TestEndpointFieldsAreBounded(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	acme := h.key(ptr("acme"))
+	headers := map[string]string{}
+	for i := range 33 {
+		headers[fmt.Sprintf("X-H%d", i)] = "v"
+	}
+	for field, body := range map[string]map[string]any{
+		"description": {"url": "https://hooks.example.com/a", "description": strings.Repeat("x", 1025)},
+		"url":         {"url": "https://hooks.example.com/a?pad=" + strings.Repeat("x", 2048)},
+		"headers":     {"url": "https://hooks.example.com/a", "headers": headers},
+		"event_types": {"url": "https://hooks.example.com/a", "event_types": []string{strings.Repeat("e", 201)}},
+	} {
+		r := h.call(acme, "POST", "/v1/endpoints", body)
+		if code, f := r.errorCode(); r.Status != http.StatusUnprocessableEntity || code != "invalid" || f != field {
+			t.Errorf("POST /v1/endpoints with %s past its bound = %d %s; want 422 naming %s", field, r.Status, r.Raw, field)
+		}
+	}
+	ep := h.must(http.StatusCreated, acme, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/a"}).Body["id"].(string)
+	if r := h.call(acme, "PATCH", "/v1/endpoints/"+ep, map[string]any{"headers": map[string]string{"X-Big": strings.Repeat("v", 8193)}}); r.Status != http.StatusUnprocessableEntity {
+		t.Errorf("PATCH with 8 KiB of headers = %d %s; want 422", r.Status, r.Raw)
+	}
+	if r := h.call(acme, "POST", "/v1/endpoints/"+ep+"/disable", map[string]any{"reason": strings.Repeat("r", 1025)}); r.Status != http.StatusUnprocessableEntity {
+		t.Errorf("disable with a 1025-byte reason = %d %s; want 422", r.Status, r.Raw)
+	}
+
+	for i := 1; i < endpoints.MaxTenantEndpoints; i++ {
+		h.endpoint(fmt.Sprintf("https://hooks.example.com/%d", i), "acme")
+	}
+	r := h.call(acme, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/one-too-many"})
+	if r.Status != http.StatusConflict || !strings.Contains(string(r.Raw), "100 endpoints") {
+		t.Errorf("acme's endpoint past its quota = %d %s; want 409 naming the limit", r.Status, r.Raw)
+	}
+	h.must(http.StatusCreated, h.admin, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/by-the-operator", "tenant": "acme"})
+	h.must(http.StatusCreated, h.key(ptr("globex")), "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/globex"})
 }
