@@ -28,14 +28,36 @@ var (
 	recoveryFinishSQL string
 	//go:embed queries/recovery_claim_stale.sql
 	recoveryClaimStaleSQL string
+	//go:embed queries/recovery_running.sql
+	recoveryRunningSQL string
+	//go:embed queries/recovery_cancel.sql
+	recoveryCancelSQL string
 )
 
 // The states of a recovery job.
 const (
-	RecoveryRunning = "running"
-	RecoveryDone    = "done"
-	RecoveryFailed  = "failed"
+	RecoveryRunning   = "running"
+	RecoveryDone      = "done"
+	RecoveryFailed    = "failed"
+	RecoveryCancelled = "cancelled"
 )
+
+// RunningError is StartRecovery's refusal while a job of the endpoint is running: one runs per
+// endpoint at a time. ID is that job, for the caller to follow or cancel; empty when the job
+// is of another tenant than the caller's (the endpoint changed tenant since it started), whose
+// id the caller must not learn.
+type RunningError struct {
+	EndpointID string
+	ID         string
+}
+
+// Error names the running job when the caller may see it.
+func (e *RunningError) Error() string {
+	if e.ID == "" {
+		return fmt.Sprintf("endpoint %s has a recovery running; start another once it ends", e.EndpointID)
+	}
+	return fmt.Sprintf("endpoint %s has recovery %s running; follow it, or cancel it before starting another", e.EndpointID, e.ID)
+}
 
 // Recovery is a job replaying every dead letter of an endpoint since a time
 // (webhook_recoveries, schema 17), as the API's GET shows it.
@@ -46,7 +68,8 @@ type Recovery struct {
 	// and the scope of its replays.
 	Tenant *string   `json:"tenant"`
 	Since  time.Time `json:"since"`
-	// State is RecoveryRunning, RecoveryDone or RecoveryFailed (Error says why).
+	// State is RecoveryRunning, RecoveryDone, RecoveryFailed (Error says why) or
+	// RecoveryCancelled.
 	State string `json:"state"`
 	// Total is the dead letters not yet replayed when the job started; Done those it has
 	// dealt with since, replayed or skipped; Replayed, of those, the events it enqueued
@@ -89,7 +112,8 @@ type DB interface {
 // The endpoint must exist in the caller's tenant (another tenant's is ErrEndpointNotFound, as
 // a missing one) and be enabled (ErrEndpointDisabled): replayed to a disabled endpoint, the
 // events would only be dead-lettered again. since must not be in the future and actor not
-// empty (InvalidError).
+// empty (InvalidError). While a job of the endpoint runs, no other starts: RunningError names
+// it.
 func StartRecovery(ctx context.Context, q Querier, endpointID string, since time.Time, actor string, tenant *string) (Recovery, error) {
 	id, ok := CanonicalUUID(endpointID)
 	switch {
@@ -113,11 +137,52 @@ func StartRecovery(ctx context.Context, q Querier, endpointID string, since time
 	case !enabled:
 		return Recovery{}, fmt.Errorf("%w: %s: enable it before recovering its dead letters, or they would only be dead-lettered again", ErrEndpointDisabled, id)
 	}
-	r, err := scanRecovery(q.QueryRow(ctx, recoveryStartSQL, id, endpointTenant, since, actor))
-	if err != nil {
-		return Recovery{}, fmt.Errorf("starting recovery of endpoint %s: %w", id, err)
+	// Either the insert makes the job, or a job is running, or one was running at the insert
+	// and ended since: then try again. A job ends after a batch at the soonest, so a few
+	// tries are plenty.
+	for range 3 {
+		r, err := scanRecovery(q.QueryRow(ctx, recoveryStartSQL, id, endpointTenant, since, actor))
+		if err == nil {
+			return r, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return Recovery{}, fmt.Errorf("starting recovery of endpoint %s: %w", id, err)
+		}
+		var running string
+		var runningTenant *string
+		err = q.QueryRow(ctx, recoveryRunningSQL, id).Scan(&running, &runningTenant)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue
+		case err != nil:
+			return Recovery{}, fmt.Errorf("reading the running recovery of endpoint %s: %w", id, err)
+		case tenant != nil && (runningTenant == nil || *runningTenant != *tenant):
+			running = ""
+		}
+		return Recovery{}, &RunningError{EndpointID: id, ID: running}
 	}
-	return r, nil
+	return Recovery{}, fmt.Errorf("starting recovery of endpoint %s: its recoveries kept starting and ending; try again", id)
+}
+
+// CancelRecovery cancels the running job id (of tenant, when set; another tenant's is a
+// NotFoundError, as a missing one) and returns it, cancelled, and true. The job stops at its
+// next batch: the batch in progress, if any, commits first (this waits for it), and the dead
+// letters it replayed stay replayed. A job that is not running (done, failed, cancelled) is
+// returned as it is, and false.
+func CancelRecovery(ctx context.Context, q Querier, id string, tenant *string) (Recovery, bool, error) {
+	canonical, ok := CanonicalUUID(id)
+	if !ok {
+		return Recovery{}, false, &NotFoundError{Recovery: id}
+	}
+	r, err := scanRecovery(q.QueryRow(ctx, recoveryCancelSQL, canonical, tenant))
+	if err == nil {
+		return r, true, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return Recovery{}, false, fmt.Errorf("cancelling recovery %s: %w", canonical, err)
+	}
+	r, err = GetRecovery(ctx, q, canonical, tenant)
+	return r, false, err
 }
 
 // GetRecovery returns the job with that id. One of another tenant than tenant (when set), a
@@ -179,6 +244,8 @@ func ResumeStale(ctx context.Context, db DB, olderThan time.Duration) ([]Recover
 //
 // Dead letters that failed after the job started (its own replays failing again, say) are
 // not its business: it ends. A job already ended is returned as it is (failed with its error).
+//
+// A job cancelled (CancelRecovery) stops before its next batch and is returned as it is.
 //
 // When ctx ends, Run returns its error and the job stays 'running', to be resumed. Any other
 // error ends the job as 'failed' with that error, as does its endpoint being removed or

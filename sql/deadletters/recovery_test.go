@@ -135,9 +135,9 @@ func TestStartRecoveryRefuses(t *testing.T) {
 	}
 }
 
-// TestRecoveryTwiceAtOnce: two jobs over the same dead letters, and one of them run twice,
-// all at once, send every event exactly once; each job ends done, having dealt with all of
-// them (replayed or found replayed by the other).
+// TestRecoveryTwiceAtOnce: a second job of an endpoint is refused while one runs, naming it;
+// the job run three times at once (processes resuming it together) sends every event exactly
+// once, and each run sees it end done, having dealt with all of them.
 func TestRecoveryTwiceAtOnce(t *testing.T) {
 	t.Parallel()
 	db := setup(t)
@@ -162,12 +162,17 @@ func TestRecoveryTwiceAtOnce(t *testing.T) {
 	rows.Close()
 
 	a := start(t, db, acmeEndpoint, 2*time.Hour, acme)
-	b := start(t, db, acmeEndpoint, 2*time.Hour, nil)
+	for _, scope := range []*string{nil, acme} {
+		var running *deadletters.RunningError
+		if _, err := deadletters.StartRecovery(ctx, db.Pool, acmeEndpoint, time.Now().Add(-time.Hour), "test", scope); !errors.As(err, &running) || running.ID != a.ID {
+			t.Fatalf("a second recovery of the endpoint (scope %v) = %v; want a RunningError naming %s", scope, err, a.ID)
+		}
+	}
 	runner := deadletters.Runner{BatchSize: 7}
 	results := make([]deadletters.Recovery, 3)
 	errs := make([]error, 3)
 	var wg sync.WaitGroup
-	for i, id := range []string{a.ID, b.ID, a.ID} {
+	for i, id := range []string{a.ID, a.ID, a.ID} {
 		wg.Go(func() { results[i], errs[i] = runner.Run(ctx, db.Pool, id) })
 	}
 	wg.Wait()
@@ -177,16 +182,46 @@ func TestRecoveryTwiceAtOnce(t *testing.T) {
 		}
 	}
 	onceEach(t, db, want)
-	var replayed int
-	for _, id := range []string{a.ID, b.ID} {
-		r, err := deadletters.GetRecovery(ctx, db.Pool, id, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		replayed += r.Replayed
+	if r, err := deadletters.GetRecovery(ctx, db.Pool, a.ID, nil); err != nil || r.Replayed != n {
+		t.Errorf("the job = %+v, %v; want %d replayed", r, err, n)
 	}
-	if replayed != n {
-		t.Errorf("the jobs replayed %d in all, want %d", replayed, n)
+	// Ended, it no longer holds the endpoint: a new job starts, with nothing left to replay.
+	if b := start(t, db, acmeEndpoint, 2*time.Hour, nil); b.Total != 0 {
+		t.Errorf("a recovery after the first = %+v; want nothing left to replay", b)
+	}
+}
+
+// TestRecoveryCancelled: a job cancelled between its batches stops before the next (what it
+// replayed stays replayed), ends cancelled, and frees the endpoint for a new job; a cancel of
+// an ended job, or from another tenant, changes nothing.
+func TestRecoveryCancelled(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+	for range 5 {
+		insert(t, db, fixture{tenant: acme, endpoint: acmeEndpoint, failedAgo: time.Hour})
+	}
+	r := start(t, db, acmeEndpoint, 2*time.Hour, acme)
+	if _, _, err := deadletters.CancelRecovery(ctx, db.Pool, r.ID, globex); !errors.Is(err, deadletters.ErrNotFound) {
+		t.Fatalf("CancelRecovery from another tenant = %v; want ErrNotFound", err)
+	}
+	runner := deadletters.Runner{BatchSize: 2, AfterBatch: func(got deadletters.Recovery) {
+		if c, cancelled, err := deadletters.CancelRecovery(ctx, db.Pool, got.ID, acme); err != nil || !cancelled || c.State != deadletters.RecoveryCancelled {
+			t.Errorf("CancelRecovery of the running job = %+v, %v, %v", c, cancelled, err)
+		}
+	}}
+	got, err := runner.Run(ctx, db.Pool, r.ID)
+	if err != nil || got.State != deadletters.RecoveryCancelled || got.Done != 2 || got.FinishedAt == nil {
+		t.Fatalf("Run of a job cancelled after its first batch = %+v, %v; want cancelled with 2 done", got, err)
+	}
+	if n := len(sent(t, db)); n != 2 {
+		t.Errorf("%d events sent; want the first batch's 2", n)
+	}
+	if again, cancelled, err := deadletters.CancelRecovery(ctx, db.Pool, r.ID, nil); err != nil || cancelled || again.State != deadletters.RecoveryCancelled {
+		t.Errorf("a second cancel = %+v, %v, %v; want the job as it is", again, cancelled, err)
+	}
+	if next := start(t, db, acmeEndpoint, 2*time.Hour, acme); next.Total != 3 {
+		t.Errorf("a recovery after the cancelled one = %+v; want the 3 left", next)
 	}
 }
 

@@ -11,6 +11,11 @@
 -- Safe to run twice: a batch replays only dead letters not replayed yet, under their row
 -- locks, so two jobs over the same dead letters (or one job resumed by two processes) never
 -- enqueue an event twice: the second finds replayed_at set and skips the row.
+--
+-- One job runs per endpoint at a time (the unique index below): each job is a goroutine in the
+-- API process holding its connections for its batches, shared with every tenant's requests, so
+-- a caller must not start any number of them. A second start is answered with the running job;
+-- a running job is cancelled by its id, and stops at its next batch.
 
 CREATE TABLE IF NOT EXISTS webhook_recoveries (
     id          uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -24,10 +29,11 @@ CREATE TABLE IF NOT EXISTS webhook_recoveries (
     -- Dead letters that failed at or after since, and before created_at: the upper bound
     -- keeps the job from chasing the failures of its own replays.
     since       timestamptz NOT NULL,
-    -- running until every batch is done; done; or failed (error says why). A process that
-    -- dies leaves its job 'running': another resumes it from its cursor (below), since the
-    -- cursor and the replays of a batch commit together.
-    state       text        NOT NULL DEFAULT 'running' CHECK (state IN ('running', 'done', 'failed')),
+    -- running until every batch is done; done; failed (error says why); or cancelled by a
+    -- caller, which the job sees at its next batch. A process that dies leaves its job
+    -- 'running': another resumes it from its cursor (below), since the cursor and the replays
+    -- of a batch commit together.
+    state       text        NOT NULL DEFAULT 'running' CHECK (state IN ('running', 'done', 'failed', 'cancelled')),
     -- total: the dead letters not yet replayed when the job started. done: those the job has
     -- dealt with since, replayed or skipped (already replayed meanwhile, superseded by a later
     -- dead letter of the same delivery, of another tenant); replayed: of those, the events it
@@ -50,6 +56,10 @@ CREATE TABLE IF NOT EXISTS webhook_recoveries (
 
 -- ResumeStale looks for running jobs only; there are few, and the finished ones pile up.
 CREATE INDEX IF NOT EXISTS webhook_recoveries_running_idx ON webhook_recoveries (updated_at) WHERE state = 'running';
+
+-- One running job per endpoint: StartRecovery inserts ON CONFLICT against this index, so two
+-- starts at once make one job, and the other is told which.
+CREATE UNIQUE INDEX IF NOT EXISTS webhook_recoveries_one_running_idx ON webhook_recoveries (endpoint_id) WHERE state = 'running';
 
 -- The API lists an endpoint's dead letters, and a tenant's, newest first with a keyset cursor
 -- ((failed_at, id) below the last row's), and a recovery reads an endpoint's since a time in

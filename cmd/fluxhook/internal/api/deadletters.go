@@ -179,7 +179,16 @@ func (s *Server) startRecovery(q *request) error {
 	var r deadletters.Recovery
 	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		var err error
-		if r, err = deadletters.StartRecovery(q.ctx, tx, endpointID, *in.Since, q.actor(), q.scope()); err != nil {
+		var running *deadletters.RunningError
+		r, err = deadletters.StartRecovery(q.ctx, tx, endpointID, *in.Since, q.actor(), q.scope())
+		switch {
+		case errors.As(err, &running) && running.ID != "":
+			q.w.Header().Set("Location", "/v1/recoveries/"+running.ID)
+			return errConflict("endpoint %s has recovery %s running: GET /v1/recoveries/%s follows it, POST /v1/recoveries/%s/cancel stops it; one recovery runs per endpoint",
+				running.EndpointID, running.ID, running.ID, running.ID)
+		case errors.As(err, &running):
+			return errConflict("%v", running)
+		case err != nil:
 			return deadLetterError(err, "endpoint", endpointID)
 		}
 		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: r.Tenant, Action: "recovery.start",
@@ -195,6 +204,31 @@ func (s *Server) startRecovery(q *request) error {
 	})
 	q.w.Header().Set("Location", "/v1/recoveries/"+r.ID)
 	writeJSON(q.w, http.StatusAccepted, r)
+	return nil
+}
+
+// cancelRecovery stops a running recovery at its next batch; one that has ended is answered as
+// it is, so that a cancel sent twice, or racing the job's end, is not an error.
+func (s *Server) cancelRecovery(q *request) error {
+	id := q.r.PathValue("id")
+	var r deadletters.Recovery
+	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		before, err := deadletters.GetRecovery(q.ctx, tx, id, q.scope())
+		if err != nil {
+			return deadLetterError(err, "recovery", id)
+		}
+		var cancelled bool
+		r, cancelled, err = deadletters.CancelRecovery(q.ctx, tx, id, q.scope())
+		if err != nil || !cancelled {
+			return deadLetterError(err, "recovery", id)
+		}
+		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: r.Tenant, Action: "recovery.cancel",
+			ObjectType: "recovery", ObjectID: r.ID, Before: before, After: r})
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(q.w, http.StatusOK, r)
 	return nil
 }
 

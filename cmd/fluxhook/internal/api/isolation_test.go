@@ -96,6 +96,7 @@ var isolationCases = map[string]isolationCase{
 	"POST /v1/endpoints/{id}/recover": {path: func(w *tenantWorld) string { return "/v1/endpoints/" + w.endpoint + "/recover" },
 		body: map[string]any{"since": "2026-01-01T00:00:00Z"}, status: 202},
 	"GET /v1/recoveries/{id}":           {path: func(w *tenantWorld) string { return "/v1/recoveries/" + w.recovery }, status: 200},
+	"POST /v1/recoveries/{id}/cancel":   {path: func(w *tenantWorld) string { return "/v1/recoveries/" + w.recovery + "/cancel" }, status: 200},
 	"GET /v1/events":                    {path: func(*tenantWorld) string { return "/v1/events?limit=500" }, status: 200, list: true},
 	"GET /v1/events/{delivery_id}":      {path: func(w *tenantWorld) string { return "/v1/events/" + w.event }, status: 200},
 	"GET /v1/deliveries/{delivery_id}":  {path: func(w *tenantWorld) string { return "/v1/deliveries/" + w.event }, status: 200},

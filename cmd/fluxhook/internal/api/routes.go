@@ -22,6 +22,7 @@ func (s *Server) table() []Route {
 
 		{Method: "POST", Pattern: "/v1/endpoints/{id}/recover", handle: s.startRecovery},
 		{Method: "GET", Pattern: "/v1/recoveries/{id}", handle: s.getRecovery},
+		{Method: "POST", Pattern: "/v1/recoveries/{id}/cancel", handle: s.cancelRecovery},
 		{Method: "GET", Pattern: "/v1/dead-letters", handle: s.listDeadLetters},
 		{Method: "GET", Pattern: "/v1/dead-letters/{id}", handle: s.getDeadLetter},
 		{Method: "POST", Pattern: "/v1/dead-letters/{id}/replay", handle: s.replayDeadLetter},
