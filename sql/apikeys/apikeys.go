@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -92,16 +93,25 @@ const (
 	maxDescription = 500
 )
 
-// Validate says what is wrong with n, naming the field, or nil.
+// Validate says what is wrong with n, naming the field, or nil. Text PostgreSQL cannot store
+// (a NUL byte, invalid UTF-8) is refused here, whoever the caller, so that it is a field's
+// error rather than a failed statement; a tenant takes no control character either, as an
+// endpoint's tenant does not.
 func (n New) Validate() error {
 	if n.Tenant != nil {
 		t := *n.Tenant
 		if t == "" || len(t) > maxTenant || strings.TrimSpace(t) != t {
 			return fmt.Errorf("tenant: must be 1 to %d characters without surrounding spaces", maxTenant)
 		}
+		if !utf8.ValidString(t) || strings.ContainsFunc(t, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+			return errors.New("tenant: must be printable UTF-8 text, without control characters")
+		}
 	}
 	if len(n.Description) > maxDescription {
 		return fmt.Errorf("description: at most %d characters", maxDescription)
+	}
+	if !utf8.ValidString(n.Description) || strings.ContainsRune(n.Description, 0) {
+		return errors.New("description: must be UTF-8 text without NUL bytes")
 	}
 	return nil
 }

@@ -68,8 +68,9 @@ func TestKeysAuthenticateUntilRevoked(t *testing.T) {
 
 func TestKeyValidationNamesTheField(t *testing.T) {
 	t.Parallel()
-	empty, spaced := "", " acme"
-	for _, n := range []apikeys.New{{Tenant: &empty}, {Tenant: &spaced}, {Description: strings.Repeat("x", 501)}} {
+	empty, spaced, nul, notUTF8 := "", " acme", "ac\x00me", "ac\xffme"
+	for _, n := range []apikeys.New{{Tenant: &empty}, {Tenant: &spaced}, {Description: strings.Repeat("x", 501)},
+		{Tenant: &nul}, {Tenant: &notUTF8}, {Description: "a\x00b"}, {Description: "a\xffb"}} {
 		err := n.Validate()
 		if err == nil {
 			t.Errorf("Validate(%+v) accepted it", n)

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -12,10 +13,12 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
@@ -199,6 +202,9 @@ func (s *Server) wrap(rt Route) http.Handler {
 			err = errAdminOnly
 		}
 		if err == nil {
+			err = checkParams(r, rt.Pattern)
+		}
+		if err == nil {
 			r.Body = http.MaxBytesReader(w, r.Body, maxBody)
 			err = rt.handle(q)
 		}
@@ -216,6 +222,39 @@ func (s *Server) wrap(rt Route) http.Handler {
 			zap.String("route", rt.Pattern), zap.Int("status", status), zap.String("key_id", q.key.ID),
 			zap.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
 	})
+}
+
+// checkParams refuses a request whose path values or query parameters hold what no parameter
+// of the API takes and PostgreSQL cannot store or compare (a NUL byte, invalid UTF-8) or a
+// control character: one check here for every route, answered 422 naming the parameter, so
+// that no handler passes such text to a statement, which would fail it with a 500.
+func checkParams(r *http.Request, pattern string) error {
+	for rest := pattern; ; {
+		_, after, ok := strings.Cut(rest, "{")
+		if !ok {
+			break
+		}
+		name, tail, _ := strings.Cut(after, "}")
+		name = strings.TrimSuffix(name, "...")
+		if !printableText(r.PathValue(name)) {
+			return errInvalid(name, "%s: not printable UTF-8 text (it holds a control character, a NUL byte or invalid UTF-8)", name)
+		}
+		rest = tail
+	}
+	for name, values := range r.URL.Query() {
+		for _, v := range values {
+			if !printableText(v) || !printableText(name) {
+				name := strings.ToValidUTF8(name, "?")
+				return errInvalid(name, "%q: not printable UTF-8 text (it holds a control character, a NUL byte or invalid UTF-8)", name)
+			}
+		}
+	}
+	return nil
+}
+
+// printableText says whether s is valid UTF-8 without a control character.
+func printableText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f })
 }
 
 func (s *Server) authenticate(q *request) error {
@@ -266,7 +305,60 @@ func (q *request) decode(v any) error {
 	if dec.More() {
 		return errBadRequest("the body holds more than one JSON value")
 	}
+	if field := nulField(reflect.ValueOf(v), ""); field != "" {
+		return errInvalid(field, "%s: holds a NUL character (\\u0000), which no field takes", field)
+	}
 	return nil
+}
+
+// nulField is the JSON name of the first field of the decoded body v holding a string with a
+// NUL character, or "": JSON can carry one (\u0000), PostgreSQL's text cannot, and every
+// field of every body is stored or compared as text. (Invalid UTF-8 never gets this far: the
+// decoder replaces it.) field is the name of the field v is.
+func nulField(v reflect.Value, field string) string {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			return nulField(v.Elem(), field)
+		}
+	case reflect.String:
+		if strings.ContainsRune(v.String(), 0) {
+			return cmp.Or(field, "body")
+		}
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			if f := nulField(v.Index(i), field); f != "" {
+				return f
+			}
+		}
+	case reflect.Map:
+		for it := v.MapRange(); it.Next(); {
+			if f := cmp.Or(nulField(it.Key(), field), nulField(it.Value(), field)); f != "" {
+				return f
+			}
+		}
+	case reflect.Struct:
+		t := v.Type()
+		for i := range t.NumField() {
+			sf := t.Field(i)
+			if !sf.IsExported() {
+				continue
+			}
+			name, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
+			switch {
+			case name == "-":
+				continue
+			case sf.Anonymous && name == "":
+				name = field
+			case name == "":
+				name = sf.Name
+			}
+			if f := nulField(v.Field(i), name); f != "" {
+				return f
+			}
+		}
+	}
+	return ""
 }
 
 func jsonKind(goKind string) string {
