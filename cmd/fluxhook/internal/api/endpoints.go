@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fluxora/fluxhook/sql/audit"
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/stages/gate"
 	"github.com/fluxora/fluxhook/stages/send"
@@ -465,9 +466,15 @@ func (s *Server) sendTestEvent(q *request) error {
 			"message": "a test event sent from fluxhook's management API"})
 		// Addressed to this endpoint alone (endpoint_id, routed_at): routing does not fan it
 		// out, and the dispatcher sends it whatever the endpoint's filter.
-		return tx.QueryRow(q.ctx, `INSERT INTO webhook_outbox (event_type, payload, tenant, endpoint_id, routed_at)
+		if err := tx.QueryRow(q.ctx, `INSERT INTO webhook_outbox (event_type, payload, tenant, endpoint_id, routed_at)
 			VALUES ($1, $2::jsonb, $3, $4::uuid, now()) RETURNING delivery_id::text`,
-			endpoints.TestEventType, string(payload), tenantOf(e), e.ID).Scan(&out.DeliveryID)
+			endpoints.TestEventType, string(payload), tenantOf(e), e.ID).Scan(&out.DeliveryID); err != nil {
+			return err
+		}
+		// A signed request sent on the caller's demand is recorded as a change is: who made the
+		// endpoint's consumer receive what.
+		return audit.Record(q.ctx, tx, audit.Change{Actor: q.actor(), Tenant: tenantOf(e), Action: "endpoint.test",
+			ObjectType: "endpoint", ObjectID: e.ID, After: map[string]any{"delivery_id": out.DeliveryID, "event_type": endpoints.TestEventType}})
 	})
 	if err != nil {
 		return err

@@ -74,7 +74,7 @@ func TestEndpointLifecycleOverTheAPI(t *testing.T) {
 	for _, e := range trail.Body["data"].([]any) {
 		actions = append(actions, e.(map[string]any)["action"].(string))
 	}
-	want := "endpoint.delete endpoint.enable endpoint.disable endpoint.rotate_secret endpoint.update endpoint.create"
+	want := "endpoint.delete endpoint.test endpoint.enable endpoint.disable endpoint.rotate_secret endpoint.update endpoint.create"
 	if strings.Join(actions, " ") != want {
 		t.Fatalf("audit trail = %v; want %s", actions, want)
 	}
