@@ -18,6 +18,12 @@ import (
 // log by time, and a range without a start would read all of it.
 const defaultWindow = 24 * time.Hour
 
+// maxWindow is how far back from its end (until, or now) a listing may reach: a page widens
+// its window until it is full, so a sparse filter over a range of years would read the whole
+// log, every partition the retention keeps, for one request. Older ranges are read a window of
+// at most this at a time, with since and until.
+const maxWindow = 31 * 24 * time.Hour
+
 // eventView is an event in a listing: what the producer enqueued, without its payload.
 type eventView struct {
 	DeliveryID string    `json:"delivery_id"`
@@ -174,7 +180,8 @@ func (s *Server) getDelivery(q *request) error {
 	return nil
 }
 
-// window reads ?since and ?until, since defaulting to defaultWindow before until (or now).
+// window reads ?since and ?until, since defaulting to defaultWindow before until (or now), and
+// at most maxWindow before until (or now, when until is later).
 func (q *request) window() (since, until time.Time, err error) {
 	if since, err = q.timeParam("since"); err != nil {
 		return
@@ -182,7 +189,9 @@ func (q *request) window() (since, until time.Time, err error) {
 	if until, err = q.timeParam("until"); err != nil {
 		return
 	}
-	if since.IsZero() {
+	// An absent since takes the default; a given one is held to maxWindow, 0001-01-01 (the
+	// zero time) too.
+	if q.r.URL.Query().Get("since") == "" {
 		end := until
 		if end.IsZero() {
 			end = q.s.cfg.Now()
@@ -191,6 +200,14 @@ func (q *request) window() (since, until time.Time, err error) {
 	}
 	if !until.IsZero() && !since.Before(until) {
 		return since, until, errInvalid("since", "since: must be before until")
+	}
+	end := q.s.cfg.Now()
+	if !until.IsZero() && until.Before(end) {
+		end = until
+	}
+	if end.Sub(since) > maxWindow {
+		return since, until, errInvalid("since", "since: at most %d days before until (or now): a listing reads the delivery log by time; read an older range with since and until, %d days at a time",
+			int(maxWindow.Hours()/24), int(maxWindow.Hours()/24))
 	}
 	return since, until, nil
 }

@@ -222,6 +222,7 @@ func TestEventsListing(t *testing.T) {
 			}
 		}
 	}
+	h.must(http.StatusOK, h.admin, "GET", "/v1/events?since=2026-01-01T00:00:00Z&until=2026-02-01T00:00:00Z", nil)
 	// Older than the default window: listed only when since reaches it.
 	since := url.QueryEscape(time.Now().Add(-72 * time.Hour).Format(time.RFC3339))
 	if got := ids(h.pages(h.admin, "/v1/events?limit=50&since="+since)); len(got) != 13 || got[12] != old.id {
@@ -232,6 +233,9 @@ func TestEventsListing(t *testing.T) {
 		{"since=yesterday", "since"},
 		{"until=2026-13-01T00:00:00Z", "until"},
 		{"since=2026-01-02T00:00:00Z&until=2026-01-01T00:00:00Z", "since"},
+		// A listing reads the log at most 31 days back from its end (until, or now).
+		{"since=0001-01-01T00:00:00Z", "since"},
+		{"since=2026-01-01T00:00:00Z&until=2026-02-01T00:00:01Z", "since"},
 		{"limit=501", "limit"},
 		{"cursor=bm90LWEtY3Vyc29y", "cursor"},
 		{"cursor=" + encodeTestCursor(map[string]any{"e": time.Now(), "d": "not-a-uuid"}), "cursor"},
@@ -408,6 +412,7 @@ func TestEndpointDeliveries(t *testing.T) {
 	h.must(http.StatusNotFound, acme, "GET", "/v1/endpoints/00000000-0000-0000-0000-000000000000/deliveries", nil)
 	for _, c := range []struct{ query, field string }{
 		{"status=bounced", "status"}, {"since=soon", "since"}, {"limit=0", "limit"}, {"cursor=xyz", "cursor"},
+		{"since=0001-01-01T00:00:00Z", "since"},
 	} {
 		r := h.must(http.StatusUnprocessableEntity, acme, "GET", "/v1/endpoints/"+ep1+"/deliveries?"+c.query, nil)
 		if _, field := r.errorCode(); field != c.field {
