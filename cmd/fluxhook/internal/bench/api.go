@@ -246,7 +246,7 @@ type apiResult struct {
 	CPURatio *float64 `json:"cpu_per_event_ratio"`
 	// APICPUMicrosPerRequest estimates the API's own CPU per request: the dispatcher's extra
 	// CPU with the API over the requests made; PostgresCPUMicrosPerRequest the same of
-	// PostgreSQL's (the throwaway cluster only).
+	// PostgreSQL's (the throwaway cluster only). Nil when the CPU per event did not rise.
 	APICPUMicrosPerRequest      *float64 `json:"api_cpu_us_per_request_estimate"`
 	PostgresCPUMicrosPerRequest *float64 `json:"postgres_cpu_us_per_request_estimate"`
 }
@@ -734,11 +734,13 @@ func (r *apiResult) pool() {
 		r.P50Ratio = ratio(r.With.FromScheduled.P50, r.Without.FromScheduled.P50)
 	}
 	r.CPURatio = ratio(r.With.CPUMicrosPerEvent, r.Without.CPUMicrosPerEvent)
-	if r.CPURatio != nil && requests > 0 {
+	// Only a rise is an estimate: on a machine short of CPU the dispatcher batches more and
+	// spends less per event, with the API or not.
+	if r.CPURatio != nil && requests > 0 && r.With.CPUMicrosPerEvent > r.Without.CPUMicrosPerEvent {
 		v := (r.With.CPUMicrosPerEvent - r.Without.CPUMicrosPerEvent) * float64(r.With.Events) / float64(requests)
 		r.APICPUMicrosPerRequest = &v
 	}
-	if w, a := r.Without.PostgresCPUMicrosPerEvent, r.With.PostgresCPUMicrosPerEvent; w != nil && a != nil && requests > 0 {
+	if w, a := r.Without.PostgresCPUMicrosPerEvent, r.With.PostgresCPUMicrosPerEvent; w != nil && a != nil && requests > 0 && *a > *w {
 		v := (*a - *w) * float64(r.With.Events) / float64(requests)
 		r.PostgresCPUMicrosPerRequest = &v
 	}
