@@ -164,6 +164,9 @@ type New struct {
 	// OrderingFailureSkip. It may be set with OrderingNone: it then waits, unused, for the
 	// endpoint to be ordered.
 	OrderingFailure string
+	// Restricted holds the endpoint to a producer's network policy (see Endpoint.Restricted):
+	// set it when a tenant gave the URL. The zero value is an operator's endpoint.
+	Restricted bool
 }
 
 // Add validates n and inserts it, with its secret and header values sealed by c (in clear
@@ -215,7 +218,7 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 	}
 	rows, err := q.Query(ctx, insertSQL, n.URL, n.Description, nullString(n.Tenant), n.EventTypes, n.Scheme,
 		c.Seal(secret, SecretBinding(id)), !n.Disabled, nullInt(n.RetryRPS), nullInt(n.MaxConcurrency), string(headers),
-		n.Ordering, n.OrderingFailure, id, nullStatuses(n.PermanentStatuses))
+		n.Ordering, n.OrderingFailure, id, nullStatuses(n.PermanentStatuses), n.Restricted)
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("adding endpoint: %w", err)
 	}
@@ -398,13 +401,17 @@ type Patch struct {
 	// parked): replay or purge that dead letter.
 	Ordering        *string
 	OrderingFailure *string
+	// Restricted sets who vouches for the URL (see Endpoint.Restricted): true when a tenant
+	// writes it, false when the operator does. nil keeps it, so that a caller that forgets it
+	// never lifts a restriction; whoever writes URL should set it too.
+	Restricted *bool
 }
 
 // empty reports whether p changes nothing.
 func (p Patch) empty() bool {
 	return p.URL == nil && p.Description == nil && p.Tenant == nil && p.EventTypes == nil && p.RetryRPS == nil &&
 		p.MaxConcurrency == nil && p.Headers == nil && p.Scheme == nil && p.Secret == nil && p.Ordering == nil &&
-		p.OrderingFailure == nil && p.PermanentStatuses == nil
+		p.OrderingFailure == nil && p.PermanentStatuses == nil && p.Restricted == nil
 }
 
 // validate checks every field p sets on its own; what depends on the current row (merged
@@ -515,7 +522,8 @@ func Update(ctx context.Context, q Querier, c *Cipher, id string, p Patch) (Upda
 		var got string
 		var dead int64
 		err = q.QueryRow(ctx, updateSQL, key, w.set, s.scheme, string(s.headers), w.url, w.description, w.tenant,
-			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed, w.ordering, w.orderingFailure, w.permanentStatuses).Scan(&got, &dead)
+			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed, w.ordering, w.orderingFailure, w.permanentStatuses,
+			w.restricted).Scan(&got, &dead)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // its scheme or headers changed (or it was removed) since the read: decide again
 		}
@@ -546,6 +554,7 @@ type write struct {
 	secret          string
 	ordering        string
 	orderingFailure string
+	restricted      bool
 }
 
 // write computes what p writes to endpoint id over the state s it was decided on: merged
@@ -581,6 +590,9 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 	}
 	if p.OrderingFailure != nil {
 		w.set, w.orderingFailure = append(w.set, "ordering_failure"), *p.OrderingFailure
+	}
+	if p.Restricted != nil {
+		w.set, w.restricted = append(w.set, "restricted"), *p.Restricted
 	}
 	if p.Headers != nil {
 		if err := validateHeaders(*p.Headers); err != nil {
