@@ -405,6 +405,11 @@ type Patch struct {
 	// writes it, false when the operator does. nil keeps it, so that a caller that forgets it
 	// never lifts a restriction; whoever writes URL should set it too.
 	Restricted *bool
+	// HeaderMask, when not empty, is a header value that means "keep this header's current
+	// value": the mask the API shows credential-like values as, so that a client that sends
+	// back the headers it read does not store the mask in place of the credential. A header
+	// given the mask that the endpoint does not have is refused.
+	HeaderMask string
 }
 
 // empty reports whether p changes nothing.
@@ -602,6 +607,10 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 		// needs no key to be kept, and stays bound to its name), those in clear sealed now
 		// that there is a key, and the new ones sealed.
 		h := map[string]string{}
+		kept, err := p.keptHeaders(id, s, c)
+		if err != nil {
+			return w, err
+		}
 		if p.MergeHeaders {
 			if err := json.Unmarshal(s.headers, &h); err != nil {
 				return w, invalid("headers", "the stored headers are not a JSON object of strings (%v); replace them all instead of adding to them", err)
@@ -626,6 +635,10 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 			}
 		}
 		for name, v := range *p.Headers {
+			if stored, ok := kept[name]; ok {
+				h[name] = stored
+				continue
+			}
 			h[name] = c.Seal(v, HeaderBinding(id, name))
 		}
 		b, err := json.Marshal(h)
@@ -656,6 +669,53 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 	sealed := c.Seal(w.secret, SecretBinding(id))
 	w.sealed = &sealed
 	return w, nil
+}
+
+// keptHeaders returns, by name, the values as stored of the headers p gives the mask
+// (HeaderMask): the endpoint's current values, which the mask stands for. A value stored under
+// the same name is kept as it is (sealed now if it is in clear and c has a key); one stored
+// under the name in another case is opened and sealed again for the new name, since a sealed
+// value is bound to its name. A masked header the endpoint does not have is refused: storing
+// the mask would replace a credential with eight asterisks.
+func (p Patch) keptHeaders(id string, s state, c *Cipher) (map[string]string, error) {
+	if p.HeaderMask == "" || p.Headers == nil {
+		return nil, nil
+	}
+	var stored map[string]string
+	kept := map[string]string{}
+	for name, v := range *p.Headers {
+		if v != p.HeaderMask {
+			continue
+		}
+		if stored == nil {
+			if err := json.Unmarshal(s.headers, &stored); err != nil {
+				return nil, invalid("headers", "the stored headers are not a JSON object of strings (%v); give every value itself", err)
+			}
+		}
+		if v, ok := stored[name]; ok {
+			if !IsSealed(v) {
+				v = c.Seal(v, HeaderBinding(id, name))
+			}
+			kept[name] = v
+			continue
+		}
+		found := false
+		for other, v := range stored {
+			if !strings.EqualFold(other, name) {
+				continue
+			}
+			plain, err := c.Open(v, HeaderBinding(id, other))
+			if err != nil {
+				return nil, invalid("headers", "header %q: its current value (under %q) does not open to be kept under the new name (%v); give the value itself", name, other, err)
+			}
+			kept[name], found = c.Seal(plain, HeaderBinding(id, name)), true
+			break
+		}
+		if !found {
+			return nil, invalid("headers", "header %q: %q stands for a value the endpoint has, and it has no such header; give the value itself", name, p.HeaderMask)
+		}
+	}
+	return kept, nil
 }
 
 // DefaultDisabledReason is stored by Disable when no reason is given, so that list and show

@@ -109,9 +109,10 @@ type endpointWithSecret struct {
 // endpointInput is the body of a create and of an update: in an update, absent fields are
 // left as they are.
 type endpointInput struct {
-	URL               *string            `json:"url"`
-	Description       *string            `json:"description"`
-	Tenant            *string            `json:"tenant"`
+	URL         *string `json:"url"`
+	Description *string `json:"description"`
+	// Tenant tells null (no tenant) from absent, in a create and in an update alike.
+	Tenant            nullable[string]   `json:"tenant"`
 	EventTypes        *[]string          `json:"event_types"`
 	Scheme            *string            `json:"scheme"`
 	Secret            *string            `json:"secret"`
@@ -122,6 +123,29 @@ type endpointInput struct {
 	Headers           *map[string]string `json:"headers"`
 	Ordering          *string            `json:"ordering"`
 	OrderingFailure   *string            `json:"ordering_failure"`
+}
+
+// nullable is a JSON member that tells absent (Set false) from null (Set, Value nil), where the
+// two mean different things: in an update, an absent tenant is kept and a null one removed.
+type nullable[T any] struct {
+	Set   bool
+	Value *T
+}
+
+// UnmarshalJSON is called for null too (encoding/json hands null to an Unmarshaler), which is
+// what tells it from absent.
+func (n *nullable[T]) UnmarshalJSON(b []byte) error {
+	n.Set = true
+	if string(b) == "null" {
+		n.Value = nil
+		return nil
+	}
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	n.Value = &v
+	return nil
 }
 
 // storeError turns an endpoints store error into the API's: invalid input names its field,
@@ -265,16 +289,16 @@ func (s *Server) createEndpoint(q *request) error {
 	// here, as a producer's endpoint_url.
 	n := endpoints.New{URL: *in.URL, Description: deref(in.Description), Scheme: deref(in.Scheme), Secret: deref(in.Secret),
 		Ordering: deref(in.Ordering), OrderingFailure: deref(in.OrderingFailure), Restricted: !q.vouches()}
-	switch scope := q.scope(); {
-	case scope != nil && in.Tenant != nil && *in.Tenant != *scope:
+	switch scope, tenant := q.scope(), in.Tenant.Value; {
+	case scope != nil && tenant != nil && *tenant != *scope:
 		return errInvalid("tenant", "tenant: a tenant key creates endpoints of its own tenant (%q) only; leave tenant out", *scope)
 	case scope != nil:
 		n.Tenant = *scope
-	case in.Tenant != nil:
-		if *in.Tenant == "" {
+	case tenant != nil:
+		if *tenant == "" {
 			return errInvalid("tenant", "tenant: omit it or use null for an endpoint without a tenant; the empty string is not a tenant")
 		}
-		n.Tenant = *in.Tenant
+		n.Tenant = *tenant
 	}
 	if in.EventTypes != nil {
 		n.EventTypes = *in.EventTypes
@@ -340,12 +364,26 @@ func (s *Server) updateEndpoint(q *request) error {
 	if in.Enabled != nil {
 		return errInvalid("enabled", "enabled: use POST /v1/endpoints/{id}/enable or /disable, which say why")
 	}
-	if in.Tenant != nil && q.scope() != nil {
-		return errInvalid("tenant", "tenant: only an admin key moves an endpoint to another tenant")
-	}
-	p := endpoints.Patch{URL: in.URL, Description: in.Description, Tenant: in.Tenant, EventTypes: in.EventTypes,
+	p := endpoints.Patch{URL: in.URL, Description: in.Description, EventTypes: in.EventTypes,
 		RetryRPS: in.RetryRPS, MaxConcurrency: in.MaxConcurrency, PermanentStatuses: in.PermanentStatuses,
-		Headers: in.Headers, Scheme: in.Scheme, Secret: in.Secret, Ordering: in.Ordering, OrderingFailure: in.OrderingFailure}
+		Headers: in.Headers, Scheme: in.Scheme, Secret: in.Secret, Ordering: in.Ordering, OrderingFailure: in.OrderingFailure,
+		// GET shows credential-like header values masked: sent back as they were read, they
+		// keep the values they stand for.
+		HeaderMask: maskedValue}
+	if in.Tenant.Set {
+		// As in a create, null is no tenant and "" is refused, not taken for one.
+		switch tenant := in.Tenant.Value; {
+		case q.scope() != nil:
+			return errInvalid("tenant", "tenant: only an admin key moves an endpoint to another tenant")
+		case tenant == nil:
+			none := ""
+			p.Tenant = &none
+		case *tenant == "":
+			return errInvalid("tenant", "tenant: use null to remove the endpoint's tenant; the empty string is not a tenant")
+		default:
+			p.Tenant = tenant
+		}
+	}
 	if in.URL != nil {
 		// Whoever writes the URL decides whether it is restricted: a tenant's is (even over an
 		// operator's), an admin key's is not, even when it writes the URL the endpoint has,
