@@ -60,6 +60,7 @@ func TestEveryColumnTheDispatcherUsesBumpsTheVersion(t *testing.T) {
 		{"permanent_statuses", "permanent_statuses = '{404}'", true},
 		{"permanent_statuses", "permanent_statuses = '{}'", true},
 		{"permanent_statuses", "permanent_statuses = NULL", true},
+		{"restricted", "restricted = true", true},
 		{"last_success_at", "last_success_at = now()", false},
 		{"failing_since", "failing_since = now()", false},
 		{"description", "description = 'the streams team'", false},

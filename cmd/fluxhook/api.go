@@ -24,10 +24,11 @@ func init() {
 }
 
 // apiSettingNames are the settings `fluxhook api` reads: the database, where to listen, the
-// key that opens endpoint secrets, the network policy new endpoint URLs are checked against
-// (the dispatchers' own), Redis for breaker state, and logging.
+// key that opens endpoint secrets, the network policies new endpoint URLs are checked against
+// (the dispatchers' own: the operator's for an admin key's URL, the row URLs' for a tenant's),
+// Redis for breaker state, and logging.
 var apiSettingNames = []string{"DATABASE_URL", "API_ADDR", "API_DATABASE_URL", "API_PUBLIC_URL", "PORTAL_FRAME_ANCESTORS", "REDIS_URL", "WEBHOOK_ENCRYPTION_KEY",
-	"WEBHOOK_ENCRYPTION_KEY_PREVIOUS", "WEBHOOK_ALLOWED_NETWORKS", "LOG_LEVEL", "LOG_FORMAT"}
+	"WEBHOOK_ENCRYPTION_KEY_PREVIOUS", "WEBHOOK_ALLOWED_NETWORKS", "WEBHOOK_ROW_URL_NETWORKS", "LOG_LEVEL", "LOG_FORMAT"}
 
 func runAPI(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("api", env, "fluxhook api [flags]")
@@ -106,7 +107,7 @@ func startAPI(ctx context.Context, cfg serveConfig, ln net.Listener, log *zap.Lo
 		pool.Close()
 		return nil, fmt.Errorf("%w: WEBHOOK_ENCRYPTION_KEY: %v", errInvalidConfig, err)
 	}
-	acfg := api.Config{Pool: pool, Cipher: cipher, Logger: log.Named("api"), AllowedNetworks: d.AllowedNetworks,
+	acfg := api.Config{Pool: pool, Cipher: cipher, Logger: log.Named("api"), AllowedNetworks: d.AllowedNetworks, RowURLNetworks: d.RowURLNetworks,
 		PublicURL: cfg.publicURL, Portal: portal.Handler(portal.Options{FrameAncestors: cfg.frameAnc}),
 		DefaultURL: d.DefaultURL, RedisURL: d.RedisURL}
 	var store *redisstore.Store

@@ -447,6 +447,9 @@ func printEndpoint(w io.Writer, d endpoints.Details, haveKey bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "id\t%s\n", d.ID)
 	fmt.Fprintf(tw, "url\t%s\n", printable(d.URL))
+	if d.Restricted {
+		fmt.Fprintf(tw, "restricted\tyes: a tenant wrote the URL; it reaches public addresses and WEBHOOK_ROW_URL_NETWORKS only (endpoints update --url vouches for a URL)\n")
+	}
 	fmt.Fprintf(tw, "description\t%s\n", orDash(d.Description))
 	tenant := "- (receives events without a tenant)"
 	if d.Tenant != "" {
@@ -627,6 +630,12 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 		if err := reachableURL(env, "url", u.v, false); err != nil {
 			return err
 		}
+	}
+	if u.set {
+		// The operator writes this URL: it is theirs to vouch for, under their network policy,
+		// even over one a tenant wrote through the API (restricted).
+		operator := false
+		p.Restricted = &operator
 	}
 	if (secret.set || *secretFile != "") && !scheme.set {
 		return usageError("--secret and --secret-file change the secret only with --scheme; to replace it, use `fluxhook endpoints rotate-secret %s --secret-file PATH`", id)

@@ -3,6 +3,8 @@ package endpoints
 import (
 	"context"
 	"maps"
+	"net/url"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -19,14 +21,30 @@ type TxBeginner interface {
 const maskedHeader = "********"
 
 // AuditView is the endpoint as the audit trail keeps it: no secret (Endpoint never marshals
-// them) and no header value.
+// them), no header value, and its URL without the query string, where consumers put tokens:
+// the trail is read by every admin key and by the endpoint's tenant, and kept for good.
 func AuditView(e Endpoint) Endpoint {
 	e.Secret, e.PreviousSecret = "", ""
+	e.URL = auditURL(e.URL)
 	e.Headers = maps.Clone(e.Headers)
 	for k := range e.Headers {
 		e.Headers[k] = maskedHeader
 	}
 	return e
+}
+
+// auditURL is raw's scheme, user-free host and port, and path: what tells two URLs apart for a
+// reader of the trail, without the query or fragment a token may travel in.
+func auditURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// Not a URL (stored by hand): keep what comes before a query or a fragment.
+		before, _, _ := strings.Cut(raw, "?")
+		before, _, _ = strings.Cut(before, "#")
+		return before
+	}
+	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+	return u.String()
 }
 
 // tenantPtr is e's tenant as the audit trail scopes it: nil for an endpoint without one.

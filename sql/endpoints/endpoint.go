@@ -83,12 +83,19 @@ type Endpoint struct {
 	// such a stream does when its head is dead-lettered: OrderingFailureSkip (go on) or
 	// OrderingFailureStop (wait for a replay or a purge); it is kept, unused, while Ordering
 	// is OrderingNone.
-	Ordering        string    `json:"ordering"`
-	OrderingFailure string    `json:"ordering_failure"`
-	LastSuccessAt   time.Time `json:"last_success_at,omitzero"`
-	FailingSince    time.Time `json:"failing_since,omitzero"`
-	CreatedAt       time.Time `json:"created_at"`
-	UpdatedAt       time.Time `json:"updated_at"`
+	Ordering        string `json:"ordering"`
+	OrderingFailure string `json:"ordering_failure"`
+	// Restricted says a tenant wrote the URL (through the management API, schema 18): the
+	// dispatcher dials it as a producer's endpoint_url (public addresses, plus
+	// WEBHOOK_ROW_URL_NETWORKS), never with the operator's loopback allowance or
+	// WEBHOOK_ALLOWED_NETWORKS, so that a tenant cannot reach, and read through the API's
+	// answers, the services of the dispatcher's host and network. An operator's write of the
+	// URL (an admin key, the CLI) clears it.
+	Restricted    bool      `json:"restricted"`
+	LastSuccessAt time.Time `json:"last_success_at,omitzero"`
+	FailingSince  time.Time `json:"failing_since,omitzero"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
 }
 
 // Matches reports whether an event of eventType passes the endpoint's filter: no filter, an
@@ -207,7 +214,7 @@ func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
 	var secret string
 	if err := row.Scan(&e.ID, &e.URL, &e.Description, &tenant, &e.EventTypes, &e.Scheme, &secret, &prev, &prevUntil,
 		&e.Enabled, &disabledAt, &disabledReason, &retryRPS, &maxConc, &headers, &lastSuccess, &failingSince,
-		&e.CreatedAt, &e.UpdatedAt, &e.Ordering, &e.OrderingFailure, &permanent); err != nil {
+		&e.CreatedAt, &e.UpdatedAt, &e.Ordering, &e.OrderingFailure, &permanent, &e.Restricted); err != nil {
 		return e, fmt.Errorf("reading webhook_endpoints: %w", err)
 	}
 	deref := func(s *string) string {

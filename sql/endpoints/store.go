@@ -164,6 +164,9 @@ type New struct {
 	// OrderingFailureSkip. It may be set with OrderingNone: it then waits, unused, for the
 	// endpoint to be ordered.
 	OrderingFailure string
+	// Restricted holds the endpoint to a producer's network policy (see Endpoint.Restricted):
+	// set it when a tenant gave the URL. The zero value is an operator's endpoint.
+	Restricted bool
 	// TenantQuota, when positive, refuses the endpoint (QuotaError) if its tenant already has
 	// that many: the management API sets MaxTenantEndpoints for a tenant's own callers.
 	// Counted under a lock on the tenant's name held until the caller's transaction ends, so
@@ -225,7 +228,7 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 	}
 	rows, err := q.Query(ctx, insertSQL, n.URL, n.Description, nullString(n.Tenant), n.EventTypes, n.Scheme,
 		c.Seal(secret, SecretBinding(id)), !n.Disabled, nullInt(n.RetryRPS), nullInt(n.MaxConcurrency), string(headers),
-		n.Ordering, n.OrderingFailure, id, nullStatuses(n.PermanentStatuses))
+		n.Ordering, n.OrderingFailure, id, nullStatuses(n.PermanentStatuses), n.Restricted)
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("adding endpoint: %w", err)
 	}
@@ -426,13 +429,22 @@ type Patch struct {
 	// parked): replay or purge that dead letter.
 	Ordering        *string
 	OrderingFailure *string
+	// Restricted sets who vouches for the URL (see Endpoint.Restricted): true when a tenant
+	// writes it, false when the operator does. nil keeps it, so that a caller that forgets it
+	// never lifts a restriction; whoever writes URL should set it too.
+	Restricted *bool
+	// HeaderMask, when not empty, is a header value that means "keep this header's current
+	// value": the mask the API shows credential-like values as, so that a client that sends
+	// back the headers it read does not store the mask in place of the credential. A header
+	// given the mask that the endpoint does not have is refused.
+	HeaderMask string
 }
 
 // empty reports whether p changes nothing.
 func (p Patch) empty() bool {
 	return p.URL == nil && p.Description == nil && p.Tenant == nil && p.EventTypes == nil && p.RetryRPS == nil &&
 		p.MaxConcurrency == nil && p.Headers == nil && p.Scheme == nil && p.Secret == nil && p.Ordering == nil &&
-		p.OrderingFailure == nil && p.PermanentStatuses == nil
+		p.OrderingFailure == nil && p.PermanentStatuses == nil && p.Restricted == nil
 }
 
 // validate checks every field p sets on its own; what depends on the current row (merged
@@ -546,7 +558,8 @@ func Update(ctx context.Context, q Querier, c *Cipher, id string, p Patch) (Upda
 		var got string
 		var dead int64
 		err = q.QueryRow(ctx, updateSQL, key, w.set, s.scheme, string(s.headers), w.url, w.description, w.tenant,
-			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed, w.ordering, w.orderingFailure, w.permanentStatuses).Scan(&got, &dead)
+			w.eventTypes, w.retryRPS, w.maxConcurrency, w.headers, w.scheme, w.sealed, w.ordering, w.orderingFailure, w.permanentStatuses,
+			w.restricted).Scan(&got, &dead)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // its scheme or headers changed (or it was removed) since the read: decide again
 		}
@@ -577,6 +590,7 @@ type write struct {
 	secret          string
 	ordering        string
 	orderingFailure string
+	restricted      bool
 }
 
 // write computes what p writes to endpoint id over the state s it was decided on: merged
@@ -613,6 +627,9 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 	if p.OrderingFailure != nil {
 		w.set, w.orderingFailure = append(w.set, "ordering_failure"), *p.OrderingFailure
 	}
+	if p.Restricted != nil {
+		w.set, w.restricted = append(w.set, "restricted"), *p.Restricted
+	}
 	if p.Headers != nil {
 		if err := validateHeaders(*p.Headers); err != nil {
 			return w, err
@@ -621,6 +638,10 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 		// needs no key to be kept, and stays bound to its name), those in clear sealed now
 		// that there is a key, and the new ones sealed.
 		h := map[string]string{}
+		kept, err := p.keptHeaders(id, s, c)
+		if err != nil {
+			return w, err
+		}
 		if p.MergeHeaders {
 			if err := json.Unmarshal(s.headers, &h); err != nil {
 				return w, invalid("headers", "the stored headers are not a JSON object of strings (%v); replace them all instead of adding to them", err)
@@ -638,21 +659,6 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 			if err := validateHeaders(names); err != nil {
 				return w, err
 			}
-			// The kept headers count against MaxHeaderBytes with the new ones: by their value
-			// opened, or as stored (longer) when it does not open with this key.
-			size := 0
-			for name, v := range h {
-				if plain, err := c.Open(v, HeaderBinding(id, name)); err == nil {
-					v = plain
-				}
-				size += len(name) + len(v)
-			}
-			for name, v := range *p.Headers {
-				size += len(name) + len(v)
-			}
-			if size > MaxHeaderBytes {
-				return w, invalid("headers", "%d bytes of names and values with the headers kept; at most %d", size, MaxHeaderBytes)
-			}
 			for name, v := range h {
 				if !IsSealed(v) {
 					h[name] = c.Seal(v, HeaderBinding(id, name))
@@ -660,7 +666,16 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 			}
 		}
 		for name, v := range *p.Headers {
+			if stored, ok := kept[name]; ok {
+				h[name] = stored
+				continue
+			}
 			h[name] = c.Seal(v, HeaderBinding(id, name))
+		}
+		// Every header the endpoint will have counts against MaxHeaderBytes, those kept (by a
+		// merge, or sent back masked) by their value, not by what the request said of them.
+		if size := headerBytes(id, h, c); size > MaxHeaderBytes {
+			return w, invalid("headers", "%d bytes of names and values with the headers kept; at most %d", size, MaxHeaderBytes)
 		}
 		b, err := json.Marshal(h)
 		if err != nil {
@@ -690,6 +705,66 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 	sealed := c.Seal(w.secret, SecretBinding(id))
 	w.sealed = &sealed
 	return w, nil
+}
+
+// keptHeaders returns, by name, the values as stored of the headers p gives the mask
+// (HeaderMask): the endpoint's current values, which the mask stands for. A value stored under
+// the same name is kept as it is (sealed now if it is in clear and c has a key); one stored
+// under the name in another case is opened and sealed again for the new name, since a sealed
+// value is bound to its name. A masked header the endpoint does not have is refused: storing
+// the mask would replace a credential with eight asterisks.
+func (p Patch) keptHeaders(id string, s state, c *Cipher) (map[string]string, error) {
+	if p.HeaderMask == "" || p.Headers == nil {
+		return nil, nil
+	}
+	var stored map[string]string
+	kept := map[string]string{}
+	for name, v := range *p.Headers {
+		if v != p.HeaderMask {
+			continue
+		}
+		if stored == nil {
+			if err := json.Unmarshal(s.headers, &stored); err != nil {
+				return nil, invalid("headers", "the stored headers are not a JSON object of strings (%v); give every value itself", err)
+			}
+		}
+		if v, ok := stored[name]; ok {
+			if !IsSealed(v) {
+				v = c.Seal(v, HeaderBinding(id, name))
+			}
+			kept[name] = v
+			continue
+		}
+		found := false
+		for other, v := range stored {
+			if !strings.EqualFold(other, name) {
+				continue
+			}
+			plain, err := c.Open(v, HeaderBinding(id, other))
+			if err != nil {
+				return nil, invalid("headers", "header %q: its current value (under %q) does not open to be kept under the new name (%v); give the value itself", name, other, err)
+			}
+			kept[name], found = c.Seal(plain, HeaderBinding(id, name)), true
+			break
+		}
+		if !found {
+			return nil, invalid("headers", "header %q: %q stands for a value the endpoint has, and it has no such header; give the value itself", name, p.HeaderMask)
+		}
+	}
+	return kept, nil
+}
+
+// headerBytes is the size of the headers stored (as h holds them) for endpoint id, names and
+// values: each value opened, or as stored (longer) when it does not open with c.
+func headerBytes(id string, h map[string]string, c *Cipher) int {
+	size := 0
+	for name, v := range h {
+		if plain, err := c.Open(v, HeaderBinding(id, name)); err == nil {
+			v = plain
+		}
+		size += len(name) + len(v)
+	}
+	return size
 }
 
 // DefaultDisabledReason is stored by Disable when no reason is given, so that list and show

@@ -398,6 +398,13 @@ func TestFieldBoundsHoldOnUpdate(t *testing.T) {
 	if err := endpoints.Disable(ctx, db.Pool, e.ID, long); !errors.As(err, &inv) || inv.Field != "reason" {
 		t.Errorf("Disable with a reason past its bound = %v; want an InvalidError on reason", err)
 	}
+	// A header sent back masked counts by the value it keeps, not by the mask.
+	auth := mustAdd(t, db, c, endpoints.New{URL: "https://consumer.example/auth",
+		Headers: map[string]string{"Authorization": strings.Repeat("a", endpoints.MaxHeaderBytes-100)}})
+	masked := map[string]string{"Authorization": "********", "X-More": strings.Repeat("m", 200)}
+	if _, err := endpoints.Update(ctx, db.Pool, c, auth.ID, endpoints.Patch{Headers: &masked, HeaderMask: "********"}); !errors.As(err, &inv) || inv.Field != "headers" {
+		t.Errorf("Update keeping a masked header past the bound = %v; want an InvalidError on headers", err)
+	}
 }
 
 // TestTenantQuota: with New.TenantQuota, a tenant's endpoints stop at the quota, even when

@@ -139,10 +139,12 @@ type Endpoint struct {
 	// endpoint's max_concurrency).
 	Concurrency int
 	// RowURL says URL is a row's endpoint_url, written by a producer rather than configured
-	// by the operator (send.Sender.Endpoint sets it): the send stage then dials it under the
-	// row-URL network policy (WEBHOOK_ROW_URL_NETWORKS), which lets no loopback or private
-	// address through unless the operator allowed it, so that whoever may insert into the
-	// outbox cannot make the dispatcher POST to this machine's or the internal network's ports.
+	// by the operator (send.Sender.Endpoint sets it), or a restricted managed endpoint's,
+	// written by a tenant through the management API (the dispatcher sets it): the send stage
+	// then dials it under the row-URL network policy (WEBHOOK_ROW_URL_NETWORKS), which lets no
+	// loopback or private address through unless the operator allowed it, so that whoever may
+	// insert into the outbox, or hold a tenant's API key, cannot make the dispatcher POST to
+	// this machine's or the internal network's ports.
 	RowURL bool
 	// RetryRPS overrides the configured retry rate limit when positive (a managed endpoint's
 	// retry_rps).

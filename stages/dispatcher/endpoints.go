@@ -168,6 +168,10 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool, then []f
 		}
 		m.target.RetryRPS, m.target.PermanentStatuses = m.ep.RetryRPS, m.ep.PermanentStatuses
 		m.target.Managed, m.target.Tenant, m.target.EmptyTenant = true, m.ep.Tenant, m.ep.EmptyTenant
+		// A tenant wrote this URL (the management API): it is dialled under the row-URL policy,
+		// as a producer's endpoint_url is, not the operator's, so that a tenant's endpoint
+		// cannot reach this host's or the private network's services.
+		m.target.RowURL = m.ep.Restricted
 		cfg := sign.Config{Secret: m.ep.Secret, Scheme: sign.Scheme(m.ep.Scheme)}
 		if m.ep.PreviousSecret != "" && now.Before(m.ep.PreviousUntil) {
 			cfg.PreviousSecret = m.ep.PreviousSecret

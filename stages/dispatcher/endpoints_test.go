@@ -584,6 +584,50 @@ func TestRowURLToLoopbackIsDeadLetteredWithoutAllowance(t *testing.T) {
 	}
 }
 
+// TestRestrictedEndpointDialsAsARowURL: a managed endpoint whose URL a tenant wrote
+// (restricted, schema 18) is dialled under the row-URL policy, as a producer's endpoint_url:
+// on loopback, without WEBHOOK_ROW_URL_NETWORKS, its delivery is dead-lettered with a reason
+// naming the class and the setting and its listener receives nothing, while the operator's
+// endpoint on loopback delivers. Once the operator vouches for it (restricted false), a
+// running dispatcher sees the change and delivers to it.
+func TestRestrictedEndpointDialsAsARowURL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	def, operator, tenant := newConsumer(t, nil), newConsumer(t, nil), newConsumer(t, nil)
+	b.addEndpoint(endpoints.New{URL: operator.URL(), EventTypes: []string{"x.*"}})
+	restricted := b.addEndpoint(endpoints.New{URL: tenant.URL(), EventTypes: []string{"x.*"}, Restricted: true})
+	cfg := b.config(def.URL())
+	cfg.EncryptionKey = testKey
+	cfg.RowURLNetworks = nil // the default: public addresses only
+	b.start(cfg)
+
+	first := b.enqueue(outbox.Event{EventType: "x.first"})
+	b.waitSettled(15 * time.Second)
+	if n := tenant.received(); n != 0 {
+		t.Errorf("the restricted endpoint's loopback listener received %d requests, want none", n)
+	}
+	if got := operator.byDelivery(); len(got[first]) != 1 {
+		t.Errorf("the operator's endpoint on loopback got %v, want one request for %s", got, first)
+	}
+	var reason string
+	if err := b.pool.QueryRow(context.Background(), `SELECT reason FROM webhook_dead_letter WHERE delivery_id = $1 AND endpoint_id = $2`,
+		first, restricted.ID).Scan(&reason); err != nil {
+		t.Fatalf("the restricted endpoint's dead letter: %v", err)
+	}
+	for _, w := range []string{"a loopback address", "WEBHOOK_ROW_URL_NETWORKS"} {
+		if !strings.Contains(reason, w) {
+			t.Errorf("reason %q, want it to contain %q", reason, w)
+		}
+	}
+
+	b.execInTx(fmt.Sprintf(`UPDATE webhook_endpoints SET restricted = false WHERE id = '%s'`, restricted.ID))
+	second := b.enqueue(outbox.Event{EventType: "x.second"})
+	b.waitSettled(15 * time.Second)
+	if got := tenant.byDelivery(); len(got) != 1 || len(got[second]) != 1 {
+		t.Errorf("the endpoint the operator vouched for got %v, want one request for %s", got, second)
+	}
+}
+
 // TestEndpointPermanentStatuses: an endpoint's permanent_statuses (schema 13) replaces
 // WEBHOOK_PERMANENT_STATUSES for its deliveries only. The endpoint with 404 dead-letters a 404
 // on the first attempt, while an endpoint without a list of its own retries its 404 through

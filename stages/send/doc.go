@@ -20,10 +20,10 @@
 // response headers are bounded, so a hostile or broken consumer can cost us at most one
 // request timeout and a few tens of kilobytes.
 //
-// The Transport dials through an SSRF guard (guard.go). A URL whose host is localhost or a
-// loopback IP reaches loopback without any lookup. Any other host is resolved with
-// Config.Resolver when a connection is dialled, every address is classified, and only
-// permitted ones are dialled, by IP, so that a second DNS answer cannot swap the address
+// The Transport dials through an SSRF guard (guard.go). A URL whose host is localhost, a name
+// under it (RFC 6761) or a loopback IP reaches loopback without any lookup. Any other host is
+// resolved with Config.Resolver when a connection is dialled, every address is classified,
+// and only permitted ones are dialled, by IP, so that a second DNS answer cannot swap the address
 // (TLS still verifies the URL's host name). Refused are: private (10/8, 172.16/12,
 // 192.168/16, fc00::/7), loopback, link-local (169.254/16, fe80::/10) and the cloud metadata
 // addresses, shared CGNAT space (100.64/10), IETF protocol assignments, documentation and
@@ -32,9 +32,10 @@
 // broadcast addresses; IPv4-mapped, NAT64 and 6to4 addresses are judged by the IPv4 address
 // they carry. Config.AllowedNetworks (WEBHOOK_ALLOWED_NETWORKS) allows the others for the URLs
 // the operator configured (WEBHOOK_URL, managed endpoints). A row's endpoint_url is written by a
-// producer, so it is dialled by a transport of its own under Config.RowURLNetworks
-// (WEBHOOK_ROW_URL_NETWORKS) alone, without the loopback allowance of a URL naming localhost:
-// by default it reaches public addresses only (see delivery.Endpoint.RowURL). A refusal
+// producer, and a restricted managed endpoint's URL by a tenant, so they are dialled by a
+// transport of their own under Config.RowURLNetworks (WEBHOOK_ROW_URL_NETWORKS) alone, without
+// the loopback allowance of a URL naming localhost: by default they reach public addresses
+// only (see delivery.Endpoint.RowURL). A refusal
 // makes no connection and is a Permanent outcome whose reason names the address and the
 // setting: it is a policy decision only the operator can change, and after they do, the dead
 // letter can be replayed. A failed lookup is a Retry, since names do come back. The base

@@ -73,9 +73,13 @@ func ValidateURL(raw string) error {
 }
 
 // isLoopback reports whether host names this machine without a DNS lookup: the name
-// localhost or a loopback address literal (IPv4-mapped and zoned forms included).
+// localhost or any name under it (RFC 6761: *.localhost is loopback, and resolvers may map
+// it so), or a loopback address literal (IPv4-mapped and zoned forms included). A name
+// under localhost is never looked up either: what a resolver says of it must not decide
+// whether it is checked as loopback.
 func isLoopback(host string) bool {
-	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+	name := strings.ToLower(strings.TrimSuffix(host, "."))
+	if name == "localhost" || strings.HasSuffix(name, ".localhost") {
 		return true
 	}
 	addr, err := netip.ParseAddr(host)

@@ -234,8 +234,9 @@ type guard struct {
 	resolver Resolver
 	allowed  []netip.Prefix
 	// rowURLs says this guard dials for URLs taken from rows (endpoint_url), which producers
-	// write: loopback is then refused like any other class unless allowed holds it, even for
-	// a URL naming localhost, and allowed is WEBHOOK_ROW_URL_NETWORKS.
+	// write, or for managed endpoints a tenant wrote (delivery.Endpoint.RowURL): loopback is
+	// then refused like any other class unless allowed holds it, even for a URL naming
+	// localhost, and allowed is WEBHOOK_ROW_URL_NETWORKS.
 	rowURLs bool
 	// dial connects to an IP literal address; a *net.Dialer's DialContext with control as its
 	// ControlContext in production, replaced in tests to record attempts.
@@ -411,7 +412,7 @@ type refusedError struct {
 	addr    netip.Addr
 	info    addrInfo
 	literal bool // the URL names the address itself rather than a host name
-	rowURL  bool // the URL is a row's endpoint_url (see guard.rowURLs)
+	rowURL  bool // the URL is a row's endpoint_url or a tenant's endpoint (see guard.rowURLs)
 }
 
 func (e *refusedError) Error() string {
@@ -433,9 +434,9 @@ func (e *refusedError) Error() string {
 	case e.info.class.neverAllowed():
 		b.WriteString(", which no endpoint may use")
 	case e.rowURL && e.info.class == classLoopback && e.info.form == "":
-		b.WriteString(", which a row's endpoint_url may reach only when WEBHOOK_ROW_URL_NETWORKS allows it (e.g. WEBHOOK_ROW_URL_NETWORKS=loopback)")
+		b.WriteString(", which a URL written by a producer or a tenant may reach only when WEBHOOK_ROW_URL_NETWORKS allows it (e.g. WEBHOOK_ROW_URL_NETWORKS=loopback)")
 	case e.rowURL:
-		b.WriteString(", which a row's endpoint_url may reach only when WEBHOOK_ROW_URL_NETWORKS allows it")
+		b.WriteString(", which a URL written by a producer or a tenant may reach only when WEBHOOK_ROW_URL_NETWORKS allows it")
 	case e.info.class == classLoopback && e.info.form == "":
 		b.WriteString(", which only URLs naming localhost or a loopback IP may reach; use such a URL or allow it with WEBHOOK_ALLOWED_NETWORKS")
 	default:
@@ -467,14 +468,16 @@ func CheckURL(rawURL string, networks []netip.Prefix, rowURL bool) error {
 	return g.checkHost(u.Hostname())
 }
 
-// CheckResolved applies the network policy of an operator's URL (WEBHOOK_ALLOWED_NETWORKS) to
-// the addresses its host name resolved to, as the dial will: nil when the dial could use at
-// least one of them, otherwise the refusal of the first, naming the address and the setting.
-// The management API calls it when an endpoint is created, so that a name leading only into
-// a private network is refused then, with its reason, rather than dead-lettered at every
-// delivery. The dial still checks every connection: a name may resolve elsewhere later.
-func CheckResolved(addrs []netip.Addr, networks []netip.Prefix) error {
-	g := &guard{allowed: networks}
+// CheckResolved applies a network policy to the addresses a URL's host name resolved to, as
+// the dial will: an operator's URL with networks = WEBHOOK_ALLOWED_NETWORKS, a URL under the
+// row-URL policy (rowURL: a row's endpoint_url, or a managed endpoint a tenant wrote) with
+// networks = WEBHOOK_ROW_URL_NETWORKS. nil when the dial could use at least one of them,
+// otherwise the refusal of the first, naming the address and the setting. The management API
+// calls it when an endpoint's URL is written, so that a name leading only into a private
+// network is refused then, with its reason, rather than dead-lettered at every delivery. The
+// dial still checks every connection: a name may resolve elsewhere later.
+func CheckResolved(addrs []netip.Addr, networks []netip.Prefix, rowURL bool) error {
+	g := &guard{allowed: networks, rowURLs: rowURL}
 	var first error
 	for _, a := range addrs {
 		err := g.check(a, false, false)

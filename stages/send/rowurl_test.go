@@ -29,9 +29,10 @@ func countingServer(t *testing.T) (port string, requests *atomic.Int64) {
 	return strconv.Itoa(srv.Listener.Addr().(*net.TCPAddr).Port), requests
 }
 
-// A row's endpoint_url that names loopback (an IP literal or localhost) is refused when the
-// endpoint is resolved, before any request, unless WEBHOOK_ROW_URL_NETWORKS allows loopback;
-// the same URLs configured by the operator still deliver.
+// A row's endpoint_url that names loopback (an IP literal, localhost or a name under it, RFC
+// 6761) is refused when the endpoint is resolved, before any request or lookup, unless
+// WEBHOOK_ROW_URL_NETWORKS allows loopback; the same URLs configured by the operator still
+// deliver, without a lookup either.
 func TestRowURLLoopbackLiteralRefused(t *testing.T) {
 	t.Parallel()
 	port, requests := countingServer(t)
@@ -39,6 +40,8 @@ func TestRowURLLoopbackLiteralRefused(t *testing.T) {
 		"http://127.0.0.1:" + port + "/containers/create?name=x",
 		"http://localhost:" + port + "/containers/create?name=x",
 		"http://LocalHost.:" + port + "/hook",
+		"http://metadata.localhost:" + port + "/hook",
+		"https://a.b.LOCALHOST./hook",
 		"http://127.8.8.8:" + port + "/hook",
 		"http://[::1]:" + port + "/hook",
 		"http://[::ffff:127.0.0.1]:" + port + "/hook",
@@ -72,6 +75,14 @@ func TestRowURLLoopbackLiteralRefused(t *testing.T) {
 	b.s.Send(context.Background(), d)
 	if d.Outcome.Kind != delivery.Delivered || requests.Load() != 1 {
 		t.Fatalf("operator URL on loopback: Outcome = %+v, %d requests; want delivered once", d.Outcome, requests.Load())
+	}
+	d = newDelivery(t, b.s, "http://app.localhost:"+port+"/hook")
+	b.s.Send(context.Background(), d)
+	if d.Outcome.Kind != delivery.Delivered || requests.Load() != 2 {
+		t.Fatalf("operator URL under localhost: Outcome = %+v, %d requests; want delivered, as localhost", d.Outcome, requests.Load())
+	}
+	if got := b.res.lookups(); len(got) != 0 {
+		t.Errorf("lookups %q, want none: names under localhost are loopback without asking a resolver", got)
 	}
 }
 
@@ -140,7 +151,7 @@ func TestRowURLPrivateNetworks(t *testing.T) {
 	d := newRowDelivery(t, b.s, "https://"+consumerHost+"/hook")
 	b.s.Send(context.Background(), d)
 	if o := d.Outcome; o.Kind != delivery.Permanent || o.Error != "" ||
-		!strings.Contains(o.Reason, "a private address (10.0.0.0/8), which a row's endpoint_url may reach only when WEBHOOK_ROW_URL_NETWORKS allows it") {
+		!strings.Contains(o.Reason, "a private address (10.0.0.0/8), which a URL written by a producer or a tenant may reach only when WEBHOOK_ROW_URL_NETWORKS allows it") {
 		t.Errorf("Outcome = %+v, want permanent naming the class and WEBHOOK_ROW_URL_NETWORKS", o)
 	}
 	if got := b.dials.attempts(); len(got) != 0 {

@@ -6,7 +6,7 @@
 SELECT id::text, url, description, tenant, event_types, scheme, secret, previous_secret,
        previous_secret_expires_at, enabled, disabled_at, disabled_reason, retry_rps,
        max_concurrency, headers, last_success_at, failing_since, created_at, updated_at,
-       ordering, ordering_failure, permanent_statuses
+       ordering, ordering_failure, permanent_statuses, restricted
 FROM webhook_endpoints
 WHERE ($1::text IS NULL OR tenant = $1)
   AND ($2::text IS NULL OR tenant = $2)

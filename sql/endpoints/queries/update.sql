@@ -6,7 +6,8 @@
 --   $13 a new secret as stored (NULL: keep the secret). A new secret comes only with a scheme
 --   change, and drops the previous secret: that one belongs to the other scheme, which the
 --   consumer no longer verifies. $14 ordering, $15 ordering_failure, $16 permanent statuses
---   (NULL: the dispatcher's WEBHOOK_PERMANENT_STATUSES).
+--   (NULL: the dispatcher's WEBHOOK_PERMANENT_STATUSES), $17 restricted (schema 18: set with
+--   the URL by whoever wrote it, a tenant or the operator).
 --
 -- A tenant change moves the endpoint's pending deliveries (routed under the old tenant) to the
 -- dead-letter table, reason 'endpoint tenant changed', in the same statement, by remove's
@@ -28,6 +29,7 @@ SET url = CASE WHEN 'url' = ANY ($2::text[]) THEN $5::text ELSE url END,
     ordering = CASE WHEN 'ordering' = ANY ($2::text[]) THEN $14::text ELSE ordering END,
     ordering_failure = CASE WHEN 'ordering_failure' = ANY ($2::text[]) THEN $15::text ELSE ordering_failure END,
     permanent_statuses = CASE WHEN 'permanent_statuses' = ANY ($2::text[]) THEN $16::integer[] ELSE permanent_statuses END,
+    restricted = CASE WHEN 'restricted' = ANY ($2::text[]) THEN $17::boolean ELSE restricted END,
     secret = coalesce($13::text, secret),
     previous_secret = CASE WHEN $13::text IS NULL THEN previous_secret END,
     previous_secret_expires_at = CASE WHEN $13::text IS NULL THEN previous_secret_expires_at END

@@ -11,9 +11,10 @@
 -- failure whose dead letter the same statement wrote: failed_at and processed_at are that
 -- statement's now(); or a parked row), failed (any other failure: it was retried), pending.
 --
--- The log is read by processed_at from $5 (its block-range index) and endpoint_id; an index
--- on webhook_delivery_log (endpoint_id, processed_at) would let the planner read only this
--- endpoint's rows, newest first. The queue is read whole: its size is the backlog.
+-- The log is read through webhook_delivery_log_endpoint_idx (endpoint_id, processed_at),
+-- schema 19: only this endpoint's rows from $5 on, in every partition the window reaches
+-- ("l.endpoint_id = $1" implies the index's predicate). The queue is read whole: its size is
+-- the backlog.
 SELECT id, delivery_id::text, event_type, attempt, status, at, processed_at, due_at, status_code, error, duration_ms,
        enqueued_at
 FROM (

@@ -45,8 +45,13 @@ type Config struct {
 	// Logger receives one line per request and every internal error.
 	Logger *zap.Logger
 	// AllowedNetworks is WEBHOOK_ALLOWED_NETWORKS as the dispatchers have it: an endpoint URL
-	// leading only outside it is refused when it is created.
+	// an admin key writes is refused when it leads only outside it.
 	AllowedNetworks []netip.Prefix
+	// RowURLNetworks is WEBHOOK_ROW_URL_NETWORKS as the dispatchers have it: an endpoint URL a
+	// tenant (a tenant key, a portal session) writes may lead only to public addresses and
+	// these, as a producer's endpoint_url, since the dispatchers dial it so (a restricted
+	// endpoint) and the API shows the tenant what came back.
+	RowURLNetworks []netip.Prefix
 	// Resolver looks endpoint host names up when they are created, to refuse a name whose
 	// every address the dispatcher would refuse; nil is the system's resolver.
 	Resolver send.Resolver
@@ -184,6 +189,11 @@ func (q *request) scope() *string { return q.key.Tenant }
 
 // actor is how the audit trail names the caller.
 func (q *request) actor() string { return q.key.Actor() }
+
+// vouches reports whether the caller speaks for the operator: an admin key, not a portal
+// session (a link in a browser, even an operator's). Only such a caller may give an endpoint a
+// URL the operator's network policy judges; anyone else's URL makes the endpoint restricted.
+func (q *request) vouches() bool { return q.key.Admin() && !q.key.Portal }
 
 // wrap authenticates, bounds the body, and turns a handler's error into the API's JSON error.
 func (s *Server) wrap(rt Route) http.Handler {

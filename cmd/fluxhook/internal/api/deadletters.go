@@ -38,6 +38,15 @@ func deadLetterError(err error, what, id string) error {
 	return err
 }
 
+// showOrigin shows a dead letter's row URL by its origin (scheme://host:port) alone, as the
+// events and deliveries routes show it: producers put tokens in paths and queries, and a
+// tenant key must not read them. null when the row had none, or one that is not a URL.
+func showOrigin(d *deadletters.DeadLetter) {
+	if d.EndpointURL != nil {
+		d.EndpointURL = origin(*d.EndpointURL)
+	}
+}
+
 func (s *Server) listDeadLetters(q *request) error {
 	limit, err := q.limit()
 	if err != nil {
@@ -77,6 +86,9 @@ func (s *Server) listDeadLetters(q *request) error {
 	if err != nil {
 		return deadLetterError(err, "dead letter", "")
 	}
+	for i := range list {
+		showOrigin(&list[i])
+	}
 	out := page[deadletters.DeadLetter]{Data: list}
 	if len(list) > limit {
 		out.Data = list[:limit]
@@ -109,6 +121,7 @@ func (s *Server) getDeadLetter(q *request) error {
 	if err != nil {
 		return deadLetterError(err, "dead letter", raw)
 	}
+	showOrigin(&d)
 	writeJSON(q.w, http.StatusOK, d)
 	return nil
 }

@@ -49,6 +49,7 @@ type endpointView struct {
 	Headers           map[string]string `json:"headers"`
 	Ordering          string            `json:"ordering"`
 	OrderingFailure   string            `json:"ordering_failure"`
+	Restricted        bool              `json:"restricted"`
 	LastSuccessAt     *time.Time        `json:"last_success_at"`
 	FailingSince      *time.Time        `json:"failing_since"`
 	CreatedAt         time.Time         `json:"created_at"`
@@ -61,7 +62,7 @@ const maskedValue = "********"
 func viewOf(e endpoints.Endpoint) endpointView {
 	v := endpointView{ID: e.ID, URL: e.URL, Description: e.Description, EventTypes: e.EventTypes, Scheme: e.Scheme,
 		Enabled: e.Enabled, PermanentStatuses: e.PermanentStatuses, Headers: maps.Clone(e.Headers),
-		Ordering: e.Ordering, OrderingFailure: e.OrderingFailure, CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt,
+		Ordering: e.Ordering, OrderingFailure: e.OrderingFailure, Restricted: e.Restricted, CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt,
 		DisabledAt: timePtr(e.DisabledAt), LastSuccessAt: timePtr(e.LastSuccessAt), FailingSince: timePtr(e.FailingSince)}
 	if e.Tenant != "" || e.EmptyTenant {
 		t := e.Tenant
@@ -109,9 +110,10 @@ type endpointWithSecret struct {
 // endpointInput is the body of a create and of an update: in an update, absent fields are
 // left as they are.
 type endpointInput struct {
-	URL               *string            `json:"url"`
-	Description       *string            `json:"description"`
-	Tenant            *string            `json:"tenant"`
+	URL         *string `json:"url"`
+	Description *string `json:"description"`
+	// Tenant tells null (no tenant) from absent, in a create and in an update alike.
+	Tenant            nullable[string]   `json:"tenant"`
 	EventTypes        *[]string          `json:"event_types"`
 	Scheme            *string            `json:"scheme"`
 	Secret            *string            `json:"secret"`
@@ -122,6 +124,29 @@ type endpointInput struct {
 	Headers           *map[string]string `json:"headers"`
 	Ordering          *string            `json:"ordering"`
 	OrderingFailure   *string            `json:"ordering_failure"`
+}
+
+// nullable is a JSON member that tells absent (Set false) from null (Set, Value nil), where the
+// two mean different things: in an update, an absent tenant is kept and a null one removed.
+type nullable[T any] struct {
+	Set   bool
+	Value *T
+}
+
+// UnmarshalJSON is called for null too (encoding/json hands null to an Unmarshaler), which is
+// what tells it from absent.
+func (n *nullable[T]) UnmarshalJSON(b []byte) error {
+	n.Set = true
+	if string(b) == "null" {
+		n.Value = nil
+		return nil
+	}
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	n.Value = &v
+	return nil
 }
 
 // storeError turns an endpoints store error into the API's: invalid input names its field,
@@ -144,19 +169,34 @@ func storeError(err error, id string) error {
 }
 
 // checkURL refuses, at create or update time, a URL the dispatchers could never deliver to:
-// malformed, with credentials, or leading only to addresses WEBHOOK_ALLOWED_NETWORKS does not
-// allow, its host name resolved as the dial would.
-func (s *Server) checkURL(ctx context.Context, raw string) error {
+// malformed, with credentials, or leading only to addresses its network policy does not
+// allow, its host name resolved as the dial would. The policy is the one the dispatchers
+// will dial the endpoint under: the operator's (WEBHOOK_ALLOWED_NETWORKS, loopback URLs) for
+// an unrestricted endpoint, a producer's (public addresses, WEBHOOK_ROW_URL_NETWORKS) for a
+// restricted one, whose refusal says what a tenant can do: use a public address (the settings
+// are not theirs to change).
+func (s *Server) checkURL(ctx context.Context, raw string, restricted bool) error {
 	if err := send.ValidateURL(raw); err != nil {
 		return errInvalid("url", "url: %v", err)
 	}
-	if err := send.CheckURL(raw, s.cfg.AllowedNetworks, false); err != nil {
-		return errInvalid("url", "url: %v", err)
+	networks := s.cfg.AllowedNetworks
+	if restricted {
+		networks = s.cfg.RowURLNetworks
 	}
 	u, _ := url.Parse(raw)
 	host := u.Hostname()
-	if _, err := netip.ParseAddr(host); err == nil || strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
-		return nil // judged by CheckURL without a lookup
+	refused := func(err error) error {
+		if restricted {
+			return errInvalid("url", "url: the host %s does not lead to a public address; an endpoint's URL must lead to a public address", host)
+		}
+		return errInvalid("url", "url: %v", err)
+	}
+	if err := send.CheckURL(raw, networks, restricted); err != nil {
+		return refused(err)
+	}
+	name := strings.ToLower(strings.TrimSuffix(host, "."))
+	if _, err := netip.ParseAddr(host); err == nil || name == "localhost" || strings.HasSuffix(name, ".localhost") {
+		return nil // judged by CheckURL without a lookup, as the dial will be (RFC 6761 names are loopback)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -164,8 +204,8 @@ func (s *Server) checkURL(ctx context.Context, raw string) error {
 	if err != nil || len(addrs) == 0 {
 		return errInvalid("url", "url: the host %s does not resolve (%v); create the endpoint once its DNS name exists", host, err)
 	}
-	if err := send.CheckResolved(addrs, s.cfg.AllowedNetworks); err != nil {
-		return errInvalid("url", "url: %v", err)
+	if err := send.CheckResolved(addrs, networks, restricted); err != nil {
+		return refused(err)
 	}
 	return nil
 }
@@ -249,18 +289,20 @@ func (s *Server) createEndpoint(q *request) error {
 	if in.URL == nil || *in.URL == "" {
 		return errInvalid("url", "url: required")
 	}
+	// A URL the caller does not vouch for as the operator is restricted: dialled, and checked
+	// here, as a producer's endpoint_url.
 	n := endpoints.New{URL: *in.URL, Description: deref(in.Description), Scheme: deref(in.Scheme), Secret: deref(in.Secret),
-		Ordering: deref(in.Ordering), OrderingFailure: deref(in.OrderingFailure)}
-	switch scope := q.scope(); {
-	case scope != nil && in.Tenant != nil && *in.Tenant != *scope:
+		Ordering: deref(in.Ordering), OrderingFailure: deref(in.OrderingFailure), Restricted: !q.vouches()}
+	switch scope, tenant := q.scope(), in.Tenant.Value; {
+	case scope != nil && tenant != nil && *tenant != *scope:
 		return errInvalid("tenant", "tenant: a tenant key creates endpoints of its own tenant (%q) only; leave tenant out", *scope)
 	case scope != nil:
 		n.Tenant, n.TenantQuota = *scope, endpoints.MaxTenantEndpoints
-	case in.Tenant != nil:
-		if *in.Tenant == "" {
+	case tenant != nil:
+		if *tenant == "" {
 			return errInvalid("tenant", "tenant: omit it or use null for an endpoint without a tenant; the empty string is not a tenant")
 		}
-		n.Tenant = *in.Tenant
+		n.Tenant = *tenant
 	}
 	if in.EventTypes != nil {
 		n.EventTypes = *in.EventTypes
@@ -283,7 +325,7 @@ func (s *Server) createEndpoint(q *request) error {
 	if in.Headers != nil {
 		n.Headers = *in.Headers
 	}
-	if err := s.checkURL(q.ctx, n.URL); err != nil {
+	if err := s.checkURL(q.ctx, n.URL, n.Restricted); err != nil {
 		return err
 	}
 	added, err := endpoints.AddAudited(q.ctx, s.cfg.Pool, s.cfg.Cipher, n, q.actor())
@@ -326,17 +368,36 @@ func (s *Server) updateEndpoint(q *request) error {
 	if in.Enabled != nil {
 		return errInvalid("enabled", "enabled: use POST /v1/endpoints/{id}/enable or /disable, which say why")
 	}
-	if in.Tenant != nil && q.scope() != nil {
-		return errInvalid("tenant", "tenant: only an admin key moves an endpoint to another tenant")
-	}
-	if in.URL != nil {
-		if err := s.checkURL(q.ctx, *in.URL); err != nil {
-			return err
+	p := endpoints.Patch{URL: in.URL, Description: in.Description, EventTypes: in.EventTypes,
+		RetryRPS: in.RetryRPS, MaxConcurrency: in.MaxConcurrency, PermanentStatuses: in.PermanentStatuses,
+		Headers: in.Headers, Scheme: in.Scheme, Secret: in.Secret, Ordering: in.Ordering, OrderingFailure: in.OrderingFailure,
+		// GET shows credential-like header values masked: sent back as they were read, they
+		// keep the values they stand for.
+		HeaderMask: maskedValue}
+	if in.Tenant.Set {
+		// As in a create, null is no tenant and "" is refused, not taken for one.
+		switch tenant := in.Tenant.Value; {
+		case q.scope() != nil:
+			return errInvalid("tenant", "tenant: only an admin key moves an endpoint to another tenant")
+		case tenant == nil:
+			none := ""
+			p.Tenant = &none
+		case *tenant == "":
+			return errInvalid("tenant", "tenant: use null to remove the endpoint's tenant; the empty string is not a tenant")
+		default:
+			p.Tenant = tenant
 		}
 	}
-	p := endpoints.Patch{URL: in.URL, Description: in.Description, Tenant: in.Tenant, EventTypes: in.EventTypes,
-		RetryRPS: in.RetryRPS, MaxConcurrency: in.MaxConcurrency, PermanentStatuses: in.PermanentStatuses,
-		Headers: in.Headers, Scheme: in.Scheme, Secret: in.Secret, Ordering: in.Ordering, OrderingFailure: in.OrderingFailure}
+	if in.URL != nil {
+		// Whoever writes the URL decides whether it is restricted: a tenant's is (even over an
+		// operator's), an admin key's is not, even when it writes the URL the endpoint has,
+		// which is how an operator vouches for a tenant's URL.
+		restricted := !q.vouches()
+		if err := s.checkURL(q.ctx, *in.URL, restricted); err != nil {
+			return err
+		}
+		p.Restricted = &restricted
+	}
 	var newSecret string
 	after, err := s.change(q, id, "endpoint.update", func(tx pgx.Tx) error {
 		u, err := endpoints.Update(q.ctx, tx, s.cfg.Cipher, id, p)

@@ -20,10 +20,10 @@ import (
 )
 
 // benchWorkloads are the workloads in the order they run.
-var benchWorkloads = []string{"drain", "idle", "steady", "producers", "fanout", "ordered", "backlog", "soak"}
+var benchWorkloads = []string{"drain", "idle", "steady", "producers", "fanout", "ordered", "backlog", "soak", "api"}
 
 // benchDefaultWorkloads run when --workload is not given: everything but backlog (1M rows
-// take minutes) and soak (30 minutes).
+// take minutes), soak (30 minutes) and api (10M rows take minutes to fill).
 const benchDefaultWorkloads = "drain,idle,steady,producers,fanout,ordered"
 
 // benchOptions are the command line of `fluxhook bench`.
@@ -52,6 +52,12 @@ type benchOptions struct {
 	soakInterval     time.Duration
 	soakWarmup       time.Duration
 	soakRetention    time.Duration // 0: soakRetention's default
+	apiLogRows       int64
+	apiEndpoints     int
+	apiRate          int
+	apiSteadyRate    int
+	apiDuration      time.Duration
+	apiPairs         int
 	payloadBytes     int
 	json             bool
 	noBudget         bool
@@ -69,7 +75,7 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	fs := cli.NewFlagSet("bench", env.Stderr, "fluxhook bench [flags]")
 	dbURL := cli.DatabaseURLFlag(fs, env.Getenv)
 	workloads := fs.String("workload", benchDefaultWorkloads,
-		"comma-separated workloads: "+strings.Join(benchWorkloads, ", ")+" (backlog and soak are opt-in: 1M rows take minutes, a soak 30)")
+		"comma-separated workloads: "+strings.Join(benchWorkloads, ", ")+" (backlog, soak and api are opt-in: 1M rows take minutes, a soak 30, api's 10M-row fill minutes)")
 	fs.IntVar(&o.drainEvents, "drain-events", 20000, "drain, and soak's drain rate when drain does not run: events prefilled before the dispatcher starts")
 	fs.IntVar(&o.backlogEvents, "backlog-events", 1000000, "backlog: events prefilled before the dispatcher starts")
 	fs.IntVar(&o.backlogSlice, "backlog-slice", 100000, "backlog: throughput is reported per slice of this many events")
@@ -93,6 +99,12 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	fs.DurationVar(&o.soakInterval, "soak-interval", time.Minute, "soak: time between samples")
 	fs.DurationVar(&o.soakWarmup, "soak-warmup", 2*time.Minute, "soak: production before --soak-duration starts (a whole number of --soak-interval, 0 for none): its samples, the run's quietest while the delivery log is still empty, are printed but in no drift window")
 	fs.DurationVar(&o.soakRetention, "soak-retention", 0, "soak: the dispatcher's WEBHOOK_RETENTION, at least 1m (default: --soak-duration / 6, at least 1m; the janitor runs once a minute)")
+	fs.Int64Var(&o.apiLogRows, "api-log-rows", 10000000, "api: delivery-log rows filled over the default retention (7 days) before the runs; 10M take minutes")
+	fs.IntVar(&o.apiEndpoints, "api-endpoints", 10000, "api: managed endpoints the log's deliveries went to, 100 per tenant")
+	fs.IntVar(&o.apiRate, "api-rate", 50, "api: API requests per second in all, the three reads in turn (delivery by id, an endpoint's deliveries, dead letters)")
+	fs.IntVar(&o.apiSteadyRate, "api-steady-rate", 500, "api: events per second of the steady flow delivered meanwhile")
+	fs.DurationVar(&o.apiDuration, "api-duration", 20*time.Second, "api: length of each run")
+	fs.IntVar(&o.apiPairs, "api-pairs", 2, "api: runs without the API and with it, in turn, this many of each")
 	fs.IntVar(&o.payloadBytes, "payload-bytes", 200, "padding in each event's payload")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
 	fs.BoolVar(&o.noBudget, "no-budget", false, "only measure: no budget verdict, and exit 0 whenever the run itself worked (without it, a budget check missed or not computed exits 1)")
@@ -153,6 +165,14 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 		return o, cli.UsageError("--soak-share must be above 0 and at most 1")
 	case o.soakRetention != 0 && o.soakRetention < soakMinRetention:
 		return o, cli.UsageError("--soak-retention must be at least %s (the dispatcher's minimum WEBHOOK_RETENTION)", soakMinRetention)
+	case o.apiLogRows < 1 || o.apiLogRows > 100_000_000:
+		return o, cli.UsageError("--api-log-rows must be between 1 and 100000000")
+	case o.apiEndpoints < 1 || o.apiEndpoints > 1_000_000:
+		return o, cli.UsageError("--api-endpoints must be between 1 and 1000000")
+	case o.apiRate < 1 || o.apiSteadyRate < 1:
+		return o, cli.UsageError("--api-rate and --api-steady-rate must be positive")
+	case o.apiDuration <= 0 || o.apiPairs < 1:
+		return o, cli.UsageError("--api-duration must be positive and --api-pairs at least 1")
 	case o.payloadBytes < 0 || o.payloadBytes > 1<<20:
 		return o, cli.UsageError("--payload-bytes must be between 0 and 1048576")
 	}
@@ -287,8 +307,13 @@ func (b *bench) run(ctx context.Context, env Env) (_ *benchReport, err error) {
 	b.dispatcherEnv["DATABASE_URL"] = b.db.url
 	b.dispatcherEnv["WEBHOOK_SECRET"] = b.secret
 
-	if b.opts.runs("fanout") {
-		b.endpointSecrets = make([]string, b.opts.fanoutEndpoints)
+	if b.opts.runs("fanout") || b.opts.runs("api") {
+		// The api workload's steady flow goes to the first endpoint path.
+		n := 1
+		if b.opts.runs("fanout") {
+			n = b.opts.fanoutEndpoints
+		}
+		b.endpointSecrets = make([]string, n)
 		for i := range b.endpointSecrets {
 			if b.endpointSecrets[i], err = endpoints.GenerateSecret(endpoints.SchemeFluxora); err != nil {
 				return nil, err
@@ -329,6 +354,8 @@ func (b *bench) run(ctx context.Context, env Env) (_ *benchReport, err error) {
 			rep.Backlog, err = b.backlog(ctx)
 		case "soak":
 			rep.Soak, err = b.soak(ctx, rep.Drain)
+		case "api":
+			rep.API, err = b.api(ctx)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", w, err)

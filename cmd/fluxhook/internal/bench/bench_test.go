@@ -550,6 +550,10 @@ func TestBenchOptions(t *testing.T) {
 		o.orderedStreams != 1000 || o.orderedPerStream != 20 {
 		t.Errorf("default workloads = %v", o.workloads)
 	}
+	if o.apiLogRows != 10_000_000 || o.apiEndpoints != 10_000 || o.apiRate != 50 || o.apiSteadyRate != 500 || o.apiPairs != 2 {
+		t.Errorf("api defaults: %d rows, %d endpoints, %d requests/s, %d events/s, %d pairs; want 10M, 10,000, 50, 500, 2",
+			o.apiLogRows, o.apiEndpoints, o.apiRate, o.apiSteadyRate, o.apiPairs)
+	}
 	if o.producerMode != "prepared" {
 		t.Errorf("default producer mode = %q, want prepared (pgx's default)", o.producerMode)
 	}
@@ -564,7 +568,8 @@ func TestBenchOptions(t *testing.T) {
 	}
 	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"},
 		{"--fanout-endpoints", "0"}, {"--fanout-endpoints", "1001"}, {"--ordered-streams", "0"}, {"--ordered-events-per-stream", "0"},
-		{"--soak-share", "0"}, {"--soak-share", "1.5"}, {"--soak-duration", "1m"}, {"--soak-retention", "30s"}, {"--soak-warmup", "90s"}, {"--soak-warmup", "-1m"}} {
+		{"--soak-share", "0"}, {"--soak-share", "1.5"}, {"--soak-duration", "1m"}, {"--soak-retention", "30s"}, {"--soak-warmup", "90s"}, {"--soak-warmup", "-1m"},
+		{"--api-log-rows", "0"}, {"--api-endpoints", "0"}, {"--api-rate", "0"}, {"--api-steady-rate", "0"}, {"--api-duration", "0s"}, {"--api-pairs", "0"}} {
 		_, err := parseBenchOptions(env, args)
 		if err == nil {
 			t.Errorf("parseBenchOptions(%q) accepted it", args)

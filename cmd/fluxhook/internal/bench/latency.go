@@ -188,16 +188,31 @@ func (b *bench) steady(ctx context.Context) (*latencyResult, error) {
 	return b.latencyRun(ctx, "steady", max(total, 1), period, b.opts.connections, latencyOptions{})
 }
 
-// latencyOptions vary a latency run (the ordered workload's idle runs): the dispatcher's
-// configuration overrides (see startSession), and streams > 0 gives every event a stream_id,
-// one of streams in turn (see producerInsert); the zero value is the idle and steady runs'.
+// latencyOptions vary a latency run (the ordered workload's idle runs, the api workload's
+// steady runs): the dispatcher's configuration overrides (see startSession), and streams > 0
+// gives every event a stream_id, one of streams in turn (see producerInsert); the zero value
+// is the idle and steady runs'.
 type latencyOptions struct {
 	overrides map[string]string
 	streams   int
+	// keepLog empties only the queue before the run (resetQueue), not the delivery log and
+	// the dead letters (resetTables): the api workload's filled log stays.
+	keepLog bool
+	// ready, when set, runs once the dispatcher is ready, before the warm-up: the api
+	// workload waits there for the API and warms it up.
+	ready func(ctx context.Context, s *session) error
+	// alongside, when set, starts with production, on a context cancelled if the run fails;
+	// the function it returns is called when production has ended and waits for it. The api
+	// workload's API clients run there.
+	alongside func(ctx context.Context) (wait func() error)
 }
 
 func (b *bench) latencyRun(ctx context.Context, name string, total int, period time.Duration, nconns int, opt latencyOptions) (*latencyResult, error) {
-	if err := b.resetTables(ctx); err != nil {
+	reset := b.resetTables
+	if opt.keepLog {
+		reset = b.resetQueue
+	}
+	if err := reset(ctx); err != nil {
 		return nil, err
 	}
 	s, err := b.startSession(ctx, opt.overrides)
@@ -207,6 +222,11 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 	defer s.stop()
 	if err := b.waitArmed(ctx); err != nil {
 		return nil, err
+	}
+	if opt.ready != nil {
+		if err := opt.ready(ctx, s); err != nil {
+			return nil, err
+		}
 	}
 	conns, closeConns, err := b.producerConns(ctx, nconns, "prepared")
 	if err != nil {
@@ -219,11 +239,22 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 	}
 	s.startClock()
 	started := time.Now()
+	var waitAlongside func() error
+	if opt.alongside != nil {
+		alongsideCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		waitAlongside = opt.alongside(alongsideCtx)
+	}
 	sent, _, err := b.produceAtRate(ctx, conns, period, total, "bench."+name, opt.streams)
 	if err != nil {
 		return nil, err
 	}
 	produced := time.Now()
+	if waitAlongside != nil {
+		if err := waitAlongside(); err != nil {
+			return nil, err
+		}
+	}
 	closeConns()
 	arr, st, err := b.collect(ctx, warm+total, 30*time.Second, s.disp, s)
 	if err != nil {
@@ -236,9 +267,9 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 	}
 	fromSched, fromStart, fromCommit, lost, dups := latencies(sent, arr)
 	r.Lost, r.Duplicates = lost, dups
-	r.FromScheduled = summarize(fromSched)
+	r.FromScheduled, r.fromScheduled = summarize(fromSched), fromSched
 	r.FromStart = summarize(fromStart)
-	r.FromCommit = summarize(fromCommit)
+	r.FromCommit, r.fromCommit = summarize(fromCommit), fromCommit
 	var insert, late []time.Duration
 	for _, ev := range sent {
 		if ev.ok {

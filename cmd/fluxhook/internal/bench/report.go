@@ -29,6 +29,7 @@ type benchReport struct {
 	Fanout     *fanoutResult    `json:"fanout,omitempty"`
 	Ordered    *orderedResult   `json:"ordered,omitempty"`
 	Soak       *soakResult      `json:"soak,omitempty"`
+	API        *apiResult       `json:"api,omitempty"`
 	// Budget is every check, met or not, computed or not (empty with --no-budget).
 	Budget []budgetCheck `json:"budget"`
 	// BudgetMet is Verdict == "met": every check computed and met.
@@ -168,6 +169,9 @@ type latencyResult struct {
 	BacklogAtEnd int         `json:"backlog_at_end"`
 	BacklogMax   int         `json:"backlog_max"`
 	Cost         *costReport `json:"cost"`
+	// fromScheduled and fromCommit are FromScheduled's and FromCommit's samples, for the api
+	// workload to pool its runs.
+	fromScheduled, fromCommit []time.Duration
 }
 
 // producerRun is one side of one segment of a producers comparison: the producers whose
@@ -468,6 +472,9 @@ func (r *benchReport) check() {
 	}
 	if s := r.Soak; s != nil {
 		s.check(add, notComputed)
+	}
+	if a := r.API; a != nil {
+		a.check(add, notComputed)
 	}
 	r.tally()
 }
@@ -774,6 +781,10 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		s.writeRows(tw, verdict)
 		rest(tw, "soak")
 	}
+	if a := r.API; a != nil {
+		a.writeRows(tw, verdict)
+		rest(tw, "api")
+	}
 	tw.Flush()
 	if s := r.Soak; s != nil {
 		s.writeSamples(w)
@@ -817,6 +828,15 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		}
 		rows = append(rows, costRow{name: "soak", c: r.Soak.Cost})
 	}
+	if r.API != nil {
+		for k, run := range r.API.Runs {
+			name := fmt.Sprintf("api %d without", k+1)
+			if run.API {
+				name = fmt.Sprintf("api %d with API", k+1)
+			}
+			rows = append(rows, costRow{name: name, c: run.Steady.Cost, unmarked: true})
+		}
+	}
 	if len(rows) > 0 {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -846,6 +866,10 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		if r.Fanout != nil {
 			fmt.Fprintln(w, "* fanout: per delivery, one (event, endpoint) pair; a batch is a claim (of events, or of deliveries released")
 			fmt.Fprintln(w, "  back), and a batch of events is settled in several transactions: the budget's 1 per batch is not checked there.")
+		}
+		if r.API != nil {
+			fmt.Fprintln(w, "api: per event of the steady flow, each routed to an endpoint (its event row and its delivery both settled); with the")
+			fmt.Fprintln(w, "  API, the dispatcher's CPU includes the API's (one process); the budget's 1 per batch is not checked there.")
 		}
 	}
 	if statements {
