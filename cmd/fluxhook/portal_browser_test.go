@@ -4,14 +4,20 @@ package main
 // `fluxhook serve` with API_ADDR, as a tenant's people use it.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"image"
+	"image/color"
+	"image/draw"
+	"image/png"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -97,9 +103,11 @@ func (c *portalConsumer) answered(deliveryID string, status int) bool {
 
 // browser is one headless Chromium tab and what the test saw in it.
 type browser struct {
-	t    *testing.T
-	ctx  context.Context
-	dirs []string // where screenshots go
+	t   *testing.T
+	ctx context.Context
+	// docs is FLUXHOOK_PORTAL_SCREENSHOTS: a directory that also receives the screenshots,
+	// compressed for docs/portal/.
+	docs string
 
 	mu      sync.Mutex
 	console []string // exceptions and policy violations the page reported
@@ -129,10 +137,7 @@ func newBrowser(t *testing.T, exec string) *browser {
 		cancel()
 		cancelAlloc()
 	})
-	b := &browser{t: t, ctx: ctx, dirs: []string{t.ArtifactDir()}}
-	if dir := os.Getenv("FLUXHOOK_PORTAL_SCREENSHOTS"); dir != "" {
-		b.dirs = append(b.dirs, dir)
-	}
+	b := &browser{t: t, ctx: ctx, docs: os.Getenv("FLUXHOOK_PORTAL_SCREENSHOTS")}
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(desktopWidth, 800)); err != nil { // starts the browser, with no timeout
 		t.Fatalf("starting %s: %v", exec, err)
 	}
@@ -232,7 +237,8 @@ func (b *browser) choose(id, value string) {
 }
 
 // shot saves a PNG of the page as a person at width sees it, the whole page's height (up to
-// 1,800 px), into every screenshot directory.
+// 1,800 px), in the test's artifact directory (go test -artifacts keeps it) and, compressed,
+// in FLUXHOOK_PORTAL_SCREENSHOTS when set.
 func (b *browser) shot(name string, width int64) {
 	b.t.Helper()
 	b.do("sizing the viewport", chromedp.EmulateViewport(width, 800))
@@ -248,13 +254,21 @@ func (b *browser) shot(name string, width int64) {
 		b.t.Fatalf("screenshot %s: %v", name, err)
 	}
 	b.do("sizing the viewport", chromedp.EmulateViewport(desktopWidth, 800))
-	for _, dir := range b.dirs {
+	write := func(dir string, png []byte) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			b.t.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
 			b.t.Fatal(err)
 		}
+	}
+	write(b.t.ArtifactDir(), png)
+	if b.docs != "" {
+		small, err := smallPNG(png)
+		if err != nil {
+			b.t.Fatalf("screenshot %s: %v", name, err)
+		}
+		write(b.docs, small)
 	}
 }
 
@@ -433,4 +447,54 @@ func (b *browser) text(sel chromedp.ID) string {
 		b.t.Fatalf("reading %s: %v", sel, err)
 	}
 	return s
+}
+
+// smallPNG re-encodes a screenshot with a palette of its 256 most frequent colours (each
+// other colour drawn as the nearest of them) at the best compression: a page of flat colours
+// and anti-aliased text loses nothing a reader sees, and the file is a third of the size,
+// which is what docs/portal/*.png needs.
+func smallPNG(raw []byte) ([]byte, error) {
+	img, err := png.Decode(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	r := img.Bounds()
+	rgba := image.NewRGBA(r)
+	draw.Draw(rgba, r, img, r.Min, draw.Src)
+	pix := func(i int) color.RGBA {
+		return color.RGBA{rgba.Pix[i], rgba.Pix[i+1], rgba.Pix[i+2], rgba.Pix[i+3]}
+	}
+	counts := map[color.RGBA]int{}
+	for i := 0; i < len(rgba.Pix); i += 4 {
+		counts[pix(i)]++
+	}
+	colors := make([]color.RGBA, 0, len(counts))
+	for c := range counts {
+		colors = append(colors, c)
+	}
+	key := func(c color.RGBA) int { return int(c.R)<<24 | int(c.G)<<16 | int(c.B)<<8 | int(c.A) }
+	slices.SortFunc(colors, func(a, b color.RGBA) int {
+		if n := counts[b] - counts[a]; n != 0 {
+			return n
+		}
+		return key(a) - key(b)
+	})
+	palette := make(color.Palette, 0, 256)
+	for _, c := range colors[:min(len(colors), 256)] {
+		palette = append(palette, c)
+	}
+	index := make(map[color.RGBA]uint8, len(colors))
+	for _, c := range colors {
+		index[c] = uint8(palette.Index(c))
+	}
+	out := image.NewPaletted(r, palette)
+	for i := 0; i < len(rgba.Pix); i += 4 {
+		out.Pix[i/4] = index[pix(i)]
+	}
+	var buf bytes.Buffer
+	enc := png.Encoder{CompressionLevel: png.BestCompression}
+	if err := enc.Encode(&buf, out); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }

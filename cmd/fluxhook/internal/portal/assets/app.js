@@ -977,11 +977,11 @@
 
   function deliveryColumns() {
     return [
-      { label: "Time", cell: (d) => (d.processed_at ? when(d.processed_at) : ["due ", when(d.next_attempt_at)]) },
+      { label: "Time", class: "time", cell: (d) => (d.processed_at ? when(d.processed_at) : ["due ", when(d.next_attempt_at)]) },
       { label: "Event", cell: (d) => d.event_type },
       { label: "Delivery", cell: (d) => deliveryLink(d.delivery_id) },
       { label: "Attempt", class: "num", cell: (d) => d.attempt },
-      { label: "Result", cell: (d) => [badge(d.status), d.status_code ? " " + d.status_code : null] },
+      { label: "Result", class: "time", cell: (d) => [badge(d.status), d.status_code ? " " + d.status_code : null] },
       { label: "Duration", class: "num", cell: (d) => (d.duration_ms === null ? "—" : `${d.duration_ms} ms`) },
       { label: "Error", cell: (d) => (d.error ? h("span", { class: "small" }, d.error) : "—") },
     ];
@@ -1006,11 +1006,16 @@
     const fields = {
       endpoint: field("f-endpoint", "Endpoint", endpointSel),
       event_type: field("f-type", "Event type", h("input", { type: "text", spellcheck: "false", value: f.event_type, placeholder: "order.paid" })),
-      status: field("f-status", "Result", statusSel, "Needs an endpoint."),
+      status: field("f-status", "Result", statusSel, "Choose an endpoint first."),
       since: field("f-since", "From", h("input", { type: "datetime-local", value: localInput(f.since) }), "Default: 24 hours ago."),
       until: field("f-until", "To", h("input", { type: "datetime-local", value: localInput(f.until) })),
     };
-    endpointSel.addEventListener("change", () => { statusSel.disabled = !endpointSel.value; });
+    const statusHint = fields.status.el.querySelector(".hint");
+    statusHint.hidden = Boolean(f.endpoint);
+    endpointSel.addEventListener("change", () => {
+      statusSel.disabled = !endpointSel.value;
+      statusHint.hidden = Boolean(endpointSel.value);
+    });
     const form = h("form", { class: "filter-form" },
       h("fieldset", null, h("legend", null, "Filter"),
         h("div", { class: "filters" }, Object.values(fields).map((x) => x.el)),
@@ -1047,7 +1052,7 @@
       });
     } else {
       const columns = [
-        { label: "Time", cell: (e) => when(e.enqueued_at) },
+        { label: "Time", class: "time", cell: (e) => when(e.enqueued_at) },
         { label: "Event", cell: (e) => e.event_type },
         { label: "Delivery", cell: (e) => deliveryLink(e.delivery_id) },
         { label: "Stream", cell: (e) => (e.stream_id === null ? "—" : e.stream_id) },
@@ -1103,7 +1108,7 @@
       if (!dst.attempts.length) return h("p", { class: "muted" }, "No attempt yet.");
       const t = dataTable("Attempts", [
         { label: "#", class: "num", cell: (a) => a.attempt },
-        { label: "Time", cell: (a) => when(a.processed_at) },
+        { label: "Time", class: "time", cell: (a) => when(a.processed_at) },
         { label: "Result", cell: (a) => badge(a.outcome) },
         { label: "Status", class: "num", cell: (a) => (a.status_code === null ? "—" : a.status_code) },
         { label: "Duration", class: "num", cell: (a) => (a.duration_ms === null ? "—" : `${a.duration_ms} ms`) },
@@ -1287,7 +1292,7 @@
     };
 
     const columns = [
-      { label: "Failed", cell: (d) => when(d.failed_at) },
+      { label: "Failed", class: "time", cell: (d) => when(d.failed_at) },
       { label: "Event", cell: (d) => [d.event_type, h("span", { class: "desc" }, deliveryLink(d.delivery_id))] },
       { label: "Endpoint", cell: (d) => {
         const ep = d.endpoint_id && names.get(d.endpoint_id);
@@ -1372,8 +1377,8 @@
         card("Processed last hour", num(st.processed_last_hour)));
       const disp = dataTable("Dispatchers", [
         { label: "Instance", cell: (d) => h("span", { class: "id" }, d.instance_id) },
-        { label: "Started", cell: (d) => when(d.started_at) },
-        { label: "Last seen", cell: (d) => when(d.seen_at) },
+        { label: "Started", class: "time", cell: (d) => when(d.started_at) },
+        { label: "Last seen", class: "time", cell: (d) => when(d.seen_at) },
         { label: "State", cell: (d) => (d.stale ? h("span", { class: "badge fail" }, "Stale") : h("span", { class: "badge ok" }, "Running")) },
       ]);
       disp.add(st.dispatchers || []);
