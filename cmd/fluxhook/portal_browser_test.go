@@ -61,6 +61,8 @@ type portalHook struct {
 	Status            int
 }
 
+// newPortalConsumer starts a consumer on loopback, closed at cleanup; it answers 401 (a failed
+// verification) until set gives it the secret.
 func newPortalConsumer(t *testing.T) *portalConsumer {
 	t.Helper()
 	c := &portalConsumer{status: http.StatusOK}
@@ -80,8 +82,10 @@ func newPortalConsumer(t *testing.T) *portalConsumer {
 	return c
 }
 
+// URL is where the endpoint the test adds points.
 func (c *portalConsumer) URL() string { return c.srv.URL + "/hooks" }
 
+// set makes the consumer verify with secret and answer status.
 func (c *portalConsumer) set(secret string, status int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -122,6 +126,8 @@ const (
 	stepTimeout = 20 * time.Second
 )
 
+// newBrowser starts headless Chromium (exec) with one tab at desktop width, stopped at
+// cleanup, and collects what the page reports to its console.
 func newBrowser(t *testing.T, exec string) *browser {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
@@ -180,6 +186,7 @@ func eval[T any](b *browser, expr string) T {
 	return v
 }
 
+// pageText is what the page shows, for failure messages.
 func (b *browser) pageText() string {
 	ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second)
 	defer cancel()
@@ -216,6 +223,7 @@ func (b *browser) waitText(text string) {
 	b.waitFor(fmt.Sprintf("the page to show %q", text), `document.querySelector("main") && document.querySelector("main").innerText.includes(`+jsString(text)+`)`)
 }
 
+// jsString is s as a JavaScript string literal.
 func jsString(s string) string {
 	j, _ := json.Marshal(s)
 	return string(j)
@@ -326,7 +334,7 @@ func TestPortalInABrowser(t *testing.T) {
 	b.click(`//a[normalize-space()="Add endpoint"]`)
 	b.do("filling the form", chromedp.WaitVisible(chromedp.ID("ep-url")),
 		chromedp.SendKeys(chromedp.ID("ep-url"), consumer.URL()),
-		chromedp.SendKeys(chromedp.ID("ep-description"), "Billing service"),
+		chromedp.SendKeys(chromedp.ID("ep-description"), "Billing"),
 		chromedp.SendKeys(chromedp.ID("ep-types"), "order.*, invoice.paid"))
 	b.shot("endpoint-add", desktopWidth)
 	b.click(`//form//button[normalize-space()="Add endpoint"]`)
@@ -349,20 +357,61 @@ func TestPortalInABrowser(t *testing.T) {
 		t.Fatalf("the consumer did not verify test delivery %s with the secret shown: %+v", testID, consumer.got)
 	}
 
-	// The consumer fails: an order.paid event is retried twice, then dead-lettered.
+	// Rotate the secret, the old one stopping at once: the next test event verifies with the
+	// new secret the page shows.
+	b.click(`//button[normalize-space()="Rotate secret"]`)
+	b.choose("rotate-grace", "0")
+	b.click(`//button[normalize-space()="Rotate now"]`)
+	b.waitFor("a new secret", `document.getElementById("secret-value") && document.getElementById("secret-value").innerText.trim() !== `+jsString(secret))
+	secret = strings.TrimSpace(b.text(chromedp.ID("secret-value")))
+	consumer.set(secret, http.StatusOK)
+	b.click(`//button[normalize-space()="Send test event"]`)
+	b.waitFor("the second test event delivered", `(() => { const a = document.querySelector(".result.ok a[href^='#/deliveries/']");
+		return a && !a.getAttribute("href").endsWith(`+jsString(testID)+`) && /answered 200/.test(a.parentNode.innerText) })()`)
+	testID = eval[string](b, `decodeURIComponent(document.querySelector(".result.ok a").getAttribute("href").split("/").pop())`)
+	if !consumer.answered(testID, http.StatusOK) {
+		t.Fatalf("the consumer did not verify test delivery %s with the rotated secret: %+v", testID, consumer.got)
+	}
+
+	// Edit the description; disable the endpoint (a test event is then refused with the API's
+	// message) and enable it again.
+	b.click(`//a[normalize-space()="Edit"]`)
+	b.do("editing the description", chromedp.WaitVisible(chromedp.ID("ep-description")),
+		// Select what the field holds and type over it, as a person does.
+		chromedp.Evaluate[chromedp.Void](`document.getElementById("ep-description").select()`),
+		chromedp.KeyEvent("Billing service"))
+	b.click(`//button[normalize-space()="Save changes"]`)
+	b.waitFor("the new description", `document.querySelector("main h1").innerText === "Billing service"`)
+	b.click(`//button[normalize-space()="Disable"]`)
+	b.do("giving a reason", chromedp.WaitVisible(chromedp.ID("disable-reason")), chromedp.SendKeys(chromedp.ID("disable-reason"), "maintenance"))
+	b.click(`//button[normalize-space()="Disable endpoint"]`)
+	b.waitText("The endpoint is disabled.")
+	b.waitText("maintenance")
+	b.click(`//button[normalize-space()="Send test event"]`)
+	b.waitFor("the API's refusal", `document.querySelector("main .error") && /is disabled; enable it/.test(document.querySelector("main .error").innerText)`)
+	b.click(`//button[normalize-space()="Enable"]`)
+	b.waitText("The endpoint is enabled")
+
+	// The consumer fails: two events are retried twice each, then dead-lettered.
 	consumer.set(secret, http.StatusInternalServerError)
 	ev, err := outbox.Enqueue(context.Background(), db.Pool, outbox.Event{EventType: "order.paid", Tenant: "acme",
 		StreamID: "order-1042", Payload: map[string]any{"order": 1042, "amount": "59.00", "currency": "EUR"}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ev2, err := outbox.Enqueue(context.Background(), db.Pool, outbox.Event{EventType: "invoice.paid", Tenant: "acme",
+		StreamID: "invoice-77", Payload: map[string]any{"invoice": 77}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	b.click(`//nav//a[normalize-space()="Deliveries"]`)
-	b.waitText("order.paid")
+	b.waitText("invoice.paid")
 	b.choose("f-endpoint", endpointID)
 	b.click(`//button[normalize-space()="Apply"]`)
-	b.waitFor("three failed attempts and the dead letter in the endpoint's deliveries",
-		`document.querySelectorAll("main tbody tr").length >= 4 && document.querySelector("main tbody").innerText.includes("Dead-lettered")`)
+	b.waitFor("both dead letters in the endpoint's deliveries",
+		`document.querySelector("main tbody") && (document.querySelector("main tbody").innerText.match(/Dead-lettered/g) || []).length === 2`)
 	b.shot("deliveries", desktopWidth)
+	b.fitsWidth("deliveries", phoneWidth)
 	b.click(`//a[@title="` + ev.DeliveryID + `"]`)
 	b.waitFor("the dead letter on the delivery's page",
 		`document.querySelector(".destination") && /Dead-lettered/.test(document.querySelector(".destination p").innerText) && document.querySelectorAll(".destination tbody tr").length === 3`)
@@ -372,10 +421,12 @@ func TestPortalInABrowser(t *testing.T) {
 	b.waitText(`"order": 1042`) // the payload
 	b.shot("delivery-dead-lettered", desktopWidth)
 
-	// The dead letters page lists it; the consumer is fixed and the dead letter replayed.
+	// The dead letters page lists both; the consumer is fixed, one is replayed, and the other
+	// recovered with the endpoint.
 	b.click(`//nav//a[normalize-space()="Dead letters"]`)
-	b.waitFor("the dead letter listed", `document.querySelector("main tbody") && document.querySelector("main tbody").innerText.includes("order.paid")`)
+	b.waitFor("the dead letters listed", `document.querySelectorAll("main tbody tr").length === 2`)
 	b.shot("dead-letters", desktopWidth)
+	b.fitsWidth("dead letters", phoneWidth)
 	consumer.set(secret, http.StatusOK)
 	b.click(`//button[starts-with(@aria-label, "Replay order.paid")]`)
 	b.waitText("Replayed order.paid")
@@ -387,6 +438,11 @@ func TestPortalInABrowser(t *testing.T) {
 	b.shot("delivery", desktopWidth)
 	b.shot("delivery-360", phoneWidth)
 	b.fitsWidth("delivery", phoneWidth)
+	b.click(`//nav//a[normalize-space()="Dead letters"]`)
+	b.choose("rec-endpoint", endpointID)
+	b.click(`//button[normalize-space()="Recover"]`)
+	b.waitText("Recovery finished")
+	pollUntil(t, stepTimeout, "the recovered delivery to arrive", func() bool { return consumer.answered(ev2.DeliveryID, http.StatusOK) })
 
 	// The endpoint's page: its health and the chart of the last day.
 	b.click(`//nav//a[normalize-space()="Endpoints"]`)

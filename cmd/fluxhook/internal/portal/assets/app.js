@@ -887,7 +887,13 @@
   // sendTest sends a webhook.test event and follows it until the endpoint answers.
   async function sendTest(ctx, ep, out) {
     out.replaceChildren(h("p", { class: "result" }, "Sending a test event…"));
-    const t = await api("POST", `/v1/endpoints/${enc(ep.id)}/test`);
+    let t;
+    try {
+      t = await api("POST", `/v1/endpoints/${enc(ep.id)}/test`);
+    } catch (e) {
+      out.replaceChildren(); // the error is shown with the actions
+      throw e;
+    }
     const link = () => h("a", { href: "#/deliveries/" + enc(t.delivery_id) }, "See the delivery");
     const deadline = Date.now() + 60000;
     let wait = 250;
@@ -1209,7 +1215,7 @@
     const endpoint = params.get("endpoint") || "";
     const replayed = params.get("replayed") || "";
     page.append(heading("Dead letters"),
-      h("p", { class: "lead" }, "Deliveries fluxhook gave up on after its retries. Once the endpoint is fixed, replay one, or recover all of an endpoint's since a time: each is sent again with its own delivery id."));
+      h("p", { class: "lead" }, "Deliveries fluxhook gave up on after its retries. Once the endpoint is fixed, replay one, or recover all of an endpoint's since a time: each is sent again with the same delivery id."));
 
     const names = new Map();
     const result = h("div", { role: "status", "aria-live": "polite" });
