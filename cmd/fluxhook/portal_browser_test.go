@@ -249,6 +249,7 @@ func (b *browser) choose(id, value string) {
 // in FLUXHOOK_PORTAL_SCREENSHOTS when set.
 func (b *browser) shot(name string, width int64) {
 	b.t.Helper()
+	b.waitFor("the page to finish loading", `!document.querySelector("main .loading")`)
 	b.do("sizing the viewport", chromedp.EmulateViewport(width, 800))
 	height := eval[int64](b, `Math.max(document.documentElement.scrollHeight, document.body.scrollHeight)`)
 	height = min(max(height, 600), 1800)

@@ -1367,7 +1367,7 @@
   function statusPage(ctx) {
     const { page } = ctx;
     page.append(heading("Status"),
-      h("p", { class: "lead" }, "The dispatchers' queue, for every tenant whichever is chosen, as fluxhook status reports it. Updated every 5 seconds."));
+      h("p", { class: "lead" }, "The dispatchers' queue as fluxhook status reports it, across every tenant: the tenant chosen above does not narrow it. Updated every 5 seconds."));
     const body = h("div", null, h("p", { class: "loading" }, "Loading…"));
     page.append(body);
     const draw = (st) => {
