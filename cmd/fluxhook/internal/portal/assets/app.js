@@ -735,14 +735,14 @@
         ["86400", "Keeps signing beside the new one for 24 hours"], ["3600", "Keeps signing beside the new one for 1 hour"],
         ["0", "Stops at once"]], "86400")),
       "During the overlap each request carries both signatures, so your consumer can switch without failing any.");
-      const go1 = h("button", { type: "submit", class: "btn btn-primary" }, "Rotate now");
+      const submitBtn = h("button", { type: "submit", class: "btn btn-primary" }, "Rotate now");
       const cancel = h("button", { type: "button", class: "btn" }, "Cancel");
       cancel.addEventListener("click", () => closePanel("Rotate secret"));
       const form = h("form", { class: "panel inline-form", "aria-labelledby": "rotate-h" },
-        h("h2", { id: "rotate-h" }, "Rotate the secret"), grace.el, h("div", { class: "actions" }, go1, cancel));
+        h("h2", { id: "rotate-h" }, "Rotate the secret"), grace.el, h("div", { class: "actions" }, submitBtn, cancel));
       form.addEventListener("submit", async (ev) => {
         ev.preventDefault();
-        go1.disabled = true;
+        submitBtn.disabled = true;
         try {
           const out = await api("POST", `/v1/endpoints/${enc(id)}/rotate-secret`, { body: { grace_seconds: Number(grace.input.value) } });
           panelBox.replaceChildren();
@@ -753,7 +753,7 @@
         } catch (e) {
           showError(errBox, e);
         } finally {
-          go1.disabled = false;
+          submitBtn.disabled = false;
         }
       });
       panelBox.replaceChildren(form);
@@ -762,15 +762,15 @@
 
     const showDisable = () => {
       const reason = field("disable-reason", "Reason (optional)", h("input", { type: "text" }), "Shown with the endpoint, so that your team knows why.");
-      const go1 = h("button", { type: "submit", class: "btn btn-danger" }, "Disable endpoint");
+      const submitBtn = h("button", { type: "submit", class: "btn btn-danger" }, "Disable endpoint");
       const cancel = h("button", { type: "button", class: "btn" }, "Cancel");
       cancel.addEventListener("click", () => closePanel("Disable"));
       const form = h("form", { class: "panel inline-form", "aria-labelledby": "disable-h" },
         h("h2", { id: "disable-h" }, "Disable this endpoint"),
-        h("p", null, "No new events are sent to it until you enable it again."), reason.el, h("div", { class: "actions" }, go1, cancel));
+        h("p", null, "No new events are sent to it until you enable it again."), reason.el, h("div", { class: "actions" }, submitBtn, cancel));
       form.addEventListener("submit", async (ev) => {
         ev.preventDefault();
-        go1.disabled = true;
+        submitBtn.disabled = true;
         try {
           const r = reason.input.value.trim();
           ep = await api("POST", `/v1/endpoints/${enc(id)}/disable`, r ? { body: { reason: r } } : {});
@@ -780,7 +780,7 @@
         } catch (e) {
           showError(errBox, e);
         } finally {
-          go1.disabled = false;
+          submitBtn.disabled = false;
         }
       });
       panelBox.replaceChildren(form);
@@ -817,16 +817,16 @@
           h("a", { href: "#/deliveries?endpoint=" + enc(id) }, "All its deliveries")));
     };
 
-    let health1 = null;
+    let lastHealth = null;
     const drawChart = () => {
       const open = chartBox.querySelector("details[open]") !== null;
-      chartBox.replaceChildren(hourlyChart(health1.hours, chartBox.clientWidth, open),
-        h("p", { class: "hint" }, "Circuit breaker: ", breakerText(health1.breaker)));
+      chartBox.replaceChildren(hourlyChart(lastHealth.hours, chartBox.clientWidth, open),
+        h("p", { class: "hint" }, "Circuit breaker: ", breakerText(lastHealth.breaker)));
     };
     const loadHealth = async () => {
       const hl = await api("GET", `/v1/endpoints/${enc(id)}/health`);
       if (!ctx.alive()) return;
-      health1 = hl;
+      lastHealth = hl;
       if (!chartBox.contains(document.activeElement)) drawChart();
     };
     // The chart is drawn at the width it is shown at: drawn again when that changes.
@@ -836,7 +836,7 @@
         window.removeEventListener("resize", onResize);
         return;
       }
-      if (health1 && Math.abs(chartBox.clientWidth - drawnAt) > 20 && !chartBox.contains(document.activeElement)) {
+      if (lastHealth && Math.abs(chartBox.clientWidth - drawnAt) > 20 && !chartBox.contains(document.activeElement)) {
         drawnAt = chartBox.clientWidth;
         drawChart();
       }
@@ -1153,8 +1153,8 @@
           } else {
             to = dst.origin ? h("span", { class: "url" }, dst.origin) : "the default URL";
           }
-          const state1 = [badge(dst.state)];
-          if ((dst.state === "retrying" || dst.state === "pending") && dst.next_attempt_at) state1.push(" next attempt ", when(dst.next_attempt_at));
+          const stateLine = [badge(dst.state)];
+          if ((dst.state === "retrying" || dst.state === "pending") && dst.next_attempt_at) stateLine.push(" next attempt ", when(dst.next_attempt_at));
           const dl = dst.dead_letter;
           let dlBox = null;
           if (dl) {
@@ -1167,7 +1167,7 @@
           }
           return h("section", { class: "destination", "aria-label": "Destination " + (i + 1) },
             h("h2", null, "To ", to),
-            h("p", null, state1, dst.attempt_count ? ` · ${dst.attempt_count} attempt${dst.attempt_count === 1 ? "" : "s"}` : null),
+            h("p", null, stateLine, dst.attempt_count ? ` · ${dst.attempt_count} attempt${dst.attempt_count === 1 ? "" : "s"}` : null),
             dlBox, attemptsTable(dst));
         }) : [h("p", { class: "empty" }, d.routed_at ? "No endpoint took this event: none matched its type." : "Waiting to be routed to your endpoints.")]));
         if (keepFocus) {
