@@ -123,7 +123,7 @@ const (
 	// phoneWidth is the narrowest screen the portal is made for.
 	phoneWidth = 360
 	// stepTimeout bounds each wait of the test on the page.
-	stepTimeout = 20 * time.Second
+	stepTimeout = 30 * time.Second
 )
 
 // newBrowser starts headless Chromium (exec) with one tab at desktop width, stopped at
