@@ -15,6 +15,7 @@ import (
 
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/api"
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/pgtemp"
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/portal"
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/receiver"
 	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/sql/apikeys"
@@ -139,12 +140,23 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	base := "http://" + ln.Addr().String()
 	fmt.Fprintf(out, "receiver verifying signatures at %s/hook\n", base)
 
-	// Two managed endpoints with filters and secrets of their own: each event also fans out
-	// to the one whose filter it matches, signed with that endpoint's secret, which only its
+	// The demo's events belong to one tenant, demoTenant, whose portal link the demo prints:
+	// the receiver above is that tenant's endpoint for every event (signed with its secret),
+	// and two more managed endpoints with filters and secrets of their own each take the
+	// events their filter matches, signed with that endpoint's secret, which only its
 	// receiver holds. They are removed when the demo ends.
+	all, err := endpoints.Add(ctx, pool, nil, endpoints.New{URL: base + "/hook", Secret: secret, Tenant: demoTenant,
+		Description: "fluxhook demo: every event"})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		_, _ = endpoints.Remove(context.WithoutCancel(ctx), pool, all.ID, endpoints.PendingDrop)
+	}()
+	fmt.Fprintf(out, "endpoint %-8s %s receives every event of tenant %s at /hook\n", "all", all.ID, demoTenant)
 	for _, e := range []struct{ name, filter string }{{"streams", "stream.*"}, {"orders", "order.*"}} {
 		ep, err := endpoints.Add(ctx, pool, nil, endpoints.New{URL: base + "/" + e.name, EventTypes: []string{e.filter},
-			Description: "fluxhook demo"})
+			Tenant: demoTenant, Description: "fluxhook demo: " + e.filter})
 		if err != nil {
 			return err
 		}
@@ -186,7 +198,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 		defer cancel()
 		_ = d.Stop(stopCtx)
 	}()
-	base2, key, stopAPI, err := demoAPI(ctx, url)
+	base2, key, portalLink, stopAPI, err := demoAPI(ctx, url)
 	if err != nil {
 		return err
 	}
@@ -195,6 +207,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	apiBase, apiKey = base2, key
 	mu.Unlock()
 	fmt.Fprintf(out, "management API at %s/v1 (docs/api.md), admin key %s\n", apiBase, apiKey)
+	fmt.Fprintf(out, "portal of tenant %s, its endpoints and deliveries as they happen (docs/portal.md):\n  %s\n", demoTenant, portalLink)
 	fmt.Fprintln(out, "dispatcher running; enqueueing sample events (Ctrl-C to stop)")
 
 	// stopping is the one exit for Ctrl-C, whether it lands while an insert is in flight or
@@ -212,6 +225,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 				EventType: kinds[n%len(kinds)],
 				StreamID:  fmt.Sprintf("demo-%d", n%3),
 				Payload:   map[string]any{"n": n, "demo": true},
+				Tenant:    demoTenant,
 			}
 			if n%5 == 0 {
 				ev.EndpointURL = base + "/flaky"
@@ -241,28 +255,44 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	}
 }
 
-// demoAPI serves the management API for the demo's database on a free loopback port, with an
-// admin key made for it, so that the demo shows the API on real deliveries.
-func demoAPI(ctx context.Context, dbURL string) (base, key string, stop func(), err error) {
+// demoTenant is the tenant of the demo's endpoints and events, whose portal link it prints.
+const demoTenant = "demo"
+
+// demoPortalTTL is how long the demo's portal link works: the longest a link may, so that it
+// outlives any demo session.
+const demoPortalTTL = 24 * time.Hour
+
+// demoAPI serves the management API and the portal for the demo's database on a free loopback
+// port, with an admin key and a portal link for demoTenant made for it, so that the demo shows
+// both on real deliveries.
+func demoAPI(ctx context.Context, dbURL string) (base, key, portalLink string, stop func(), err error) {
 	pool, err := connectPool(ctx, dbURL, 4, "fluxhook-demo-api")
 	if err != nil {
-		return "", "", nil, err
+		return "", "", "", nil, err
 	}
 	_, key, err = apikeys.Add(ctx, pool, apikeys.New{Description: "fluxhook demo", CreatedBy: "cli:demo"})
 	if err != nil {
 		pool.Close()
-		return "", "", nil, err
+		return "", "", "", nil, err
+	}
+	tenant := demoTenant
+	_, session, err := apikeys.AddPortalSession(ctx, pool, apikeys.New{Tenant: &tenant, Description: "fluxhook demo portal",
+		CreatedBy: "cli:demo"}, demoPortalTTL)
+	if err != nil {
+		pool.Close()
+		return "", "", "", nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		pool.Close()
-		return "", "", nil, err
+		return "", "", "", nil, err
 	}
 	cipher, _ := endpoints.NewCipher("", "") // the demo's endpoints keep their secrets in clear
-	a := api.New(api.Config{Pool: pool, Cipher: cipher})
+	a := api.New(api.Config{Pool: pool, Cipher: cipher, Portal: portal.Handler(portal.Options{})})
 	srv := &http.Server{Handler: a, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	return "http://" + ln.Addr().String(), key, func() { _ = srv.Close(); a.Close(); pool.Close() }, nil
+	base = "http://" + ln.Addr().String()
+	return base, key, base + "/portal/#session=" + session, func() { _ = srv.Close(); a.Close(); pool.Close() }, nil
 }
 
 func randomSecret() string {

@@ -76,11 +76,47 @@ func TestDemoDeliversSampleEvents(t *testing.T) {
 	demoLeftovers(t, db, out)
 }
 
+// demoPortalLink finds the portal link the demo prints.
+var demoPortalLink = regexp.MustCompile(`(?m)^  (http://127\.0\.0\.1:\d+)/portal/#session=(fhp_\S+)$`)
+
+// checkDemoPortal opens the portal link the demo printed, as the page does: the page is served
+// with its policy, and the link's token is tenant demo's, which sees the demo's three
+// endpoints and the events delivered so far.
+func checkDemoPortal(t *testing.T, out string) {
+	t.Helper()
+	m := demoPortalLink.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the demo printed no portal link; stdout:\n%s", out)
+	}
+	base, token := m[1], m[2]
+	resp, err := http.Get(base + "/portal/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(resp.Header.Get("Content-Security-Policy"), "script-src 'self'") {
+		t.Fatalf("the portal page: %d, CSP %q", resp.StatusCode, resp.Header.Get("Content-Security-Policy"))
+	}
+	addr := strings.TrimPrefix(base, "http://")
+	if code, me := apiCall(t, addr, token, "GET", "/v1/me", ""); code != http.StatusOK || me["tenant"] != demoTenant || me["portal"] != true {
+		t.Fatalf("GET /v1/me with the portal link's token: %d %v", code, me)
+	}
+	code, eps := apiCall(t, addr, token, "GET", "/v1/endpoints", "")
+	if list, _ := eps["data"].([]any); code != http.StatusOK || len(list) != 3 {
+		t.Fatalf("the demo's portal lists %d endpoints (%d), want 3: %v", len(list), code, eps)
+	}
+	code, evs := apiCall(t, addr, token, "GET", "/v1/events", "")
+	if list, _ := evs["data"].([]any); code != http.StatusOK || len(list) < 2 {
+		t.Fatalf("the demo's portal lists %d events (%d), want the ones delivered: %v", len(list), code, evs)
+	}
+}
+
 // TestDemoStopsOnSIGINT runs the demo without an event count, as a person does, and stops it
-// with Ctrl-C once events arrive: it must drain, exit 0 and leave nothing behind.
 // demoCurl is the curl line the demo prints for its first delivery: the header and the URL.
 var demoCurl = regexp.MustCompile(`curl -s -H 'Authorization: ([^']+)' (http://\S+/v1/deliveries/\S+)`)
 
+// with Ctrl-C once events arrive: it must drain, exit 0 and leave nothing behind. While it
+// runs, the portal link it printed works.
 func TestDemoStopsOnSIGINT(t *testing.T) {
 	t.Parallel()
 	db := sqltest.New(t)
@@ -105,6 +141,7 @@ func TestDemoStopsOnSIGINT(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"attempts"`) {
 		t.Fatalf("the demo's curl line answered %d: %s", resp.StatusCode, body)
 	}
+	checkDemoPortal(t, p.stdout.String())
 	p.signal(syscall.SIGINT)
 	if code := p.waitExit(20 * time.Second); code != 0 {
 		t.Fatalf("demo exited %d after SIGINT, want 0; stdout:\n%s", code, p.stdout.String())
