@@ -111,10 +111,10 @@ func checkDemoPortal(t *testing.T, out string) {
 	}
 }
 
-// TestDemoStopsOnSIGINT runs the demo without an event count, as a person does, and stops it
 // demoCurl is the curl line the demo prints for its first delivery: the header and the URL.
 var demoCurl = regexp.MustCompile(`curl -s -H 'Authorization: ([^']+)' (http://\S+/v1/deliveries/\S+)`)
 
+// TestDemoStopsOnSIGINT runs the demo without an event count, as a person does, and stops it
 // with Ctrl-C once events arrive: it must drain, exit 0 and leave nothing behind. While it
 // runs, the portal link it printed works.
 func TestDemoStopsOnSIGINT(t *testing.T) {

@@ -313,7 +313,7 @@ func TestPortalInABrowser(t *testing.T) {
 	t.Parallel()
 	exec := chromiumPath(t)
 	db := sqltest.NewMigrated(t)
-	_, admin := addKey(t, db)
+	_, admin := addKey(t, db, "--admin")
 	consumer := newPortalConsumer(t)
 	env := serveEnv(db.URL, "")
 	delete(env, "WEBHOOK_URL")
