@@ -1119,7 +1119,9 @@
         { label: "Status", class: "num", cell: (a) => (a.status_code === null ? "—" : a.status_code) },
         { label: "Duration", class: "num", cell: (a) => (a.duration_ms === null ? "—" : `${a.duration_ms} ms`) },
         { label: "Error", cell: (a) => (a.error ? h("span", { class: "small" }, a.error) : "—") },
-        { label: "Response", cell: (a) => (a.response_excerpt === null ? h("span", { class: "muted" }, "not recorded") : h("pre", { class: "excerpt" }, a.response_excerpt)) },
+        { label: "Response", cell: (a) => (a.response_excerpt === null ? h("span", { class: "muted" }, "not recorded")
+            : a.response_excerpt === "" ? h("span", { class: "muted" }, "empty body")
+            : h("pre", { class: "excerpt" }, a.response_excerpt)) },
       ]);
       t.add(dst.attempts);
       return t.el;
