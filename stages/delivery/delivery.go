@@ -63,6 +63,11 @@ type Delivery struct {
 	// of sending it: another instance may already have claimed and sent it, and the settle
 	// would be refused anyway.
 	SendBy time.Time
+	// DeferredBy is the reason of the gate's deferral this attempt comes back from (the row's
+	// deferred_reason, as the claim read it), "" for none. The rate limiter promises a retry
+	// that comes back from its deferral and is refused again a place of its own ahead of the
+	// endpoint's queue, not its end: it already waited its turn there (see package gate).
+	DeferredBy string
 	// StopStream: the row is ordered and its consumer stops the stream, rather than skipping
 	// the event, when it is dead-lettered (ordering_failure 'stop').
 	StopStream bool

@@ -366,6 +366,9 @@ func retryableStatus(status int) bool {
 	return false
 }
 
+// rateLimited is the deferral reason of the rate limiter (delivery.Delivery.DeferredBy).
+var rateLimited = DeferRateLimit.String()
+
 // group splits the batch by endpoint, keeping batch order within each endpoint.
 func (g *BreakerGate) group(batch []*delivery.Delivery) ([]EndpointCheck, [][]*delivery.Delivery) {
 	var checks []EndpointCheck
@@ -384,6 +387,7 @@ func (g *BreakerGate) group(batch []*delivery.Delivery) ([]EndpointCheck, [][]*d
 			rows = append(rows, nil)
 		}
 		checks[i].Retry = append(checks[i].Retry, del.Attempt > 1)
+		checks[i].Returning = append(checks[i].Returning, del.Attempt > 1 && del.DeferredBy == rateLimited)
 		rows[i] = append(rows[i], del)
 	}
 	return checks, rows
