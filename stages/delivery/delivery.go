@@ -94,8 +94,10 @@ type Delivery struct {
 	// That probe may be another instance's, and only the instance that records its end
 	// learns of it, so the claims hold the endpoint for RecheckIn at most, not for the
 	// probe's whole remaining time, and then let the gate decide on its due rows afresh:
-	// another instance's recovery reaches this one within a reset. The row itself keeps its
-	// Delay (the probe's end brings it forward). 0: the claims may hold for the Delay.
+	// another instance's recovery reaches this one within a reset. (A gate that can be read,
+	// gate.Inspector, tells the claims sooner: they read the breaker before each claim.) The
+	// row itself keeps its Delay (the probe's end brings it forward). 0: the claims may hold
+	// for the Delay.
 	RecheckIn time.Duration
 
 	// Anchor, when set, says this delivery has no row of its own: its event was routed in
