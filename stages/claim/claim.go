@@ -412,7 +412,7 @@ func read(rows pgx.Rows, token int64, maxPayload int) (Result, error) {
 		d := &delivery.Delivery{}
 		if err := rows.Scan(&d.ID, &d.DeliveryID, &d.StreamID, &d.EventType, &payload, &textSize,
 			&d.Attempt, &d.EnqueuedAt, &d.DueAt, &endpointURL, &d.EndpointID, &tenant, &d.Routed,
-			&d.OrderKey, &next, &snapshot, &version, &horizon, &held); err != nil {
+			&d.OrderKey, &d.DeferredBy, &next, &snapshot, &version, &horizon, &held); err != nil {
 			return Result{}, fmt.Errorf("claim: scanning row: %w", err)
 		}
 		if snapshot != nil {

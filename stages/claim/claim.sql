@@ -34,6 +34,8 @@
 --   $12 those without an endpoint_id that will not be routed. The check is a range of the stream
 --   index (built when ordering is turned on: sql/stream_index.go), empty for a head.
 -- The lease commits with the statement: no transaction stays open across HTTP.
+-- Each claimed row carries the reason of the deferral it comes back from (deferred_reason, ''
+-- for none), which the gate reads (delivery.Delivery.DeferredBy).
 --
 -- The claimed rows come back in no particular order (the caller sorts them), followed by one
 -- row that carries "next", "snapshot" and the endpoints' version (schema 5: a dispatcher
@@ -86,7 +88,7 @@ WITH claimed AS (
     RETURNING o.id, o.delivery_id::text AS delivery_id, coalesce(o.stream_id, '') AS stream_id, o.event_type,
               o.payload::text AS payload, o.attempt, o.enqueued_at, o.created_at, o.endpoint_url,
               coalesce(o.endpoint_id::text, '') AS endpoint_id, o.tenant, o.routed_at IS NOT NULL AS routed,
-              coalesce(o.order_key, 0) AS order_key
+              coalesce(o.order_key, 0) AS order_key, coalesce(o.deferred_reason, '') AS deferred_reason
 ), arm AS (
     -- The flag says "NOTIFY me": set by a claim made in arming mode ($5) that took less than
     -- a full batch (it saw every due row it could take, so the next one is news), cleared by
@@ -156,8 +158,8 @@ WITH claimed AS (
 SELECT c.id, c.delivery_id, c.stream_id, c.event_type,
        CASE WHEN $15::bigint IS NULL OR octet_length(c.payload) <= $15::bigint THEN c.payload END,
        octet_length(c.payload)::bigint, c.attempt, c.enqueued_at, c.created_at, c.endpoint_url, c.endpoint_id,
-       c.tenant, c.routed, c.order_key, NULL::interval, NULL::text, NULL::bigint, NULL::text, NULL::boolean
+       c.tenant, c.routed, c.order_key, c.deferred_reason, NULL::interval, NULL::text, NULL::bigint, NULL::text, NULL::boolean
 FROM claimed c
 UNION ALL
-SELECT 0, '', '', '', '{}', 2, 1, now(), now(), NULL, '', '', false, 0, wait, snapshot,
+SELECT 0, '', '', '', '{}', 2, 1, now(), now(), NULL, '', '', false, 0, '', wait, snapshot,
        pg_sequence_last_value('webhook_endpoints_version'), horizon, held FROM next

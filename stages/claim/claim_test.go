@@ -2,6 +2,9 @@ package claim_test
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -414,6 +417,39 @@ func TestClaimSkipsRetriesOnly(t *testing.T) {
 	}
 	if strings.Join(got, ",") != "first,other" {
 		t.Fatalf("claimed %v; want the default endpoint's first attempt and the other endpoint's retry", got)
+	}
+}
+
+// TestClaimCarriesTheDeferralReason: a row the gate deferred comes back with the reason of its
+// deferral (delivery.Delivery.DeferredBy), which the rate limiter reads to tell a retry that
+// waited its turn from a newly due one; a row never deferred has none. Both statements (one
+// that orders, one that does not) return it.
+func TestClaimCarriesTheDeferralReason(t *testing.T) {
+	t.Parallel()
+	for _, ordered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) {
+			t.Parallel()
+			db, c := newRegistered(t, "a")
+			ctx := deadline(t)
+			if ordered {
+				c.SetOrdering(claim.Ordering{Active: true, Horizon: math.MaxInt64})
+			}
+			if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (event_type, payload, attempt, deferred_reason) VALUES
+				('deferred', '{}', 2, 'retry rate limit'), ('new', '{}', 2, NULL)`); err != nil {
+				t.Fatal(err)
+			}
+			res, err := c.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, r := range res.Rows {
+				got[r.EventType] = r.DeferredBy
+			}
+			if want := map[string]string{"deferred": "retry rate limit", "new": ""}; !maps.Equal(got, want) {
+				t.Fatalf("claimed rows' deferral reasons %v, want %v", got, want)
+			}
+		})
 	}
 }
 

@@ -63,6 +63,11 @@ type Delivery struct {
 	// of sending it: another instance may already have claimed and sent it, and the settle
 	// would be refused anyway.
 	SendBy time.Time
+	// DeferredBy is the reason of the gate's deferral this attempt comes back from (the row's
+	// deferred_reason, as the claim read it), "" for none. The rate limiter promises a retry
+	// that comes back from its deferral and is refused again a place of its own ahead of the
+	// endpoint's queue, not its end: it already waited its turn there (see package gate).
+	DeferredBy string
 	// StopStream: the row is ordered and its consumer stops the stream, rather than skipping
 	// the event, when it is dead-lettered (ordering_failure 'stop').
 	StopStream bool
@@ -89,8 +94,10 @@ type Delivery struct {
 	// That probe may be another instance's, and only the instance that records its end
 	// learns of it, so the claims hold the endpoint for RecheckIn at most, not for the
 	// probe's whole remaining time, and then let the gate decide on its due rows afresh:
-	// another instance's recovery reaches this one within a reset. The row itself keeps its
-	// Delay (the probe's end brings it forward). 0: the claims may hold for the Delay.
+	// another instance's recovery reaches this one within a reset. (A gate that can be read,
+	// gate.Inspector, tells the claims sooner: they read the breaker before each claim.) The
+	// row itself keeps its Delay (the probe's end brings it forward). 0: the claims may hold
+	// for the Delay.
 	RecheckIn time.Duration
 
 	// Anchor, when set, says this delivery has no row of its own: its event was routed in

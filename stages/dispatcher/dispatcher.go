@@ -553,6 +553,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	var saturatedSince time.Time // when claims started coming back short for saturation alone
 	var saturated []string
 	var skip claim.Skip
+	var probes []string // the breakers whose probes hold endpoints (recheckProbes)
 	// Where a busy claim may start (see claim.Cursor): after the last row of the previous
 	// full batch, while the last claim from the head is recent and no endpoint that was
 	// skipped as saturated has room again (its rows may lie behind the cursor).
@@ -586,6 +587,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			continue
 		}
 		d.waker.Clear() // this claim answers every wake-up received so far
+		probes = d.recheckProbes(ctx, now, probes)
 		var gatedUntil time.Time
 		skip, gatedUntil = d.gated.skip(now, saturated, skip)
 		if !gatedUntil.IsZero() {
@@ -1278,6 +1280,40 @@ func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
 		}
 	}
 	d.slots.Release(len(batch))
+}
+
+// recheckProbes reads, before a claim, the breakers behind whose half-open probes the claims
+// hold endpoints, when the gate can be read (gate.Inspector), and lifts or re-times the holds
+// of those whose probe ended (gatedEndpoints.learn); it returns hashes for reuse. The probe may
+// be another instance's, whose end this one is not told of: without the read, the claims
+// skipped an endpoint whose circuit had closed elsewhere until the probe's expiry (the
+// request timeout and 5 s, 35 s by default), or the reset (RecheckIn) when shorter, 5 minutes
+// by default. With it, the first claim after the circuit closes takes the endpoint's rows.
+//
+// It costs one store round trip per claim, and only while an endpoint is held behind a probe
+// (a probe lasts the request timeout at most); none per event, none otherwise: 74 µs a read
+// on loopback Redis (BenchmarkInspect, two cores shared with other work). Redis pub/sub (the closing instance
+// publishes, every other subscribes) would cost nothing per claim, but needs a subscriber
+// connection with its own lifecycle and reconnects on every instance, and loses what is
+// published while a subscription is down, so that a read like this one, or the probe's expiry,
+// would still be needed behind it. A read that fails keeps the holds (they end at the probe's
+// expiry, or the reset, as before): the gate fails open meanwhile, and the store is not asked
+// again before its StoreRetry.
+func (d *Dispatcher) recheckProbes(ctx context.Context, now time.Time, hashes []string) []string {
+	ins, ok := d.cfg.Gate.(gate.Inspector)
+	if !ok {
+		return hashes
+	}
+	hashes, seq := d.gated.behindProbe(now, hashes)
+	if len(hashes) == 0 {
+		return hashes
+	}
+	snaps, err := ins.Inspect(ctx, hashes)
+	if err != nil {
+		return hashes
+	}
+	d.gated.learn(time.Now(), seq, snaps)
+	return hashes
 }
 
 // breakerDeferrals are the deferral reasons that a successful probe makes obsolete.

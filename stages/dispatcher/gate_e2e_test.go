@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -88,6 +89,15 @@ func (o *observedGate) Check(ctx context.Context, batch []*delivery.Delivery) {
 			o.deferred = append(o.deferred, deferral{d.DeliveryID, checked, now, d.Outcome.Delay, d.Outcome.Reason})
 		}
 	}
+}
+
+// Inspect reads the observed gate's breakers when it can (gate.Inspector), as the dispatcher
+// does with an unwrapped gate.
+func (o *observedGate) Inspect(ctx context.Context, hashes []string) ([]gate.Snapshot, error) {
+	if ins, ok := o.Gate.(gate.Inspector); ok {
+		return ins.Inspect(ctx, hashes)
+	}
+	return nil, errors.New("the observed gate cannot be read")
 }
 
 func (o *observedGate) deferrals() []deferral {
@@ -976,16 +986,39 @@ func TestProbeOnAnotherInstanceEndsTheHold(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		prefix := redistest.Prefix(t)
-		testProbeOnAnotherInstance(t, func() gate.Store { return redistest.Open(t, prefix) })
+		testProbeOnAnotherInstance(t, func() gate.Store { return redistest.Open(t, prefix) }, time.Second)
 	})
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
 		shared := memstore.New(memstore.Options{})
-		testProbeOnAnotherInstance(t, func() gate.Store { return shared })
+		testProbeOnAnotherInstance(t, func() gate.Store { return shared }, time.Second)
 	})
 }
 
-func testProbeOnAnotherInstance(t *testing.T, newStore func() gate.Store) {
+// TestProbeElsewhereReleasesTheEndpointAtTheNextClaim is TestProbeOnAnotherInstanceEndsTheHold
+// with instance B's breaker reset at its default, 5 minutes, longer than the probe's timeout
+// (two minutes here): bounding B's hold by the reset shortens nothing then. B must read the
+// breaker before its claims while it holds the endpoint behind the probe, and deliver the rows
+// that come after the circuit closed at its next claim, within seconds, not after two minutes.
+// (A's reset is a second only so that its probe comes without waiting five minutes.)
+func TestProbeElsewhereReleasesTheEndpointAtTheNextClaim(t *testing.T) {
+	t.Parallel()
+	reset := gate.Params{}.WithDefaults().Reset
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		prefix := redistest.Prefix(t)
+		testProbeOnAnotherInstance(t, func() gate.Store { return redistest.Open(t, prefix) }, reset)
+	})
+	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
+		shared := memstore.New(memstore.Options{})
+		testProbeOnAnotherInstance(t, func() gate.Store { return shared }, reset)
+	})
+}
+
+// testProbeOnAnotherInstance runs the case of TestProbeOnAnotherInstanceEndsTheHold, with
+// instance B's breaker reset resetB (A's is a second).
+func testProbeOnAnotherInstance(t *testing.T, newStore func() gate.Store, resetB time.Duration) {
 	const reset = time.Second
 	b := setup(t)
 	h := newHeldProbe()
@@ -1014,7 +1047,7 @@ func testProbeOnAnotherInstance(t *testing.T, newStore func() gate.Store) {
 		t.Fatal("timed out waiting for the half-open probe")
 	}
 	cfgB := config()
-	ogB := probeGate(t, newStore(), cfgB, reset)
+	ogB := probeGate(t, newStore(), cfgB, resetB)
 	cfgB.Gate = ogB
 	b.start(cfgB)
 	behind := enqueueTogether(t, b, outbox.Event{}, outbox.Event{}, outbox.Event{})
@@ -1041,4 +1074,9 @@ func testProbeOnAnotherInstance(t *testing.T, newStore func() gate.Store) {
 		})
 	}
 	t.Logf("delivered by the other instance %s after the circuit closed and the prober stopped", time.Since(start))
+	for _, d := range ogB.deferrals() {
+		if contains(after, d.deliveryID) {
+			t.Errorf("row %s, enqueued after the circuit closed, deferred (%q for %s): the claim that took it did not know", d.deliveryID, d.reason, d.delay)
+		}
+	}
 }

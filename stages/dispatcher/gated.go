@@ -28,21 +28,28 @@ import (
 //
 // A hold behind a half-open probe lasts until the probe's expiry (the request timeout and
 // more), which only the probe's end cuts short, and only the instance that records the end
-// learns of it (resumeAfterProbe): another instance sharing the Redis gate would keep
-// skipping an endpoint that had recovered. So such a hold lasts the breaker's reset at most
-// (Delivery.RecheckIn, from the gate): when it lapses the claims take the endpoint's due rows
-// and the gate decides on them with the store's current state, which is the re-check. That
-// costs nothing per event and no Redis call of its own: at most one claim and one deferral
-// of the rows that came meanwhile per reset and endpoint, while a probe hangs. The rows
+// learns of it (resumeAfterProbe). So while the claims hold an endpoint behind a probe, each
+// claim first reads the probe's breaker (recheckProbes, when the gate is a gate.Inspector):
+// another instance's probe that closed the circuit releases the endpoint at the next claim,
+// one that failed holds it until the reset. A gate that cannot be read bounds such a hold by
+// the breaker's reset (Delivery.RecheckIn, from the gate): when it lapses the claims take the
+// endpoint's due rows and the gate decides on them with the store's current state. The rows
 // deferred behind the probe keep their time in the table, and the closing instance's resume
-// makes them due. A Redis pub/sub channel would tell the other instances sooner, but it
-// needs a subscriber connection and its lifecycle on every instance, and it loses messages
-// (a dropped subscription, a restart) so that a bound like this one would still be needed;
-// the reset is already the delay the breaker accepts before it tries an endpoint again.
+// makes them due. recheckProbes says why a read rather than Redis pub/sub.
 type gatedEndpoints struct {
 	mu    sync.Mutex
 	all   map[string]time.Time           // endpoint key → until when every row is held
+	probe map[string]probeHold           // endpoint key → the breaker whose probe in flight its hold in all is behind
+	seq   uint64                         // counts the holds behind a probe noted (probeHold.seq)
 	slots map[string]map[int64]time.Time // endpoint key → its retries deferred by the rate limit: row id → slot
+}
+
+// probeHold names the breaker (its hash) that holds an endpoint's rows behind its half-open
+// probe, and when the hold was noted: a read of the breaker's state taken before then does
+// not lift it (the store may have handed out a new probe since).
+type probeHold struct {
+	hash string
+	seq  uint64
 }
 
 // slotGrace is how long after its slot a deferred retry that has not come back (another
@@ -53,7 +60,11 @@ const slotGrace = 5 * time.Second
 // row comes due (the circuit's reset, the probe's expiry, the window freeing a place), when
 // claims take its rows again and the gate decides afresh.
 func (g *gatedEndpoints) note(now time.Time, settled []*delivery.Delivery) {
-	var soonest map[string]time.Time
+	type hold struct {
+		until time.Time
+		hash  string // the breaker's, when behind its probe
+	}
+	var soonest map[string]hold
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, del := range settled {
@@ -84,10 +95,14 @@ func (g *gatedEndpoints) note(now time.Time, settled []*delivery.Delivery) {
 			continue
 		}
 		if soonest == nil {
-			soonest = make(map[string]time.Time)
+			soonest = make(map[string]hold)
 		}
-		if prev, ok := soonest[del.Endpoint.Key]; !ok || until.Before(prev) {
-			soonest[del.Endpoint.Key] = until
+		if prev, ok := soonest[del.Endpoint.Key]; !ok || until.Before(prev.until) {
+			h := hold{until: until}
+			if o.Reason == gate.DeferProbe.String() {
+				h.hash = del.Endpoint.Hash
+			}
+			soonest[del.Endpoint.Key] = h
 		}
 	}
 	if soonest == nil {
@@ -98,8 +113,62 @@ func (g *gatedEndpoints) note(now time.Time, settled []*delivery.Delivery) {
 	}
 	// The gate's latest verdict on the breaker is the truth (a circuit that re-opened): it
 	// replaces what was known.
-	for key, until := range soonest {
-		g.all[key] = until
+	for key, h := range soonest {
+		g.all[key] = h.until
+		if h.hash == "" {
+			delete(g.probe, key)
+			continue
+		}
+		if g.probe == nil {
+			g.probe = make(map[string]probeHold)
+		}
+		g.seq++
+		g.probe[key] = probeHold{hash: h.hash, seq: g.seq}
+	}
+}
+
+// behindProbe appends to dst the hashes of the breakers whose half-open probe holds an
+// endpoint's rows at now, each once, and returns them with the count of holds noted so far,
+// which learn takes back.
+func (g *gatedEndpoints) behindProbe(now time.Time, dst []string) ([]string, uint64) {
+	dst = dst[:0]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for key, h := range g.probe {
+		if until, ok := g.all[key]; !ok || !now.Before(until) {
+			delete(g.probe, key) // the hold ran out: skip removes it from all
+			continue
+		}
+		if !slices.Contains(dst, h.hash) {
+			dst = append(dst, h.hash)
+		}
+	}
+	return dst, g.seq
+}
+
+// learn applies a read of the breakers behind whose probes endpoints are held, taken after
+// behindProbe returned seq: a probe still in flight keeps the hold; a circuit that closed
+// (the probe succeeded, on whichever instance) releases it; one open again (the probe failed)
+// holds the endpoint until its reset; a circuit whose probe was given back, or whose reset
+// passed, releases it too, so that the next row may probe. Holds noted after the read stay.
+func (g *gatedEndpoints) learn(now time.Time, seq uint64, snaps []gate.Snapshot) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, snap := range snaps {
+		if snap.ProbeHeld {
+			continue
+		}
+		for key, h := range g.probe {
+			if h.hash != snap.Hash || h.seq > seq {
+				continue
+			}
+			delete(g.probe, key)
+			if snap.State == gate.Open && snap.OpenFor > 0 {
+				g.all[key] = now.Add(snap.OpenFor)
+				continue
+			}
+			delete(g.all, key)
+		}
 	}
 }
 
@@ -110,6 +179,7 @@ func (g *gatedEndpoints) forget(keys []string) {
 	defer g.mu.Unlock()
 	for _, key := range keys {
 		delete(g.all, key)
+		delete(g.probe, key)
 		delete(g.slots, key)
 	}
 }
@@ -122,6 +192,7 @@ func (g *gatedEndpoints) retime(now, until time.Time, keys []string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, key := range keys {
+		delete(g.probe, key)
 		if !until.After(now) {
 			delete(g.all, key)
 			continue
@@ -146,6 +217,7 @@ func (g *gatedEndpoints) skip(now time.Time, saturated []string, dst claim.Skip)
 	for key, until := range g.all {
 		if !now.Before(until) {
 			delete(g.all, key)
+			delete(g.probe, key)
 			continue
 		}
 		if first.IsZero() || until.Before(first) {

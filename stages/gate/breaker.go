@@ -168,7 +168,10 @@ type BreakerGate struct {
 	downUntil time.Time // fail open without calling the store until then
 }
 
-var _ Gate = (*BreakerGate)(nil)
+var (
+	_ Gate      = (*BreakerGate)(nil)
+	_ Inspector = (*BreakerGate)(nil)
+)
 
 // NewBreakerGate returns a gate deciding with store under p (defaults applied). It returns an
 // error naming the setting when p is invalid.
@@ -311,6 +314,40 @@ func (g *BreakerGate) Record(ctx context.Context, batch []*delivery.Delivery) {
 	g.probesEnded(batch, trans)
 }
 
+// Inspect implements Inspector: one store call, bounded by StoreTimeout, for every hash. While
+// the store is failing (within StoreRetry of an error) it returns an error without calling it,
+// as Check fails open then: a reader must not add a timeout per claim to an outage. With the
+// breaker off every endpoint is closed.
+func (g *BreakerGate) Inspect(ctx context.Context, hashes []string) ([]Snapshot, error) {
+	if !g.p.Breaker() {
+		out := make([]Snapshot, len(hashes))
+		for i, h := range hashes {
+			out[i] = Snapshot{Hash: h, State: Closed, At: time.Now()}
+		}
+		return out, nil
+	}
+	if !g.storeUsable() {
+		return nil, errStoreDown
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.p.StoreTimeout)
+	snaps, err := g.store.Inspect(cctx, hashes)
+	cancel()
+	if err == nil && len(snaps) != len(hashes) {
+		err = fmt.Errorf("gate: store returned %d snapshots for %d endpoints", len(snaps), len(hashes))
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			g.storeFailed(err)
+		}
+		return nil, err
+	}
+	g.storeOK()
+	return snaps, nil
+}
+
+// errStoreDown is Inspect's error while the gate fails open after a store error.
+var errStoreDown = errors.New("gate: store unavailable (failing open)")
+
 // probesEnded tells the caller, on each row of a recorded batch that held a probe and did not
 // close the circuit, when the endpoint's next probe may go (Delivery.ProbeEnded, NextProbe):
 // the rows deferred behind that probe wait for its expiry, and the caller's claims leave the
@@ -366,6 +403,9 @@ func retryableStatus(status int) bool {
 	return false
 }
 
+// rateLimited is the deferral reason of the rate limiter (delivery.Delivery.DeferredBy).
+var rateLimited = DeferRateLimit.String()
+
 // group splits the batch by endpoint, keeping batch order within each endpoint.
 func (g *BreakerGate) group(batch []*delivery.Delivery) ([]EndpointCheck, [][]*delivery.Delivery) {
 	var checks []EndpointCheck
@@ -384,6 +424,7 @@ func (g *BreakerGate) group(batch []*delivery.Delivery) ([]EndpointCheck, [][]*d
 			rows = append(rows, nil)
 		}
 		checks[i].Retry = append(checks[i].Retry, del.Attempt > 1)
+		checks[i].Returning = append(checks[i].Returning, del.Attempt > 1 && del.DeferredBy == rateLimited)
 		rows[i] = append(rows[i], del)
 	}
 	return checks, rows

@@ -84,10 +84,28 @@
 // (RetryRPS − first attempts, never less than the reserve). Slots at that rate bring the
 // retries back about as fast as the limiter admits them, so a retry that returns at its slot is
 // normally admitted: a wider spacing would leave the limit unused, a narrower one would bring
-// retries back faster than they can be admitted, each one refused then going to the end of
-// the queue. The rate is measured, not foreseen: if first attempts rise after slots were
-// handed out, the retries that then find the window full take a slot at the end, a second
-// deferral rather than a collision with every other batch's.
+// retries back faster than they can be admitted.
+//
+// A retry that comes back from a rate-limit deferral (the row's deferral reason, which the
+// claim reads: delivery.Delivery.DeferredBy, EndpointCheck.Returning) and is refused again is
+// promised a place ahead of the queue, not a slot at its end: the next departure from the
+// window that frees a place for a retry, no earlier than the window frees one and after the
+// last place promised; when every such departure is promised, one spacing after the last
+// promise (the store keeps it as it keeps the last slot). And a promised place is held: until
+// a spacing after the last promise, a retry that does not come back from a deferral queues at
+// the end even when the window has room. Places free a window after the attempt that took
+// them, not after its slot: a retry that came back a little late (the claim's timer, the
+// claim, the round trip) frees its place a little late, and the one after it, back on time,
+// finds the window still full. Sent to the end of the queue, each such miss left a place
+// unused until the next slot: retries ran at 70–75% of the limit, alone or beside first
+// attempts (issue 32). Promised all the same place, the returning retries came back together
+// and all but one were refused again, each time (7 deferrals per retry at a limit of 10 beside
+// first attempts); with places not held, retries newly due from the retry schedule took them
+// and sent the promised ones to the back (82% beside first attempts). As it is, about two
+// deferrals per retry, and the rate loses about a claim's lag per place (gatetest's
+// RateLimitLateReturnsKeepTheRate). Scripts of a fluxhook that predates this (a rolling
+// upgrade) ignore the flag and the promise's key, and queue such a retry at the end of the
+// same queue.
 //
 // Deferral: a held row gets Outcome{Kind: delivery.Defer, Delay, Reason}; settle re-enqueues it
 // due after Delay with the same delivery id and attempt number, and it is claimed again then.

@@ -17,6 +17,15 @@ type Gate interface {
 	Record(ctx context.Context, batch []*delivery.Delivery)
 }
 
+// Inspector is implemented by a gate whose breaker state can be read (BreakerGate). The
+// dispatcher reads it while its claims hold an endpoint behind a half-open probe, which may be
+// another instance's: only the instance that records a probe's end learns of it otherwise.
+type Inspector interface {
+	// Inspect returns the breaker state of the endpoints named by hashes, in order, or an
+	// error when the state could not be read (the caller keeps what it knew).
+	Inspect(ctx context.Context, hashes []string) ([]Snapshot, error)
+}
+
 // AllowAll is the gate with no breaker and no rate limit: every row is attempted.
 type AllowAll struct{}
 

@@ -62,7 +62,8 @@ const (
 	DeferProbe
 	// DeferRateLimit: a retry over the endpoint's rate limit; Delay is how long until the
 	// slot the store handed it: when the window frees a place for it, or later, after the
-	// slots of the retries deferred before it.
+	// slots of the retries deferred before it; for a retry that came back from such a
+	// deferral (EndpointCheck.Returning), until the place promised to it.
 	DeferRateLimit
 )
 
@@ -97,6 +98,14 @@ type EndpointCheck struct {
 	// Retry holds one entry per row: true when the row is a retry (attempt > 1), which the
 	// rate limiter may refuse; first attempts are counted but never refused.
 	Retry []bool
+	// Returning holds one entry per row, or none (nil: no row is): true for a retry that comes
+	// back from a rate-limit deferral (delivery.Delivery.DeferredBy). Refused again, it is
+	// promised a place of its own ahead of the retries queued behind it, the next one the
+	// window frees, rather than the end of the queue: it already waited its turn, and was
+	// refused only because it came back a little earlier than the place it was handed freed
+	// (the retry before it came back a little later than its own). Sent to the end, each such
+	// miss cost a place of the rate. See the package documentation.
+	Returning []bool
 	// RetryRPS overrides Params.RetryRPS for this endpoint when positive (a managed
 	// endpoint's retry_rps); its reserve follows from Params.RetryShare.
 	RetryRPS int

@@ -72,6 +72,8 @@ func Run(t *testing.T, newBackend func(t testing.TB) Backend) {
 		{"RateLimitReservesAShareForRetries", testRateLimitReserve},
 		{"RateLimitPerEndpointOverride", testRateLimitOverride},
 		{"RateLimitBacklogCostsLinearDeferrals", testRateLimitBacklog},
+		{"RateLimitReturningRetryTakesTheNextFreePlace", testRateLimitReturning},
+		{"RateLimitLateReturnsKeepTheRate", testRateLimitLateReturns},
 		{"BreakerConcurrentFailuresAllCount", testBreakerConcurrentFailures},
 		{"BreakerOpensExactlyAtThreshold", testBreakerOpensAtThreshold},
 		{"BreakerCountsConsecutiveFailuresOnly", testBreakerConsecutive},
@@ -519,6 +521,209 @@ func testRateLimitBacklog(t *testing.T, b Backend) {
 			t.Fatalf("backlogs not drained after %s: %d and %d retries left", now, lanes[0].left, lanes[1].left)
 		}
 		b.Advance(t, step)
+	}
+}
+
+// returning marks d as a retry that comes back from a rate-limit deferral, as the claim reads
+// it from the row (delivery.Delivery.DeferredBy).
+func returning(d *delivery.Delivery) *delivery.Delivery {
+	d.DeferredBy = gate.DeferRateLimit.String()
+	return d
+}
+
+// testRateLimitReturning: a limit of 2 per second, six retries queued one slot (half a window)
+// apart. The first comes back 300 ms after its slot, the second on time: both are admitted.
+// The third, on time too, finds the window still holding the first (the place its slot was
+// computed for frees 300 ms late): it is refused, and must be promised that place, 300 ms on,
+// not the slot after the queue's last (2 s on), which wasted a place of the rate per late
+// return. Another returning retry refused then gets the next place, when the second leaves
+// (500 ms on), not the same one: they would come back together and one would be refused
+// again. A retry refused for the first time still queues after the last slot. When the first
+// place frees, a newly due retry does not take it from the retry it was promised to: it
+// queues at the end, and the returning retry is admitted.
+func testRateLimitReturning(t *testing.T, b Backend) {
+	const window = time.Second
+	g := newGate(t, b.NewStore(t), gate.Params{RetryRPS: 2, Window: window}, nil)
+	ep := endpoint()
+	first := rows(ep, 2, 2)
+	g.Check(ctx(), first)
+	if !allowed(first[0]) || !allowed(first[1]) {
+		t.Fatal("retries refused with an empty window")
+	}
+	start := time.Now()
+	queued := rows(ep, repeat(2, 6)...)
+	g.Check(ctx(), queued)
+	for k, d := range queued { // slots at 1 s, 1.5 s, ..., 3.5 s
+		want := window + time.Duration(k)*window/2
+		if got := deferredFor(t, d, gate.DeferRateLimit); got > want+time.Microsecond || got < want-time.Since(start)-b.Slack() {
+			t.Fatalf("queued retry %d deferred by %s, want %s", k, got, want)
+		}
+	}
+	b.Advance(t, 1300*time.Millisecond) // the first comes back 300 ms late
+	again := []*delivery.Delivery{returning(rows(ep, 2)[0])}
+	if g.Check(ctx(), again); !allowed(again[0]) {
+		t.Fatalf("the first queued retry, back 300 ms after its slot, refused: %q", again[0].Outcome.Reason)
+	}
+	b.Advance(t, 200*time.Millisecond) // 1.5 s: the second, on time
+	again = []*delivery.Delivery{returning(rows(ep, 2)[0])}
+	if g.Check(ctx(), again); !allowed(again[0]) {
+		t.Fatalf("the second queued retry, back at its slot with one retry in the window, refused: %q", again[0].Outcome.Reason)
+	}
+	b.Advance(t, 500*time.Millisecond) // 2 s: the third, on time
+	mark := time.Now()
+	// Redis's clock only runs ahead of the test's, which shortens the delays; it cannot
+	// lengthen them (the test's pauses count from mark).
+	within := func(what string, d *delivery.Delivery, want time.Duration) {
+		t.Helper()
+		if got := deferredFor(t, d, gate.DeferRateLimit); got > want+time.Millisecond || got < want-time.Since(mark)-b.Slack() {
+			t.Fatalf("%s deferred by %s, want %s", what, got, want)
+		}
+	}
+	// The first retry leaves the window at 2.3 s: the place frees then.
+	third := []*delivery.Delivery{returning(rows(ep, 2)[0])}
+	g.Check(ctx(), third)
+	within("the third queued retry, back at its slot and refused (the end of the queue is 2 s on)", third[0], 300*time.Millisecond)
+	// Another returning retry, in another check: the second leaves at 2.5 s.
+	other := []*delivery.Delivery{returning(rows(ep, 2)[0])}
+	g.Check(ctx(), other)
+	within("another returning retry refused (the place at 300 ms is promised)", other[0], 500*time.Millisecond)
+	// A retry refused for the first time queues after the last slot (3.5 s): at 4 s, 2 s on.
+	// The returning retries took no slot of the queue.
+	fresh := rows(ep, 2)
+	g.Check(ctx(), fresh)
+	within("a new refused retry (the slot after the queue's last)", fresh[0], 2*time.Second)
+
+	b.Advance(t, 350*time.Millisecond) // 2.35 s: the first retry left at 2.3 s
+	mark = time.Now()
+	batch := []*delivery.Delivery{rows(ep, 2)[0], returning(rows(ep, 2)[0])}
+	g.Check(ctx(), batch)
+	// The place is promised (the last promise, 2.5 s, is held for a spacing, 500 ms): the
+	// newly due retry queues after the last slot (4 s), at 4.5 s.
+	within("a newly due retry while the freed place is promised", batch[0], 2150*time.Millisecond)
+	if !allowed(batch[1]) {
+		t.Fatalf("the third retry, back for the place promised to it, refused: %q (%s)", batch[1].Outcome.Reason, batch[1].Outcome.Delay)
+	}
+}
+
+// testRateLimitLateReturns runs issue 32's case through two instances, as the dispatcher
+// claims it, on a time scale of its own (a window of 100 ms): events whose every attempt
+// fails, with two retries each, a window apart, under a limit of 2; every row due is claimed
+// after a claim lag of 0 to 10% of the window (a timer, a claim, a round trip), a deferred one
+// with its deferral reason (returning). Retries must run at the endpoint's rate after the
+// first window, within 10%: the limit alone, the reserved share beside a steady flow of first
+// attempts (five per window), and at a limit of 10 (a managed endpoint's) beside a first
+// attempt every claim, with at most four deferrals per retry. Queueing every retry refused on
+// its return at the end of the queue lost a place each time: 85% of the limit alone, 76% of
+// the share beside the flow. Promising the returning retries one place between them made them
+// come back together, all but one refused each time (7 deferrals per retry at the limit of
+// 10); letting newly due retries take the places promised to returning ones sent those to the
+// back of the promises (87% alone, 82% beside the flow).
+func testRateLimitLateReturns(t *testing.T, b Backend) {
+	if b.Slack() > 0 {
+		// The rate is measured by the test's clock, the sum of its steps, which a store with
+		// a clock of its own (Redis) runs ahead of by every pause: the test cannot tell the
+		// store's rate. testRateLimitReturning pins the same places on every store.
+		t.Skip("the store's clock is not the test's")
+	}
+	const (
+		window = 100 * time.Millisecond
+		step   = time.Millisecond
+	)
+	lags := []time.Duration{0, 10 * step, 4 * step, 0, 7 * step, 2 * step, 5 * step} // claim lag per claim, in turn
+	p := gate.Params{RetryRPS: 2, Window: window}
+	gates := []*gate.BreakerGate{newGate(t, b.NewStore(t), p, nil), newGate(t, b.NewStore(t), p, nil)}
+	for _, lane := range []struct {
+		name        string
+		limit       int           // the endpoint's own (0: the gate's, 2)
+		events      int           // each with a first attempt and two retries
+		firstsEvery time.Duration // a first attempt of another event this often (0: none)
+		rate        int           // retries per window the limiter admits
+	}{
+		{"alone", 0, 30, 0, 2},
+		{"beside first attempts", 0, 30, window / 5, p.RetryReserve()},
+		{"limit 10 beside first attempts", 10, 100, step, 5},
+	} {
+		ep := endpoint()
+		ep.RetryRPS = lane.limit
+		type row struct {
+			due     time.Duration // when it is claimed; -1 once its last attempt was made
+			attempt int
+			back    bool // it comes back from a rate-limit deferral
+		}
+		pending := make([]*row, lane.events)
+		for i := range pending {
+			pending[i] = &row{attempt: 1}
+		}
+		left, deferrals, turn, claims := lane.events, 0, 0, 0
+		var retries []time.Duration // when each retry was admitted
+		for now := time.Duration(0); left > 0; now += step {
+			if now > 100*window*time.Duration(lane.events)/time.Duration(lane.rate) {
+				t.Fatalf("%s: %d of %d events with attempts left after %s", lane.name, left, lane.events, now)
+			}
+			if lane.firstsEvery > 0 && now%lane.firstsEvery == 0 {
+				f := rows(ep, 1)
+				if gates[turn%len(gates)].Check(ctx(), f); !allowed(f[0]) {
+					t.Fatalf("a first attempt was refused: %q", f[0].Outcome.Reason)
+				}
+				turn++
+			}
+			var claimed []*row
+			for _, r := range pending {
+				if r.due >= 0 && r.due <= now {
+					claimed = append(claimed, r)
+				}
+			}
+			if len(claimed) == 0 {
+				b.Advance(t, step)
+				continue
+			}
+			batch := make([]*delivery.Delivery, len(claimed))
+			for j, r := range claimed {
+				batch[j] = &delivery.Delivery{ID: int64(j + 1), Attempt: r.attempt, Endpoint: ep}
+				if r.back {
+					returning(batch[j])
+				}
+			}
+			gates[turn%len(gates)].Check(ctx(), batch)
+			turn++
+			for j, d := range batch {
+				r := claimed[j]
+				lag := lags[claims%len(lags)]
+				claims++
+				if !allowed(d) {
+					r.due, r.back = now+deferredFor(t, d, gate.DeferRateLimit)+lag, true
+					deferrals++
+					continue
+				}
+				if r.attempt > 1 {
+					retries = append(retries, now)
+				}
+				if r.attempt == 3 {
+					r.due, left = -1, left-1
+					continue
+				}
+				// It failed: its next attempt is due a window on (the retry schedule).
+				r.attempt, r.due, r.back = r.attempt+1, now+window+lag, false
+			}
+			b.Advance(t, step)
+		}
+		// After the first window of retries, they go at the rate, one window/rate apart.
+		first, last := retries[0], retries[len(retries)-1]
+		after := 0
+		for _, x := range retries {
+			if x >= first+window {
+				after++
+			}
+		}
+		got := float64(after) / float64(lane.rate) * float64(window) / float64(last-first-window+window/time.Duration(lane.rate))
+		t.Logf("%s: %d retries, claim lags up to %s: from %s to %s, %.0f%% of the rate after the first window, %d deferrals",
+			lane.name, len(retries), 10*step, first, last, 100*got, deferrals)
+		if got < 0.9 {
+			t.Errorf("%s: retries ran at %.0f%% of their rate after the first window, want at least 90%%", lane.name, 100*got)
+		}
+		if n := len(retries); deferrals > 4*n {
+			t.Errorf("%s: %d deferrals for %d retries, want at most %d", lane.name, deferrals, n, 4*n)
+		}
 	}
 }
 

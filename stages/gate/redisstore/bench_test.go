@@ -104,3 +104,28 @@ func scriptCalls(b *testing.B, client redis.UniversalClient) int {
 	}
 	return n
 }
+
+// BenchmarkInspect measures one read of a breaker's state (Store.Inspect, one round trip),
+// which a dispatcher makes before each claim while its claims hold an endpoint behind a
+// half-open probe (dispatcher.recheckProbes), against a private redis-server.
+//
+//	go test -run XXX -bench Inspect ./stages/gate/redisstore/
+func BenchmarkInspect(b *testing.B) {
+	srv := redistest.StartServer(b)
+	s, err := redisstore.Open(srv.URL(), redisstore.Options{KeyPrefix: redistest.Prefix(b)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	hashes := []string{endpoint("https://bench.example/hook").Hash}
+	if _, err := s.Inspect(ctx, hashes); err != nil { // load the script
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := s.Inspect(ctx, hashes); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

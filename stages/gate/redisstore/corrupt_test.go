@@ -499,3 +499,52 @@ func TestForgedOpenUntilIsBoundedByTheReset(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // polling the store's own clock: no event to wait on
 	}
 }
+
+// TestCorruptFront: the key of the last place promised to a returning retry (FrontKey,
+// '<µs>:<n>') holding something no script wrote is no promise: a returning retry refused on a full window is
+// promised the window's first free place (a window on, the window having filled at once), as
+// with no key, and the key is rewritten as a time that expires.
+func TestCorruptFront(t *testing.T) {
+	t.Parallel()
+	for _, c := range []corruption{
+		{"clean", slotKey, nil},
+		{"hash", slotKey, hash},
+		{"zset", slotKey, zset},
+		{"not a number", slotKey, str("soon", time.Hour)},
+		{"negative", slotKey, str("-5", time.Hour)},
+		{"in a minute without expiry", slotKey, at(time.Minute, 0)},
+		{"in a century expiring in an hour", slotKey, at(100*365*24*time.Hour, time.Hour)},
+		{"a place without its count", slotKey, at(time.Minute, time.Hour)},
+		{"a count of none", slotKey, func(ctx context.Context, c redis.UniversalClient, key string, now time.Time) error {
+			return c.Set(ctx, key, strconv.FormatInt(now.Add(time.Minute).UnixMicro(), 10)+":0", time.Hour).Err()
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s := redistest.Open(t, redistest.Prefix(t))
+			ep := endpoint("https://corrupt.example/front/" + c.name)
+			ctx := context.Background()
+			if c.write != nil {
+				now, err := redistest.Now(ctx, s.Client())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := c.write(ctx, s.Client(), s.FrontKey(ep.Hash), now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p := corruptParams
+			decs, err := s.Decide(ctx, p, []gate.EndpointCheck{{Hash: ep.Hash, Token: "front-test",
+				Retry: []bool{true, true, true, true}, Returning: []bool{false, false, false, true}}})
+			if err != nil || len(decs) != 1 || decs[0].Err != nil {
+				t.Fatalf("Decide: %v %+v", err, decs)
+			}
+			rows := decs[0].Rows
+			if r := rows[3]; r.Verdict != gate.DeferRateLimit || r.Delay < p.Window || r.Delay > p.Window+time.Microsecond {
+				t.Fatalf("returning retry: %+v, want deferred a window (%s), to the window's first free place", r, p.Window)
+			}
+			cs := &checker{t: t, s: s, hash: ep.Hash}
+			cs.key(s.FrontKey(ep.Hash), "string")
+		})
+	}
+}

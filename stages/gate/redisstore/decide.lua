@@ -13,11 +13,15 @@
 --         of the limit reserved for retries
 -- KEYS[5] the latest slot handed to a deferred retry: a time (µs, a string), expiring a window
 --         and a second after it
+-- KEYS[6] the latest place promised to a returning retry (ARGV[10]) and how many retries were
+--         promised it: '<µs>:<n>', expiring a window and a second after the place. Optional
+--         (the keys a fluxhook before it sent stop at KEYS[5]); without it no promise is
+--         remembered across calls
 -- A key holding something no script wrote is read as absent and deleted (see state.lua, which
 -- is prepended to this script); the two windows drop entries no script wrote (scored later
--- than a window from now) and, when not sorted sets, are deleted and start empty; a slot that
--- is not a natural number, has no expiry or lies beyond its key's expiry is no slot, and is
--- deleted.
+-- than a window from now) and, when not sorted sets, are deleted and start empty; a slot (or a
+-- promise) that is not of its form, has no expiry or lies beyond its key's expiry is none, and
+-- is deleted.
 -- ARGV[1] threshold (0 = no breaker)       ARGV[2] rate limit per window (0 = no limiter)
 -- ARGV[3] window (µs)                      ARGV[4] probe timeout (ms)
 -- ARGV[5] state TTL (ms)                   ARGV[6] retries' reserve per window (>= 1 when
@@ -28,6 +32,13 @@
 --         now; a later open_until (which record.lua never writes: it opens for one reset) was
 --         written by something else, and is cut back to it, so that whoever may write to
 --         Redis can hold an endpoint's rows back for one reset at a time, never for longer
+-- ARGV[10] (optional) the rows that come back from a rate-limit deferral, one character each:
+--         '1' such a retry (gate.EndpointCheck.Returning); absent or shorter: none. Refused
+--         again, such a retry is promised a place (see place) instead of the slot after the
+--         endpoint's last one: it waited its turn already. It is an argument of its own, after
+--         the others, and KEYS[6] a key of its own, so that KEYS[1..5] and ARGV[1..9] keep their
+--         meaning: during a rolling upgrade a script that predates them ignores them and queues
+--         every refused retry at the end, as it did, on the same queue.
 -- Returns {transition, verdict1, delay1, verdict2, delay2, ...}: transition is '' or
 -- 'open>half_open'; verdict 0 allow, 1 probe, 2 defer (open), 3 defer (probe held, until it
 -- expires), 4 defer (rate limit, until the slot handed to the row); delay in µs.
@@ -47,6 +58,7 @@ local reserve = math.max(tonumber(ARGV[6]), 1) -- gate.Params.RetryReserve is at
 local token = ARGV[7]
 local rows = ARGV[8]
 local reset_us = tonumber(ARGV[9]) * 1000
+local returning = ARGV[10] or ''
 local n = #rows
 local out = {''}
 
@@ -79,9 +91,13 @@ local function frees(key, count, pending, keep)
   return window
 end
 
--- last_slot returns the latest slot handed to a deferred retry, or 0. The script always sets
--- it with an expiry a window and a second after the slot; anything else is deleted.
+-- last_slot returns the latest slot handed to a deferred retry (KEYS[5]), or the latest place
+-- promised to a returning retry (KEYS[6]), or 0. The script always sets them with an expiry a
+-- window and a second after the time; anything else is deleted.
 local function last_slot(key)
+  if not key then
+    return 0 -- KEYS[6] not sent
+  end
   local v = redis.pcall('GET', key)
   if not v then
     return 0 -- absent
@@ -103,13 +119,116 @@ end
 -- than the window frees a place (when the attempt, or the retry, whose departure takes the
 -- window below the limit, or the retries below the reserve, leaves). The spacing is the
 -- window over the retries admitted in it (at least the reserve): the rate at which the
--- limiter admits retries now, so that a retry that comes back at its slot is admitted.
+-- limiter admits retries now, so that a retry that comes back at its slot is admitted. A
+-- returning retry (ARGV[10]) refused again is promised a place instead (see place), ahead of
+-- the queue, which it extends only when the queue ends before that place.
 -- Attempts admitted here are all at `now`, so they are added together at the end, and each
 -- window keeps only its newest `limit` entries: whether it is full, and when the entry that
 -- must leave leaves, depend on nothing else. This bounds the keys' size and makes a batch cost
 -- one ZADD per window, whatever the traffic.
 local pruned, count, count_r, pending, pending_r = false, 0, 0, 0, 0
-local refused, from, spacing, slot = false, 0, 0, 0
+local refused, from, spacing, departures = false, 0, 0, nil
+local slot, queued = nil, false -- the last slot (read when first needed), and whether it moved
+local front, promises, promised = nil, 0, false -- the last promise and how many were promised it
+                                                -- (read when first needed), and whether it moved
+
+local function tail()
+  if not slot then
+    slot = last_slot(KEYS[5])
+  end
+  return slot
+end
+
+-- last_promise returns the latest place promised to a returning retry (0: none), reading it
+-- and how many retries were promised it from KEYS[6] once: '<µs>:<n>', set with an expiry a
+-- window and a second after the place; anything else is deleted.
+local function last_promise()
+  if front then
+    return front
+  end
+  front = 0
+  local key = KEYS[6]
+  if not key then
+    return front -- not sent
+  end
+  local v = redis.pcall('GET', key)
+  if not v then
+    return front -- absent
+  end
+  if type(v) == 'string' then
+    local at, n = string.match(v, '^(%d+):(%d+)$')
+    at, n = natural(at or ''), natural(n or '')
+    local ttl = redis.call('PTTL', key)
+    if at and n and n >= 1 and ttl >= 0 and at <= now + ttl * 1000 then
+      front, promises = at, n
+      return front
+    end
+  end
+  redis.call('DEL', key)
+  return front
+end
+
+-- leaving appends to out when each entry of the window `key` (holding `count` entries, and
+-- `pending` more admitted in this call at now) that frees a place leaves: its newest `keep`
+-- entries, from the one whose departure takes the window below `keep` on.
+local function leaving(key, count, pending, keep, out)
+  local idx = math.max(count + pending - keep, 0)
+  if idx < count then
+    local e = redis.call('ZRANGE', key, idx, -1, 'WITHSCORES')
+    for j = 2, #e, 2 do
+      out[#out + 1] = tonumber(e[j]) + window
+    end
+  end
+  for _ = 1, math.min(pending, keep) do
+    out[#out + 1] = now + window
+  end
+end
+
+-- place returns the place promised to a returning retry refused now, and remembers it: the
+-- first departure from the window that frees a place for a retry, no earlier than from, and
+-- not promised yet (after the last place promised, or at it when fewer retries were promised
+-- that place than leave then); when every such departure is promised, one spacing after the
+-- last promise. The departures are those of the window's attempts from the one whose
+-- departure takes it below the limit, and of its retries from the one that takes them below
+-- the reserve; a retry among both counts in both (see memstore's limiter.place for why).
+-- Each returning retry gets a place of its own: promised the same one, they would come back
+-- together, one would take it, and the others would be refused again, as many times as they
+-- were.
+local function place()
+  if not departures then
+    departures = {}
+    leaving(KEYS[3], count, pending, limit, departures)
+    leaving(KEYS[4], count_r, pending_r, reserve, departures)
+    table.sort(departures)
+  end
+  local last, skip = last_promise(), promises
+  local at = -1
+  for _, f in ipairs(departures) do
+    if f >= from and f >= last then
+      if f == last and skip > 0 then
+        skip = skip - 1
+      else
+        at = f
+        break
+      end
+    end
+  end
+  if at < 0 then
+    at = from
+    if last > 0 then
+      at = math.max(at, last + spacing)
+    end
+  end
+  at = math.ceil(at)
+  if at == last then
+    promises = promises + 1
+  else
+    front, promises = at, 1
+  end
+  promised = true
+  return at
+end
+
 local function admit(i)
   if limit <= 0 then
     return -1
@@ -120,15 +239,33 @@ local function admit(i)
     pruned = true
   end
   local retry = rows:byte(i) == 49
-  if retry and count + pending >= limit and count_r + pending_r >= reserve then
+  local back = returning:byte(i) == 49
+  local full = count + pending >= limit and count_r + pending_r >= reserve
+  if retry and not full and not back and last_promise() > 0 then
+    -- A place promised to a returning retry is held for it until a spacing after the last
+    -- promise (the spacing: the retries admitted now with the places the window has free, the
+    -- rate at which it takes retries): another retry queues at the end, even with room now.
+    local sp = window / math.min(limit, math.max(reserve, count_r + pending_r + limit - count - pending))
+    if now < front + sp then
+      slot = math.ceil(math.max(tail() + sp, now))
+      queued = true
+      return slot - now
+    end
+  end
+  if retry and full then
     if not refused then
-      -- Once a retry is refused, every later one in this call is: the window only fills.
+      -- Once the window is full, every later retry in this call is refused: it only fills.
       from = now + math.min(frees(KEYS[3], count, pending, limit), frees(KEYS[4], count_r, pending_r, reserve))
       spacing = window / math.min(limit, math.max(reserve, count_r + pending_r))
-      slot = last_slot(KEYS[5])
       refused = true
     end
-    slot = math.ceil(math.max(slot + spacing, from))
+    queued = true
+    if back then
+      local at = place()
+      slot = math.max(tail(), at)
+      return at - now
+    end
+    slot = math.ceil(math.max(tail() + spacing, from))
     return slot - now
   end
   pending = pending + 1
@@ -166,8 +303,11 @@ local function flush()
   if pending_r > 0 then
     add(KEYS[4], count_r, pending_r)
   end
-  if refused then
+  if queued then
     redis.call('SET', KEYS[5], us(slot), 'PX', math.ceil((slot - now + window) / 1000) + 1000)
+  end
+  if promised and KEYS[6] then
+    redis.call('SET', KEYS[6], us(front) .. ':' .. promises, 'PX', math.ceil((front - now + window) / 1000) + 1000)
   end
 end
 

@@ -22,12 +22,15 @@
 //	                           share of the limit reserved for retries
 //	webhook_rl_slot:{<hash>}   the latest slot handed to a deferred retry (µs by Redis's clock,
 //	                           a string); expires a window and a second after that slot
+//	webhook_rl_front:{<hash>}  the latest place promised to a retry refused again on its return
+//	                           from a rate-limit deferral (gate.EndpointCheck.Returning), and
+//	                           how many were promised it ("<µs>:<n>"); expires as the slot key
 //
 // A key holding something no script wrote (a key of another type, a field the scripts never
-// write, a breaker, probe or slot key without expiry, window entries scored in the future, a
-// slot later than its key's expiry) never makes a script fail: decide.lua and record.lua read
-// it as absent (a closed circuit with no failures, no probe in flight, an empty window, no slot
-// handed out) and delete it, so the endpoint behaves as a clean one from that call on (the
+// write, a breaker, probe, slot or promise key without expiry, window entries scored in the
+// future, a slot or a promise later than its key's expiry) never makes a script fail: decide.lua
+// and record.lua read it as absent (a closed circuit with no failures, no probe in flight, an
+// empty window, no slot handed out, no place promised) and delete it, so the endpoint behaves as a clean one from that call on (the
 // breaker opens after Threshold failures counted from there); Inspect reads it the same way and
 // leaves it. A probe key is a probe only while it expires within the longer of the probe timeout
 // and gate.StateTTL (Inspect: gate.StateTTL). See state.lua.
@@ -136,9 +139,17 @@ func (s *Store) Keys(hash string) (breaker, probe, rateLimit string) {
 
 // RetryKeys returns an endpoint's rate-limit keys for retries: the retries admitted in the
 // window (for the share reserved for them) and the latest slot handed to a deferred retry.
+// FrontKey returns the last.
 func (s *Store) RetryKeys(hash string) (retries, slot string) {
 	return s.prefix + "webhook_rl_retry:{" + hash + "}",
 		s.prefix + "webhook_rl_slot:{" + hash + "}"
+}
+
+// FrontKey returns an endpoint's key for the latest place promised to a returning retry
+// (gate.EndpointCheck.Returning). It is a key of its own, not a field of the slot key, so that
+// a fluxhook that predates it (a rolling upgrade) reads the slot key as it always did.
+func (s *Store) FrontKey(hash string) string {
+	return s.prefix + "webhook_rl_front:{" + hash + "}"
 }
 
 func ms(d time.Duration) int64 { return max(1, d.Milliseconds()) }
@@ -152,15 +163,19 @@ func (s *Store) Decide(ctx context.Context, p gate.Params, checks []gate.Endpoin
 		cb, probe, rl := s.Keys(c.Hash)
 		retries, slot := s.RetryKeys(c.Hash)
 		flags := make([]byte, len(c.Retry))
+		back := make([]byte, len(c.Retry))
 		for j, retry := range c.Retry {
-			flags[j] = '0'
+			flags[j], back[j] = '0', '0'
 			if retry {
 				flags[j] = '1'
+				if j < len(c.Returning) && c.Returning[j] {
+					back[j] = '1'
+				}
 			}
 		}
-		return []string{cb, probe, rl, retries, slot}, []any{
+		return []string{cb, probe, rl, retries, slot, s.FrontKey(c.Hash)}, []any{
 			max(p.Threshold, 0), limit, max(1, p.Window.Microseconds()), ms(p.ProbeTimeout),
-			ms(gate.StateTTL), reserve, c.Token, string(flags), ms(p.Reset),
+			ms(gate.StateTTL), reserve, c.Token, string(flags), ms(p.Reset), string(back),
 		}
 	})
 	if err != nil {

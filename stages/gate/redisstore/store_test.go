@@ -178,7 +178,8 @@ func TestKeys(t *testing.T) {
 
 	cb, probe, rl := s.Keys(ep.Hash)
 	retries, slot := s.RetryKeys(ep.Hash)
-	all := []string{cb, probe, rl, retries, slot}
+	front := s.FrontKey(ep.Hash)
+	all := []string{cb, probe, rl, retries, slot, front}
 	for _, k := range all {
 		if !strings.HasPrefix(k, prefix) || !strings.Contains(k, "{"+ep.Hash+"}") {
 			t.Fatalf("key %q: want the prefix and the full hash in braces", k)
@@ -190,6 +191,7 @@ func TestKeys(t *testing.T) {
 		rl:      "webhook_rl:{",
 		retries: "webhook_rl_retry:{",
 		slot:    "webhook_rl_slot:{",
+		front:   "webhook_rl_front:{",
 	} {
 		if want = prefix + want + ep.Hash + "}"; k != want {
 			t.Fatalf("key %q, want %q", k, want)
@@ -216,15 +218,22 @@ func TestKeys(t *testing.T) {
 		t.Fatalf("the 12th retry against a limit of 5 was not deferred: %s", d.Outcome.Kind)
 	}
 	lastDelay := rows2[len(rows2)-1].Outcome.Delay
+	// A retry back from its deferral and refused again is promised a place (the front key).
+	back := batch(1, ep2)
+	back[0].Attempt, back[0].DeferredBy = 2, gate.DeferRateLimit.String()
+	if g.Check(ctx, back); back[0].Outcome.Kind != delivery.Defer {
+		t.Fatalf("a returning retry against a full window was not deferred: %s", back[0].Outcome.Kind)
+	}
 	_, _, rl2 := s.Keys(ep2.Hash)
 	retries2, slot2 := s.RetryKeys(ep2.Hash)
+	front2 := s.FrontKey(ep2.Hash)
 
 	keys, err := client.Keys(ctx, prefix+"*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	slices.Sort(keys)
-	want := []string{cb, rl, retries, rl2, retries2, slot2} // no probe yet; no slot for ep
+	want := []string{cb, rl, retries, rl2, retries2, slot2, front2} // no probe yet; no slot for ep
 	slices.Sort(want)
 	if !slices.Equal(keys, want) {
 		t.Fatalf("keys %v, want %v", keys, want)
