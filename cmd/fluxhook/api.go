@@ -124,6 +124,10 @@ func startAPI(ctx context.Context, cfg serveConfig, ln net.Listener, log *zap.Lo
 	go func() { _ = srv.Serve(ln) }()
 	a.ResumeRecoveries()
 	log.Info("serving the management API", zap.String("addr", ln.Addr().String()))
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && cfg.publicURL == "" && !tcp.IP.IsLoopback() {
+		// Behind a TLS proxy the request looks like plain http: a portal link would be one.
+		log.Warn("API_PUBLIC_URL is not set: portal links take each request's host, over http unless the request came over TLS; set it to the https URL users reach the API at")
+	}
 	return func() {
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -264,5 +265,31 @@ func TestAPIDocExamplesRun(t *testing.T) {
 	t.Logf("calls:\n%s", strings.Join(calls, "\n"))
 	if failed != 1 || len(calls) < 10 {
 		t.Fatalf("%d requests, %d failed; want every example to run and only the refused URL to fail:\n%s\n%s", len(calls), failed, strings.Join(calls, "\n"), out)
+	}
+}
+
+// TestPortalFrameAncestorsAreOrigins: PORTAL_FRAME_ANCESTORS takes origins only, since each is
+// joined into the portal's Content-Security-Policy: nothing that ends the directive (a ';'),
+// widens it to every site, or is not an origin.
+func TestPortalFrameAncestorsAreOrigins(t *testing.T) {
+	base := map[string]string{"DATABASE_URL": "postgres://u@127.0.0.1:5432/db"}
+	for _, s := range settings {
+		if _, ok := base[s.env]; !ok && s.def != "" {
+			base[s.env] = s.def
+		}
+	}
+	for _, ok := range []string{"https://app.example.com", "https://app.example.com:8443 http://localhost:3000", "'self'", "https://a.example/"} {
+		v := maps.Clone(base)
+		v["PORTAL_FRAME_ANCESTORS"] = ok
+		if _, err := parseServeConfig(v); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"https://a.com;upgrade-insecure-requests", "https://*", "*", "http://a.com?x", "javascript:x", "https://a.com/path"} {
+		v := maps.Clone(base)
+		v["PORTAL_FRAME_ANCESTORS"] = bad
+		if _, err := parseServeConfig(v); err == nil || !strings.Contains(err.Error(), "PORTAL_FRAME_ANCESTORS") {
+			t.Errorf("%q accepted (%v)", bad, err)
+		}
 	}
 }

@@ -336,9 +336,9 @@ func (g *BreakerGate) Inspect(ctx context.Context, hashes []string) ([]Snapshot,
 		err = fmt.Errorf("gate: store returned %d snapshots for %d endpoints", len(snaps), len(hashes))
 	}
 	if err != nil {
-		if ctx.Err() == nil {
-			g.storeFailed(err)
-		}
+		// Not storeFailed: Inspect only ends holds sooner, and failing open would switch off
+		// every endpoint's breaker and rate limit for StoreRetry on one slow read. A store that
+		// is really down fails the next Check, which fails the gate open.
 		return nil, err
 	}
 	g.storeOK()

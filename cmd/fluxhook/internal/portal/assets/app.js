@@ -258,11 +258,14 @@
     if (m) {
       let token = m[1];
       try { token = decodeURIComponent(token); } catch (_) { /* kept as it is */ }
+      history.replaceState(null, "", location.pathname + location.search + "#/endpoints");
+      // Only a portal session belongs in a link: an API key pasted into one is refused, so
+      // that long-lived keys are never kept in URLs and histories.
+      if (!token.startsWith("fhp_")) return "";
       try {
         sessionStorage.setItem(TOKEN_KEY, token);
         sessionStorage.removeItem(TENANT_KEY);
       } catch (_) { /* storage may be off: the token lives in memory */ }
-      history.replaceState(null, "", location.pathname + location.search + "#/endpoints");
       return token;
     }
     try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch (_) { return state.token; }
