@@ -24,6 +24,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	fluxsql "github.com/fluxora/fluxhook/sql"
 )
 
 // Prefix starts every key, and PortalPrefix every portal session, so that secret scanners
@@ -345,23 +347,9 @@ func parse(token string) (lookup, kind string, ok bool) {
 	return lookup, kind, true
 }
 
-// isUUID says whether s has the 8-4-4-4-12 hex form, so that a malformed id is not found
-// rather than a database error from the ::uuid cast.
+// isUUID says whether s has the 8-4-4-4-12 hex form (sql.CanonicalUUID), so that a malformed
+// id is not found rather than a database error from the ::uuid cast.
 func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return false
-			}
-		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
-		default:
-			return false
-		}
-	}
-	return true
+	_, ok := fluxsql.CanonicalUUID(s)
+	return ok
 }

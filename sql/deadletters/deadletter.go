@@ -15,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	fluxsql "github.com/fluxora/fluxhook/sql"
 )
 
 // The statements, one file each (see queries/), so that every query run on the dead letters
@@ -139,28 +141,8 @@ func invalid(field, format string, args ...any) error {
 	return &InvalidError{Field: field, Err: fmt.Errorf(format, args...)}
 }
 
-// CanonicalUUID accepts a UUID in the 8-4-4-4-12 form that logs and the delivery id header
-// print, in either case, and returns it in lower case: the form PostgreSQL prints, so that it
-// compares equal to delivery_id::text. Other spellings PostgreSQL would take (braces, no
-// hyphens) are refused: nothing prints them, and a bare run of digits must stay a row id.
-func CanonicalUUID(s string) (string, bool) {
-	if len(s) != 36 {
-		return "", false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return "", false
-			}
-		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
-		default:
-			return "", false
-		}
-	}
-	return strings.ToLower(s), true
-}
+// CanonicalUUID is sql.CanonicalUUID, kept here for the callers of this package.
+func CanonicalUUID(s string) (string, bool) { return fluxsql.CanonicalUUID(s) }
 
 // JoinIDs writes row ids as messages name them: "5, 9, 12".
 func JoinIDs(ids []int64) string {

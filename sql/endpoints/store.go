@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	fluxsql "github.com/fluxora/fluxhook/sql"
 )
 
 // The store's statements, one file each, so that every query fluxhook runs on
@@ -99,22 +101,11 @@ func (e *notFoundError) Is(target error) bool { return target == ErrNotFound }
 // not found: rejecting it here, rather than letting the ::uuid cast fail, gives the caller
 // ErrNotFound and not a database error.
 func parseID(id string) (string, error) {
-	if len(id) != 36 {
+	key, ok := fluxsql.CanonicalUUID(id)
+	if !ok {
 		return "", &notFoundError{id: id, malformed: true}
 	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return "", &notFoundError{id: id, malformed: true}
-			}
-		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
-		default:
-			return "", &notFoundError{id: id, malformed: true}
-		}
-	}
-	return strings.ToLower(id), nil
+	return key, nil
 }
 
 // newID returns a random (version 4) UUID in the form id::text has. Add makes the id itself,

@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	fluxsql "github.com/fluxora/fluxhook/sql"
 )
 
 var (
@@ -337,22 +339,8 @@ func deadLetterAt(dead []deadLetterRow, k string, processedAt time.Time) *deadLe
 // ValidID says whether id has a UUID's form, so that a malformed id is not found rather than
 // a failed ::uuid cast.
 func ValidID(id string) bool {
-	if len(id) != 36 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return false
-			}
-		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
-		default:
-			return false
-		}
-	}
-	return true
+	_, ok := fluxsql.CanonicalUUID(id)
+	return ok
 }
 
 // firstWindow is the width of a listing's first window back from its newest possible row;
