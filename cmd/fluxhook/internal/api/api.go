@@ -393,6 +393,26 @@ type page[T any] struct {
 	NextCursor *string `json:"next_cursor"`
 }
 
+// pageOf is one page of a list read with one row more than limit: the first limit rows shown
+// through view, and, when there was one more, the cursor next gives for the last row shown.
+func pageOf[T, V any](list []T, limit int, view func(T) V, next func(last T) *string) page[V] {
+	n := min(len(list), limit)
+	out := page[V]{Data: make([]V, 0, n)}
+	for _, x := range list[:n] {
+		out.Data = append(out.Data, view(x))
+	}
+	if len(list) > limit {
+		out.NextCursor = next(list[limit-1])
+	}
+	return out
+}
+
+// asIs is pageOf's view for rows shown as they were read.
+func asIs[T any](x T) T { return x }
+
+// errBadCursor answers a cursor the API did not give.
+var errBadCursor = errInvalid("cursor", "cursor: not one this API gave; pass next_cursor from the previous page as it is")
+
 // limit reads ?limit (1 to 500, default 50).
 func (q *request) limit() (int, error) {
 	v := q.r.URL.Query().Get("limit")
@@ -425,7 +445,7 @@ func (q *request) cursor(v any) (bool, error) {
 		err = json.Unmarshal(b, v)
 	}
 	if err != nil {
-		return false, errInvalid("cursor", "cursor: not one this API gave; pass next_cursor from the previous page as it is")
+		return false, errBadCursor
 	}
 	return true, nil
 }

@@ -79,7 +79,7 @@ func (s *Server) listDeadLetters(q *request) error {
 	}
 	if c := query.Get("cursor"); c != "" {
 		if f.After, err = deadletters.ParseCursor(c); err != nil {
-			return errInvalid("cursor", "cursor: not one this API gave; pass next_cursor from the previous page as it is")
+			return errBadCursor
 		}
 	}
 	list, err := deadletters.List(q.ctx, s.cfg.Pool, f)
@@ -89,16 +89,10 @@ func (s *Server) listDeadLetters(q *request) error {
 	for i := range list {
 		showOrigin(&list[i])
 	}
-	out := page[deadletters.DeadLetter]{Data: list}
-	if len(list) > limit {
-		out.Data = list[:limit]
-		c := list[limit-1].Cursor().String()
-		out.NextCursor = &c
-	}
-	if out.Data == nil {
-		out.Data = []deadletters.DeadLetter{}
-	}
-	writeJSON(q.w, http.StatusOK, out)
+	writeJSON(q.w, http.StatusOK, pageOf(list, limit, asIs, func(last deadletters.DeadLetter) *string {
+		c := last.Cursor().String()
+		return &c
+	}))
 	return nil
 }
 

@@ -236,22 +236,30 @@ func (s *Server) listEndpoints(q *request) error {
 	list, err := endpoints.Page(q.ctx, q.s.cfg.Pool, q.s.cfg.Cipher, pq)
 	if err != nil {
 		if errors.Is(err, endpoints.ErrNotFound) {
-			return errInvalid("cursor", "cursor: not one this API gave; pass next_cursor from the previous page as it is")
+			return errBadCursor
 		}
 		return err
 	}
-	out := page[endpointView]{Data: make([]endpointView, 0, len(list))}
-	for i, e := range list {
-		if i == limit {
-			last := list[i-1]
-			c.Created, c.ID = last.CreatedAt, last.ID
-			out.NextCursor = encodeCursor(c)
-			break
-		}
-		out.Data = append(out.Data, viewOf(e))
-	}
-	writeJSON(q.w, http.StatusOK, out)
+	writeJSON(q.w, http.StatusOK, pageOf(list, limit, viewOf, func(last endpoints.Endpoint) *string {
+		c.Created, c.ID = last.CreatedAt, last.ID
+		return encodeCursor(c)
+	}))
 	return nil
+}
+
+// withEndpoint runs fn in a transaction on the endpoint id, locked, if the caller's scope may
+// see it (404 otherwise, as for a missing one): the reads and writes of one endpoint's route.
+func (s *Server) withEndpoint(q *request, id string, fn func(tx pgx.Tx, e endpoints.Endpoint) error) error {
+	return pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
+			return storeError(err, id)
+		}
+		e, err := s.getScoped(q.ctx, tx, id, q.scope())
+		if err != nil {
+			return err
+		}
+		return fn(tx, e)
+	})
 }
 
 // getScoped reads the endpoint id if the caller's scope may see it.
@@ -268,14 +276,7 @@ func (s *Server) getScoped(ctx context.Context, q pgx.Tx, id string, scope *stri
 
 func (s *Server) getEndpoint(q *request) error {
 	id := q.r.PathValue("id")
-	return pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
-			return storeError(err, id)
-		}
-		e, err := s.getScoped(q.ctx, tx, id, q.scope())
-		if err != nil {
-			return err
-		}
+	return s.withEndpoint(q, id, func(tx pgx.Tx, e endpoints.Endpoint) error {
 		writeJSON(q.w, http.StatusOK, viewOf(e))
 		return nil
 	})
@@ -512,14 +513,7 @@ type testEvent struct {
 func (s *Server) sendTestEvent(q *request) error {
 	id := q.r.PathValue("id")
 	var out testEvent
-	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
-			return storeError(err, id)
-		}
-		e, err := s.getScoped(q.ctx, tx, id, q.scope())
-		if err != nil {
-			return err
-		}
+	err := s.withEndpoint(q, id, func(tx pgx.Tx, e endpoints.Endpoint) error {
 		if !e.Enabled {
 			return errConflict("endpoint %s is disabled; enable it before sending it a test event", id)
 		}
@@ -586,17 +580,11 @@ GROUP BY h.hour ORDER BY h.hour`
 func (s *Server) endpointHealth(q *request) error {
 	id := q.r.PathValue("id")
 	var out health
-	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
-		if err := endpoints.LockInScope(q.ctx, tx, id, q.scope()); err != nil {
-			return storeError(err, id)
-		}
-		e, err := s.getScoped(q.ctx, tx, id, q.scope())
-		if err != nil {
-			return err
-		}
+	err := s.withEndpoint(q, id, func(tx pgx.Tx, e endpoints.Endpoint) error {
 		out = health{EndpointID: e.ID, Enabled: e.Enabled, LastSuccessAt: timePtr(e.LastSuccessAt), FailingSince: timePtr(e.FailingSince),
 			Breaker: breakerState{State: "unknown"}}
 		rows, _ := tx.Query(q.ctx, hoursSQL, e.ID, q.scope())
+		var err error
 		out.Hours, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (hourCount, error) {
 			var h hourCount
 			return h, r.Scan(&h.Hour, &h.Succeeded, &h.Failed)

@@ -247,21 +247,12 @@ func (s *Server) listEvents(q *request) error {
 	if err != nil {
 		return err
 	}
-	out := page[eventView]{Data: make([]eventView, 0, len(list))}
-	for i, e := range list {
-		if i == limit {
-			last := list[i-1]
-			c.EnqueuedAt, c.ID = last.EnqueuedAt, last.DeliveryID
-			out.NextCursor = encodeCursor(c)
-			break
-		}
-		out.Data = append(out.Data, eventViewOf(e))
-	}
-	writeJSON(q.w, http.StatusOK, out)
+	writeJSON(q.w, http.StatusOK, pageOf(list, limit, eventViewOf, func(last events.Event) *string {
+		c.EnqueuedAt, c.ID = last.EnqueuedAt, last.DeliveryID
+		return encodeCursor(c)
+	}))
 	return nil
 }
-
-var errBadCursor = errInvalid("cursor", "cursor: not one this API gave; pass next_cursor from the previous page as it is")
 
 // endpointDelivery is one row of an endpoint's deliveries: a settled attempt, or the one
 // pending.
@@ -316,18 +307,14 @@ func (s *Server) listEndpointDeliveries(q *request) error {
 	if err != nil {
 		return err
 	}
-	out := page[endpointDelivery]{Data: make([]endpointDelivery, 0, len(list))}
-	for i, d := range list {
-		if i == limit {
-			last := list[i-1]
-			c.At, c.ID = last.At, last.ID
-			out.NextCursor = encodeCursor(c)
-			break
-		}
-		out.Data = append(out.Data, endpointDelivery{DeliveryID: d.DeliveryID, EventType: d.EventType, Attempt: d.Attempt,
+	out := pageOf(list, limit, func(d events.Delivery) endpointDelivery {
+		return endpointDelivery{DeliveryID: d.DeliveryID, EventType: d.EventType, Attempt: d.Attempt,
 			Status: d.Status, ProcessedAt: d.ProcessedAt, NextAttemptAt: d.DueAt, StatusCode: d.StatusCode, Error: d.Error,
-			DurationMS: d.DurationMS, EnqueuedAt: d.EnqueuedAt})
-	}
+			DurationMS: d.DurationMS, EnqueuedAt: d.EnqueuedAt}
+	}, func(last events.Delivery) *string {
+		c.At, c.ID = last.At, last.ID
+		return encodeCursor(c)
+	})
 	writeJSON(q.w, http.StatusOK, out)
 	return nil
 }

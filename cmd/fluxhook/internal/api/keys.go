@@ -96,15 +96,9 @@ func (s *Server) listAudit(q *request) error {
 	if err != nil {
 		return err
 	}
-	out := page[audit.Entry]{Data: entries}
-	if len(entries) > limit {
-		out.Data = entries[:limit]
-		c.Before = entries[limit-1].ID
-		out.NextCursor = encodeCursor(c)
-	}
-	if out.Data == nil {
-		out.Data = []audit.Entry{}
-	}
-	writeJSON(q.w, http.StatusOK, out)
+	writeJSON(q.w, http.StatusOK, pageOf(entries, limit, asIs, func(last audit.Entry) *string {
+		c.Before = last.ID
+		return encodeCursor(c)
+	}))
 	return nil
 }

@@ -44,15 +44,9 @@ func (s *Server) listTenants(q *request) error {
 	if err != nil {
 		return err
 	}
-	out := page[string]{Data: names}
-	if len(names) > limit {
-		out.Data = names[:limit]
-		c.After = names[limit-1]
-		out.NextCursor = encodeCursor(c)
-	}
-	if out.Data == nil {
-		out.Data = []string{}
-	}
-	writeJSON(q.w, http.StatusOK, out)
+	writeJSON(q.w, http.StatusOK, pageOf(names, limit, asIs, func(last string) *string {
+		c.After = last
+		return encodeCursor(c)
+	}))
 	return nil
 }

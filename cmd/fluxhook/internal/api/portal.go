@@ -116,17 +116,10 @@ func (s *Server) listPortalSessions(q *request) error {
 	if err != nil {
 		return err
 	}
-	out := page[apikeys.Session]{Data: list}
-	if len(list) > limit {
-		out.Data = list[:limit]
-		last := list[limit-1]
+	writeJSON(q.w, http.StatusOK, pageOf(list, limit, asIs, func(last apikeys.Session) *string {
 		c.Created, c.ID = last.CreatedAt, last.ID
-		out.NextCursor = encodeCursor(c)
-	}
-	if out.Data == nil {
-		out.Data = []apikeys.Session{}
-	}
-	writeJSON(q.w, http.StatusOK, out)
+		return encodeCursor(c)
+	}))
 	return nil
 }
 
