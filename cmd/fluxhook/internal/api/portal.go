@@ -52,10 +52,11 @@ func (s *Server) createPortalSession(q *request, tenant *string) error {
 		ttl = DefaultPortalSessionTTL
 	}
 	if in.TTLSeconds != nil {
-		ttl = time.Duration(*in.TTLSeconds) * time.Second
-		if ttl < time.Minute || ttl > maxPortalSessionTTL {
+		// Checked as seconds before the conversion, which would wrap a huge value into range.
+		if secs := *in.TTLSeconds; secs < 60 || secs > int64(maxPortalSessionTTL/time.Second) {
 			return errInvalid("ttl_seconds", "ttl_seconds: from 60 to %d, not %d", int(maxPortalSessionTTL.Seconds()), *in.TTLSeconds)
 		}
+		ttl = time.Duration(*in.TTLSeconds) * time.Second
 	}
 	n := apikeys.New{Tenant: tenant, Description: in.Description, CreatedBy: q.actor()}
 	if err := n.Validate(); err != nil {
@@ -64,6 +65,17 @@ func (s *Server) createPortalSession(q *request, tenant *string) error {
 	}
 	var out portalSession
 	err := pgx.BeginFunc(q.ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		// The making key, locked against its revocation until this session commits: a
+		// revocation either waits and then ends this session with the key's others, or comes
+		// first, and then no session is made with a revoked key.
+		var live bool
+		if err := tx.QueryRow(q.ctx, `SELECT EXISTS (SELECT 1 FROM webhook_api_keys
+			WHERE id = $1::uuid AND revoked_at IS NULL FOR SHARE)`, q.key.ID).Scan(&live); err != nil {
+			return err
+		}
+		if !live {
+			return errUnauthorized
+		}
 		k, token, err := apikeys.AddPortalSession(q.ctx, tx, n, ttl)
 		if err != nil {
 			return err
