@@ -35,9 +35,9 @@ func waitLockWaiters(t *testing.T, h *harness, n int) {
 }
 
 // TestRevokingAKeyEndsASessionBeingMade: a session whose creation is in flight (authenticated,
-// row inserted, not yet committed) when its admin key is revoked survives the revocation:
-// revokeSessionsMadeBy's UPDATE does not see the uncommitted row. Sequenced deterministically
-// by holding webhook_audit, which both transactions write last.
+// row inserted, not yet committed) when its admin key is revoked does not survive the
+// revocation. Sequenced deterministically by holding webhook_audit, which both transactions
+// write last.
 func TestRevokingAKeyEndsASessionBeingMade(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
