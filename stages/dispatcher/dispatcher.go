@@ -1310,7 +1310,14 @@ func (d *Dispatcher) recheckProbes(ctx context.Context, now time.Time, hashes []
 	}
 	snaps, err := ins.Inspect(ctx, hashes)
 	if err != nil {
-		return hashes
+		// The store cannot say (it is down, or the gate fails open): the holds end, and the
+		// gate decides on the rows. Failing open, it sends them; else it defers them behind
+		// the probe again. Kept, they would wait out the probe's expiry while the gate lets
+		// everything else through.
+		snaps = make([]gate.Snapshot, len(hashes))
+		for i, h := range hashes {
+			snaps[i] = gate.Snapshot{Hash: h, State: gate.Closed, At: now}
+		}
 	}
 	d.gated.learn(time.Now(), seq, snaps)
 	return hashes
