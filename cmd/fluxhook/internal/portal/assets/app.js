@@ -668,7 +668,10 @@
   async function copyText(code, out) {
     const text = code.textContent;
     try {
-      await navigator.clipboard.writeText(text);
+      // Bounded: a browser may leave the write pending (a page without focus, a permission
+      // never answered); the person then gets the selection instead of no answer at all.
+      await Promise.race([navigator.clipboard.writeText(text),
+        new Promise((_, reject) => setTimeout(() => reject(new Error("clipboard timeout")), 1500))]);
       out.textContent = "Copied to the clipboard.";
       return;
     } catch (_) { /* no clipboard here (an iframe without clipboard-write, an old browser) */ }
