@@ -476,9 +476,9 @@ func TestBenchBacklogOverTime(t *testing.T) {
 	t.Parallel()
 	id := func(b byte) [16]byte { return [16]byte{b} }
 	sent := []sentEvent{
-		{id: id(1), commit: 10, ok: true},
-		{id: id(2), commit: 20, ok: true},
-		{id: id(3), commit: 30, ok: true}, // production ends here
+		{ID: id(1), Commit: 10, OK: true},
+		{ID: id(2), Commit: 20, OK: true},
+		{ID: id(3), Commit: 30, OK: true}, // production ends here
 	}
 	arr := []arrivalRecord{{id: id(1), ns: 25}, {id: id(2), ns: 40}, {id: id(3), ns: 35}, {id: id(1), ns: 50}}
 	atEnd, most := backlogOverTime(sent, arr)

@@ -335,7 +335,7 @@ func (b *bench) fanoutIdle(ctx context.Context, overrides map[string]string) (*f
 		return nil, err
 	}
 	s.startClock()
-	sent, _, err := b.produceAtRate(ctx, conns, period, total, fanoutEventType, 0)
+	sent, err := b.produceAtRate(ctx, conns, period, total, fanoutEventType, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -347,34 +347,34 @@ func (b *bench) fanoutIdle(ctx context.Context, overrides map[string]string) (*f
 	r := &fanoutIdleResult{Events: total, Deliveries: total * eps, IntervalMS: float64(period) / 1e6, Rejected: st.Rejected}
 	ids := [][16]byte{warm.Bytes}
 	for _, ev := range sent {
-		if ev.ok {
-			ids = append(ids, ev.id)
+		if ev.OK {
+			ids = append(ids, ev.ID)
 		}
 	}
 	first, dups, unexpected := fanoutArrivals(arr, ids, eps)
 	r.Duplicates, r.Unexpected = dups, unexpected
 	var perDelivery, lastDelivery, fromCommit, insert []time.Duration
 	for _, ev := range sent {
-		if !ev.ok {
+		if !ev.OK {
 			r.Lost += eps
 			continue
 		}
-		insert = append(insert, time.Duration(ev.commit-ev.start))
+		insert = append(insert, time.Duration(ev.Commit-ev.Start))
 		var last int64
 		all := true
 		for ep := 1; ep <= eps; ep++ {
-			at, ok := first[arrivalKey{ev.id, uint16(ep)}]
+			at, ok := first[arrivalKey{ev.ID, uint16(ep)}]
 			if !ok {
 				r.Lost++
 				all = false
 				continue
 			}
-			perDelivery = append(perDelivery, time.Duration(at-ev.start))
-			fromCommit = append(fromCommit, time.Duration(at-ev.commit))
+			perDelivery = append(perDelivery, time.Duration(at-ev.Start))
+			fromCommit = append(fromCommit, time.Duration(at-ev.Commit))
 			last = max(last, at)
 		}
 		if all {
-			lastDelivery = append(lastDelivery, time.Duration(last-ev.start))
+			lastDelivery = append(lastDelivery, time.Duration(last-ev.Start))
 		}
 	}
 	r.PerDelivery, r.LastDelivery = summarize(perDelivery), summarize(lastDelivery)

@@ -7,20 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/bench/produce"
 )
 
-// sentEvent is one producer insert.
-type sentEvent struct {
-	id                       [16]byte
-	scheduled, start, commit int64 // Unix ns
-	ok                       bool
-}
+// sentEvent is one producer insert (package produce times every producer the same way).
+type sentEvent = produce.Event
 
 // producerModes maps --producer-mode to how pgx sends a query: the one list the flag is
 // checked against and the connections are configured from.
@@ -73,57 +69,23 @@ func (b *bench) producerConns(ctx context.Context, n int, mode string) ([]*pgx.C
 	return conns, closeAll, nil
 }
 
-// produceAtRate inserts total events, one per period from a common schedule, from all conns:
-// whichever connection is free takes the next slot, and sleeps until its scheduled time.
-// Latency is later measured from that scheduled time, so a stalled insert delays the events
-// behind it in the measurement too (no coordinated omission).
-// With streams > 0 each event has a stream_id, one of streams in turn (see producerInsert).
-func (b *bench) produceAtRate(ctx context.Context, conns []*pgx.Conn, period time.Duration, total int, eventType string, streams int) ([]sentEvent, int, error) {
-	sent := make([]sentEvent, total)
-	var next atomic.Int64
-	var failures atomic.Int64
-	var firstErr error
-	var errOnce sync.Once
-	t0 := time.Now().Add(10 * time.Millisecond)
-	var wg sync.WaitGroup
-	for _, conn := range conns {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= total {
-					return
-				}
-				sched := t0.Add(time.Duration(i) * period)
-				if d := time.Until(sched); d > 0 {
-					if sleepCtx(ctx, d) != nil {
-						return
-					}
-				}
-				ev := &sent[i]
-				ev.scheduled = sched.UnixNano()
-				ev.start = time.Now().UnixNano()
-				var id pgtype.UUID
-				insert, args := b.producerInsert(eventType, i, streams)
-				err := conn.QueryRow(ctx, insert, args...).Scan(&id)
-				ev.commit = time.Now().UnixNano()
-				if err != nil {
-					failures.Add(1)
-					errOnce.Do(func() { firstErr = err })
-					continue
-				}
-				ev.id, ev.ok = id.Bytes, true
-			}
-		})
+// produceAtRate inserts total events with fluxhook's insert, one per period from a common
+// schedule, from all conns (see produce.AtRate). With streams > 0 each event has a stream_id,
+// one of streams in turn (see producerInsert).
+func (b *bench) produceAtRate(ctx context.Context, conns []*pgx.Conn, period time.Duration, total int, eventType string, streams int) ([]sentEvent, error) {
+	sent, attempted, err := produce.AtRate(ctx, conns, period, total, b.outboxInsert(eventType, streams))
+	b.db.stmts.Add(int64(attempted))
+	return sent, err
+}
+
+// outboxInsert is fluxhook's producer insert: one row of webhook_outbox, its own transaction.
+func (b *bench) outboxInsert(eventType string, streams int) produce.Insert {
+	return func(ctx context.Context, conn *pgx.Conn, seq int) ([16]byte, error) {
+		var id pgtype.UUID
+		insert, args := b.producerInsert(eventType, seq, streams)
+		err := conn.QueryRow(ctx, insert, args...).Scan(&id)
+		return id.Bytes, err
 	}
-	wg.Wait()
-	b.db.stmts.Add(int64(min(int(next.Load()), total)))
-	if err := ctx.Err(); err != nil {
-		return nil, 0, err
-	}
-	if f := failures.Load(); f > 0 {
-		return sent, int(f), fmt.Errorf("%d producer inserts failed, the first with: %w", f, firstErr)
-	}
-	return sent, 0, nil
 }
 
 // latencies measures each sent event against its first arrival.
@@ -131,18 +93,18 @@ func latencies(sent []sentEvent, arr []arrivalRecord) (fromScheduled, fromStart,
 	first, _ := firstArrivals(arr)
 	mine := make(map[[16]byte]struct{}, len(sent))
 	for _, ev := range sent {
-		if !ev.ok {
+		if !ev.OK {
 			continue
 		}
-		mine[ev.id] = struct{}{}
-		at, ok := first[ev.id]
+		mine[ev.ID] = struct{}{}
+		at, ok := first[ev.ID]
 		if !ok {
 			lost++
 			continue
 		}
-		fromScheduled = append(fromScheduled, time.Duration(at-ev.scheduled))
-		fromStart = append(fromStart, time.Duration(at-ev.start))
-		fromCommit = append(fromCommit, time.Duration(at-ev.commit))
+		fromScheduled = append(fromScheduled, time.Duration(at-ev.Scheduled))
+		fromStart = append(fromStart, time.Duration(at-ev.Start))
+		fromCommit = append(fromCommit, time.Duration(at-ev.Commit))
 	}
 	seen := map[[16]byte]int{}
 	for _, a := range arr {
@@ -245,7 +207,7 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 		defer cancel()
 		waitAlongside = opt.alongside(alongsideCtx)
 	}
-	sent, _, err := b.produceAtRate(ctx, conns, period, total, "bench."+name, opt.streams)
+	sent, err := b.produceAtRate(ctx, conns, period, total, "bench."+name, opt.streams)
 	if err != nil {
 		return nil, err
 	}
@@ -272,9 +234,9 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 	r.FromCommit, r.fromCommit = summarize(fromCommit), fromCommit
 	var insert, late []time.Duration
 	for _, ev := range sent {
-		if ev.ok {
-			insert = append(insert, time.Duration(ev.commit-ev.start))
-			late = append(late, time.Duration(max(ev.start-ev.scheduled, 0)))
+		if ev.OK {
+			insert = append(insert, time.Duration(ev.Commit-ev.Start))
+			late = append(late, time.Duration(max(ev.Start-ev.Scheduled, 0)))
 		}
 	}
 	r.Insert, r.Lateness = summarize(insert), summarize(late)
@@ -324,13 +286,13 @@ func backlogOverTime(sent []sentEvent, arr []arrivalRecord) (atEnd, maxSeen int)
 	var edges []edge
 	var endOfProduction int64
 	for _, ev := range sent {
-		if !ev.ok {
+		if !ev.OK {
 			continue
 		}
-		endOfProduction = max(endOfProduction, ev.commit)
-		edges = append(edges, edge{ev.commit, +1})
-		if at, ok := first[ev.id]; ok {
-			edges = append(edges, edge{max(at, ev.commit), -1})
+		endOfProduction = max(endOfProduction, ev.Commit)
+		edges = append(edges, edge{ev.Commit, +1})
+		if at, ok := first[ev.ID]; ok {
+			edges = append(edges, edge{max(at, ev.Commit), -1})
 		}
 	}
 	slices.SortFunc(edges, func(a, b edge) int {

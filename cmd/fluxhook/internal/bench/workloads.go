@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/bench/produce"
 )
 
 // benchInsert is the producer's statement: one row, its own transaction, as an application
@@ -206,17 +207,8 @@ func (b *bench) resetQueue(ctx context.Context) error {
 	return b.consumer.reset(ctx)
 }
 
-// payload is an event body with about payloadBytes of padding.
-func (b *bench) payload(seq int) []byte {
-	buf := make([]byte, 0, b.opts.payloadBytes+40)
-	buf = append(buf, `{"seq":`...)
-	buf = strconv.AppendInt(buf, int64(seq), 10)
-	buf = append(buf, `,"pad":"`...)
-	for range b.opts.payloadBytes {
-		buf = append(buf, 'x')
-	}
-	return append(buf, `"}`...)
-}
+// payload is an event body with about payloadBytes of padding (see produce.Payload).
+func (b *bench) payload(seq int) []byte { return produce.Payload(seq, b.opts.payloadBytes) }
 
 // prefill inserts n events of the drain's type with the dispatcher stopped (see copyPrefill).
 func (b *bench) prefill(ctx context.Context, n int) error {
