@@ -32,7 +32,10 @@ type benchOptions struct {
 	drainEvents      int
 	backlogEvents    int
 	backlogSlice     int
-	rate             int
+	// rates are steady's, one run each (--rate).
+	rates            []int
+	// baseline is --baseline: "" or baselineRiver.
+	baseline         string
 	duration         time.Duration
 	connections      int
 	idleEvents       int
@@ -79,7 +82,8 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	fs.IntVar(&o.drainEvents, "drain-events", 20000, "drain, and soak's drain rate when drain does not run: events prefilled before the dispatcher starts")
 	fs.IntVar(&o.backlogEvents, "backlog-events", 1000000, "backlog: events prefilled before the dispatcher starts")
 	fs.IntVar(&o.backlogSlice, "backlog-slice", 100000, "backlog: throughput is reported per slice of this many events")
-	fs.IntVar(&o.rate, "rate", 1000, "steady: events per second")
+	rates := fs.String("rate", "1000", "steady: events per second, or a comma-separated list of rates, each a run of its own (default with --baseline river: 500,1000)")
+	fs.StringVar(&o.baseline, "baseline", "", "run a baseline beside fluxhook: \"river\" runs River tuned (FetchCooldown 1 ms, poll 20 ms, 200 workers; its producer with InsertTx) after each drain, idle and steady run, and reports the ratios; built with Go from the fluxhook checkout the bench runs in")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "steady: how long to produce")
 	fs.IntVar(&o.connections, "connections", 8, "steady and soak: producer connections")
 	fs.IntVar(&o.idleEvents, "idle-events", 200, "idle, and each of ordered's two idle runs: events, one at a time")
@@ -132,6 +136,25 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	if len(o.workloads) == 0 {
 		return o, cli.UsageError("--workload: name at least one workload")
 	}
+	switch o.baseline {
+	case "", baselineRiver:
+	default:
+		return o, cli.UsageError("--baseline: %q is not a baseline (the one there is: %s)", o.baseline, baselineRiver)
+	}
+	rateSet := false
+	fs.Visit(func(f *flag.Flag) { rateSet = rateSet || f.Name == "rate" })
+	if !rateSet && o.baseline == baselineRiver {
+		*rates = "500,1000"
+	}
+	for _, r := range strings.Split(*rates, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(r))
+		if err != nil || n < 1 {
+			return o, cli.UsageError("--rate: %q is not a positive number of events per second", r)
+		}
+		if !slices.Contains(o.rates, n) {
+			o.rates = append(o.rates, n)
+		}
+	}
 	for _, c := range strings.Split(*producerConns, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(c))
 		if err != nil || n < 1 || n > 150 {
@@ -140,7 +163,7 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 		o.producerConns = append(o.producerConns, n)
 	}
 	switch {
-	case o.drainEvents < 1, o.backlogEvents < 1, o.idleEvents < 1, o.rate < 1, o.connections < 1,
+	case o.drainEvents < 1, o.backlogEvents < 1, o.idleEvents < 1, o.connections < 1,
 		o.fanoutEvents < 1, o.fanoutIdleEvents < 1:
 		return o, cli.UsageError("event counts, --rate and --connections must be positive")
 	case o.orderedStreams < 1 || o.orderedPerStream < 1:
@@ -198,6 +221,8 @@ type bench struct {
 	// workload is the one running, and sessions counts its dispatchers (profile names).
 	workload string
 	sessions int
+	// river is the River baseline's program (--baseline river), nil without it.
+	river *riverBaseline
 }
 
 // Env is what the bench takes from the command line's process, as every fluxhook subcommand
@@ -291,6 +316,13 @@ func (b *bench) run(ctx context.Context, env Env) (_ *benchReport, err error) {
 			b.passedOn = append(b.passedOn, name+"="+v)
 		}
 	}
+	if b.opts.baseline == baselineRiver {
+		b.logf("building the River baseline (go build %s)", riverBaselinePackage)
+		if b.river, err = buildRiverBaseline(ctx); err != nil {
+			return nil, err
+		}
+		defer b.river.close()
+	}
 	if b.redis, err = newRedisCounter(ctx, b.opts.redisURL); err != nil {
 		return nil, err
 	}
@@ -306,6 +338,12 @@ func (b *bench) run(ctx context.Context, env Env) (_ *benchReport, err error) {
 	b.logf("bench database %s ready (%s; %s)", b.db.name, b.db.info.Version, b.db.info.StatementStats)
 	b.dispatcherEnv["DATABASE_URL"] = b.db.url
 	b.dispatcherEnv["WEBHOOK_SECRET"] = b.secret
+	if b.river != nil {
+		if err := b.runRiver(ctx, "migrate"); err != nil {
+			return nil, err
+		}
+		b.logf("River's schema migrated (rivermigrate)")
+	}
 
 	if b.opts.runs("fanout") || b.opts.runs("api") {
 		// The api workload's steady flow goes to the first endpoint path.
@@ -339,11 +377,33 @@ func (b *bench) run(ctx context.Context, env Env) (_ *benchReport, err error) {
 		var err error
 		switch w {
 		case "drain":
-			rep.Drain, err = b.drain(ctx)
+			if rep.Drain, err = b.drain(ctx); err == nil && b.river != nil {
+				b.logf("drain: River tuned")
+				rep.Baseline.Drain, err = b.riverDrain(ctx)
+			}
 		case "idle":
-			rep.Idle, err = b.idle(ctx)
+			if rep.Idle, err = b.idle(ctx); err == nil && b.river != nil {
+				b.logf("idle: River tuned")
+				rep.Baseline.Idle, err = b.riverIdle(ctx)
+			}
 		case "steady":
-			rep.Steady, err = b.steady(ctx)
+			// fluxhook, then River, at each rate in turn: each pair shares the machine's
+			// state of the moment.
+			for _, rate := range b.opts.rates {
+				b.logf("steady: fluxhook at %d/s", rate)
+				var r *latencyResult
+				if r, err = b.steady(ctx, rate); err != nil {
+					break
+				}
+				rep.Steady = append(rep.Steady, r)
+				if b.river != nil {
+					b.logf("steady: River tuned at %d/s", rate)
+					if r, err = b.riverSteady(ctx, rate); err != nil {
+						break
+					}
+					rep.Baseline.Steady = append(rep.Baseline.Steady, r)
+				}
+			}
 		case "producers":
 			rep.Producers, err = b.producers(ctx)
 		case "fanout":
@@ -361,6 +421,7 @@ func (b *bench) run(ctx context.Context, env Env) (_ *benchReport, err error) {
 			return nil, fmt.Errorf("%s: %w", w, err)
 		}
 	}
+	rep.compare()
 	rep.judge(b.opts.noBudget)
 	return rep, nil
 }

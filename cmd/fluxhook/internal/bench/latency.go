@@ -144,10 +144,15 @@ func (b *bench) idle(ctx context.Context) (*latencyResult, error) {
 }
 
 // steady: a fixed rate from several connections for a while.
-func (b *bench) steady(ctx context.Context) (*latencyResult, error) {
-	total := int(float64(b.opts.rate) * b.opts.duration.Seconds())
-	period := time.Duration(float64(time.Second) / float64(b.opts.rate))
-	return b.latencyRun(ctx, "steady", max(total, 1), period, b.opts.connections, latencyOptions{})
+func (b *bench) steady(ctx context.Context, rate int) (*latencyResult, error) {
+	return b.steadyRun(ctx, rate, latencyOptions{})
+}
+
+// steadyRun is steady at rate with opt (the River baseline's: opt.river).
+func (b *bench) steadyRun(ctx context.Context, rate int, opt latencyOptions) (*latencyResult, error) {
+	total := int(float64(rate) * b.opts.duration.Seconds())
+	period := time.Duration(float64(time.Second) / float64(rate))
+	return b.latencyRun(ctx, "steady", max(total, 1), period, b.opts.connections, opt)
 }
 
 // latencyOptions vary a latency run (the ordered workload's idle runs, the api workload's
@@ -167,35 +172,85 @@ type latencyOptions struct {
 	// the function it returns is called when production has ended and waits for it. The api
 	// workload's API clients run there.
 	alongside func(ctx context.Context) (wait func() error)
+	// river runs the River baseline (--baseline river) instead of fluxhook: its dispatcher
+	// and its producer, in processes of their own; overrides, streams, keepLog and ready
+	// do not apply.
+	river bool
 }
+
+// latencyProducer is a latency run's producer: fluxhook's in this process, or a baseline's in
+// its own. Both time their inserts with package produce.
+type latencyProducer interface {
+	// warmUp delivers one unmeasured event per connection through s and returns how many.
+	warmUp(ctx context.Context, s *session) (int, error)
+	// produce inserts total events of eventType, one per period.
+	produce(ctx context.Context, period time.Duration, total int, eventType string) ([]sentEvent, error)
+	// close ends the producer (its connections); safe to call twice.
+	close()
+}
+
+// outboxProducer is fluxhook's producer: connections of the bench's own, inserting into
+// webhook_outbox.
+type outboxProducer struct {
+	b          *bench
+	conns      []*pgx.Conn
+	closeConns func()
+	streams    int
+}
+
+func (p *outboxProducer) warmUp(ctx context.Context, s *session) (int, error) {
+	return p.b.warmUp(ctx, p.conns, s, p.streams)
+}
+
+func (p *outboxProducer) produce(ctx context.Context, period time.Duration, total int, eventType string) ([]sentEvent, error) {
+	return p.b.produceAtRate(ctx, p.conns, period, total, eventType, p.streams)
+}
+
+func (p *outboxProducer) close() { p.closeConns() }
 
 func (b *bench) latencyRun(ctx context.Context, name string, total int, period time.Duration, nconns int, opt latencyOptions) (*latencyResult, error) {
 	reset := b.resetTables
-	if opt.keepLog {
+	if opt.keepLog && !opt.river {
 		reset = b.resetQueue
 	}
 	if err := reset(ctx); err != nil {
 		return nil, err
 	}
-	s, err := b.startSession(ctx, opt.overrides)
+	var s *session
+	var err error
+	if opt.river {
+		s, err = b.startRiverSession(ctx)
+	} else {
+		s, err = b.startSession(ctx, opt.overrides)
+	}
 	if err != nil {
 		return nil, err
 	}
 	defer s.stop()
-	if err := b.waitArmed(ctx); err != nil {
-		return nil, err
+	if !opt.river {
+		if err := b.waitArmed(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if opt.ready != nil {
 		if err := opt.ready(ctx, s); err != nil {
 			return nil, err
 		}
 	}
-	conns, closeConns, err := b.producerConns(ctx, nconns, "prepared")
+	var p latencyProducer
+	if opt.river {
+		p, err = b.startRiverProducer(ctx, nconns, total, period, "bench."+name)
+	} else {
+		var conns []*pgx.Conn
+		var closeConns func()
+		conns, closeConns, err = b.producerConns(ctx, nconns, "prepared")
+		p = &outboxProducer{b: b, conns: conns, closeConns: closeConns, streams: opt.streams}
+	}
 	if err != nil {
 		return nil, err
 	}
-	defer closeConns()
-	warm, err := b.warmUp(ctx, conns, s, opt.streams)
+	defer p.close()
+	warm, err := p.warmUp(ctx, s)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +262,7 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 		defer cancel()
 		waitAlongside = opt.alongside(alongsideCtx)
 	}
-	sent, err := b.produceAtRate(ctx, conns, period, total, "bench."+name, opt.streams)
+	sent, err := p.produce(ctx, period, total, "bench."+name)
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +272,7 @@ func (b *bench) latencyRun(ctx context.Context, name string, total int, period t
 			return nil, err
 		}
 	}
-	closeConns()
+	p.close()
 	arr, st, err := b.collect(ctx, warm+total, 30*time.Second, s.disp, s)
 	if err != nil {
 		return nil, err

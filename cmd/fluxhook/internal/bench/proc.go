@@ -268,6 +268,12 @@ type dispatcherProc struct {
 // startDispatcher runs `fluxhook serve` with env (nothing else inherited) and waits until it
 // answers /readyz: connected, listening for NOTIFY, schema current.
 func startDispatcher(ctx context.Context, exe string, env map[string]string) (*dispatcherProc, error) {
+	return startServer(ctx, "dispatcher", exe, []string{"serve"}, env)
+}
+
+// startServer runs exe with args and env (nothing else inherited), METRICS_ADDR set to a free
+// address, and waits until it answers /readyz there: the dispatcher, or a baseline's.
+func startServer(ctx context.Context, name, exe string, args []string, env map[string]string) (*dispatcherProc, error) {
 	addr, err := freeLoopbackAddr()
 	if err != nil {
 		return nil, err
@@ -283,7 +289,7 @@ func startDispatcher(ctx context.Context, exe string, env map[string]string) (*d
 		full = append(full, k+"="+env[k])
 	}
 	started := time.Now()
-	p, err := startChild("dispatcher", exe, []string{"serve"}, full, nil, io.Discard)
+	p, err := startChild(name, exe, args, full, nil, io.Discard)
 	if err != nil {
 		return nil, err
 	}
@@ -306,7 +312,7 @@ func startDispatcher(ctx context.Context, exe string, env map[string]string) (*d
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			return nil, fmt.Errorf("the dispatcher was not ready within 30 s:\n%s", d.stderr.String())
+			return nil, fmt.Errorf("the %s was not ready within 30 s:\n%s", name, d.stderr.String())
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

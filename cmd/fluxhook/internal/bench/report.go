@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -23,13 +24,16 @@ type benchReport struct {
 	Workloads  []string         `json:"workloads"`
 	Drain      *drainResult     `json:"drain,omitempty"`
 	Idle       *latencyResult   `json:"idle,omitempty"`
-	Steady     *latencyResult   `json:"steady,omitempty"`
+	// Steady has one run per rate (--rate), in order.
+	Steady    []*latencyResult `json:"steady,omitempty"`
 	Producers  *producersResult `json:"producers,omitempty"`
 	Backlog    *backlogResult   `json:"backlog,omitempty"`
 	Fanout     *fanoutResult    `json:"fanout,omitempty"`
 	Ordered    *orderedResult   `json:"ordered,omitempty"`
 	Soak       *soakResult      `json:"soak,omitempty"`
 	API        *apiResult       `json:"api,omitempty"`
+	// Baseline is the baseline's runs and their comparison with fluxhook's (--baseline).
+	Baseline *baselineReport `json:"baseline,omitempty"`
 	// Budget is every check, met or not, computed or not (empty with --no-budget).
 	Budget []budgetCheck `json:"budget"`
 	// BudgetMet is Verdict == "met": every check computed and met.
@@ -324,6 +328,9 @@ func newBenchReport(b *bench) *benchReport {
 	if len(b.passedOn) > 0 {
 		r.Dispatcher = "fluxhook serve, default configuration except " + strings.Join(b.passedOn, " ")
 	}
+	if b.river != nil {
+		r.Baseline = &baselineReport{Name: baselineRiver, Description: riverTuned}
+	}
 	return r
 }
 
@@ -404,12 +411,13 @@ func (r *benchReport) check() {
 		latency("idle", "insert start → arrival p99", i.FromStart, i.FromStart.P99, "≤ 5", 5)
 		add("idle", "lost", float64(i.Lost), "", "0", i.Lost == 0 && i.Rejected == 0)
 	}
-	if s := r.Steady; s != nil {
-		latency("steady", fmt.Sprintf("%.0f/s, scheduled start → arrival p99", s.RatePerSecond), s.FromScheduled, s.FromScheduled.P99, "≤ 10", 10)
+	for _, s := range r.Steady {
+		w := r.steadyLabel(s)
+		latency(w, fmt.Sprintf("%.0f/s, scheduled start → arrival p99", s.RatePerSecond), s.FromScheduled, s.FromScheduled.P99, "≤ 10", 10)
 		limit := max(1, int(s.RatePerSecond/50)) // 20 ms of production
-		add("steady", "backlog when production ended", float64(s.BacklogAtEnd), "events", fmt.Sprintf("≤ %d (no growth)", limit), s.BacklogAtEnd <= limit)
-		add("steady", "lost", float64(s.Lost), "", "0", s.Lost == 0 && s.Rejected == 0)
-		perBatch("steady", s.Cost)
+		add(w, "backlog when production ended", float64(s.BacklogAtEnd), "events", fmt.Sprintf("≤ %d (no growth)", limit), s.BacklogAtEnd <= limit)
+		add(w, "lost", float64(s.Lost), "", "0", s.Lost == 0 && s.Rejected == 0)
+		perBatch(w, s.Cost)
 	}
 	if p := r.Producers; p != nil {
 		for _, c := range p.Comparisons {
@@ -475,6 +483,9 @@ func (r *benchReport) check() {
 	}
 	if a := r.API; a != nil {
 		a.check(add, notComputed)
+	}
+	if r.Baseline != nil {
+		r.checkBaseline(add, notComputed)
 	}
 	r.tally()
 }
@@ -682,6 +693,11 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		}
 	}
 
+	// The comparison with the baseline is printed after the workloads, but its checks are
+	// taken first, so that the workloads' rows leave them to it.
+	var comparison bytes.Buffer
+	r.writeComparison(&comparison, verdict)
+
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "WORKLOAD\tMEASURE\tRESULT\tBUDGET")
 	if d := r.Drain; d != nil {
@@ -698,16 +714,17 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", i.Lost, i.Duplicates, i.Rejected, verdict("idle", "lost"))
 		rest(tw, "idle")
 	}
-	if s := r.Steady; s != nil {
-		fmt.Fprintf(tw, "steady\t%s/s for %.0f s from %d connections, scheduled start → arrival p50, p90\t%s, %s ms\t\n",
-			num(s.RatePerSecond, 0), s.Seconds, s.Connections, ms(s.FromScheduled.P50), ms(s.FromScheduled.P90))
+	for _, s := range r.Steady {
+		w := r.steadyLabel(s)
+		fmt.Fprintf(tw, "%s\t%s/s for %.0f s from %d connections, scheduled start → arrival p50, p90\t%s, %s ms\t\n",
+			w, num(s.RatePerSecond, 0), s.Seconds, s.Connections, ms(s.FromScheduled.P50), ms(s.FromScheduled.P90))
 		fmt.Fprintf(tw, "\t  p99, max\t%s, %s ms\t%s\n", ms(s.FromScheduled.P99), ms(s.FromScheduled.Max),
-			verdict("steady", fmt.Sprintf("%.0f/s, scheduled start → arrival p99", s.RatePerSecond)))
+			verdict(w, fmt.Sprintf("%.0f/s, scheduled start → arrival p99", s.RatePerSecond)))
 		fmt.Fprintf(tw, "\t  commit → arrival p50, p90, p99, max\t%s, %s, %s, %s ms\t\n", ms(s.FromCommit.P50), ms(s.FromCommit.P90), ms(s.FromCommit.P99), ms(s.FromCommit.Max))
 		fmt.Fprintf(tw, "\t  insert start → commit p50, p99; start behind schedule p99\t%s, %s; %s ms\t\n", ms(s.Insert.P50), ms(s.Insert.P99), ms(s.Lateness.P99))
-		fmt.Fprintf(tw, "\t  backlog when production ended (most during the run)\t%d (%d)\t%s\n", s.BacklogAtEnd, s.BacklogMax, verdict("steady", "backlog when production ended"))
-		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", s.Lost, s.Duplicates, s.Rejected, verdict("steady", "lost"))
-		rest(tw, "steady")
+		fmt.Fprintf(tw, "\t  backlog when production ended (most during the run)\t%d (%d)\t%s\n", s.BacklogAtEnd, s.BacklogMax, verdict(w, "backlog when production ended"))
+		fmt.Fprintf(tw, "\t  lost, duplicates, rejected\t%d, %d, %d\t%s\n", s.Lost, s.Duplicates, s.Rejected, verdict(w, "lost"))
+		rest(tw, w)
 	}
 	if p := r.Producers; p != nil {
 		busy, notifies := true, 0.0
@@ -786,6 +803,7 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 		rest(tw, "api")
 	}
 	tw.Flush()
+	_, _ = comparison.WriteTo(w)
 	if s := r.Soak; s != nil {
 		s.writeSamples(w)
 	}
@@ -805,8 +823,8 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 	if r.Idle != nil {
 		rows = append(rows, costRow{name: "idle", c: r.Idle.Cost})
 	}
-	if r.Steady != nil {
-		rows = append(rows, costRow{name: "steady", c: r.Steady.Cost})
+	for _, st := range r.Steady {
+		rows = append(rows, costRow{name: r.steadyLabel(st), c: st.Cost})
 	}
 	if r.Fanout != nil {
 		rows = append(rows, costRow{"fanout*", r.Fanout.Cost, true})

@@ -29,6 +29,9 @@ type session struct {
 	clockStart, clockEnd time.Time
 	clockDone            bool
 	stopped              bool
+	// baseline says the dispatcher is a baseline's (--baseline): no /metrics to read, and
+	// its statements cannot be told apart from its producer's.
+	baseline bool
 }
 
 // startSession reads the counters and starts a dispatcher with the bench's configuration plus
@@ -98,7 +101,10 @@ func (s *session) cost(ctx context.Context, events int) (*costReport, error) {
 	if rss, err := procPeakRSS(s.disp.pid()); err == nil {
 		c.PeakRSSMB = float64(rss) / (1 << 20)
 	}
-	m := s.disp.scrape(ctx)
+	m := dispatcherMetrics{}
+	if !s.baseline {
+		m = s.disp.scrape(ctx)
+	}
 	if err := s.stop(); err != nil {
 		return nil, err
 	}
@@ -127,7 +133,7 @@ func (s *session) cost(ctx context.Context, events int) (*costReport, error) {
 		c.PostgresCPUMicrosPerEvent = &v
 	}
 	c.PGCommitsPerEvent = perEvent(float64(d.Commits))
-	if d.Statements >= 0 {
+	if d.Statements >= 0 && !s.baseline {
 		v := perEvent(float64(d.Statements))
 		c.PGStatementsPerEvent = &v
 		c.TopStatements = d.Top
@@ -139,6 +145,7 @@ func (s *session) cost(ctx context.Context, events int) (*costReport, error) {
 	}
 	c.RedisCommandsPerEvent = perEvent(redisCmds)
 	switch {
+	case s.baseline:
 	case m.scrapeFailed != nil:
 		c.MetricsError = "the dispatcher's /metrics could not be read: " + m.scrapeFailed.Error()
 	case !m.ok:
@@ -195,6 +202,16 @@ func (b *bench) resetTables(ctx context.Context) error {
 func (b *bench) resetQueue(ctx context.Context) error {
 	if err := b.db.exec(ctx, `TRUNCATE webhook_outbox`); err != nil {
 		return err
+	}
+	if b.river != nil {
+		// Each run, fluxhook's or River's, starts with both queues empty: neither pays for
+		// the other's dead rows (autovacuum) in its window.
+		if err := b.db.exec(ctx, `TRUNCATE river_job`); err != nil {
+			return err
+		}
+		if err := b.db.exec(ctx, `DELETE FROM river_leader`); err != nil {
+			return err
+		}
 	}
 	if err := b.db.exec(ctx, `DELETE FROM webhook_dispatcher`); err != nil {
 		return err
@@ -351,8 +368,14 @@ func (b *bench) prefilledSession(ctx context.Context, n int) (*session, error) {
 // drain: prefill N events with the dispatcher stopped, start it, time until the consumer has
 // all N.
 func (b *bench) drain(ctx context.Context) (*drainResult, error) {
+	return b.drainRun(ctx, b.prefilledSession)
+}
+
+// drainRun is the drain of the session that start returns with n events prefilled: fluxhook's
+// (prefilledSession) or a baseline's (riverPrefilledSession).
+func (b *bench) drainRun(ctx context.Context, start func(context.Context, int) (*session, error)) (*drainResult, error) {
 	n := b.opts.drainEvents
-	s, err := b.prefilledSession(ctx, n)
+	s, err := start(ctx, n)
 	if err != nil {
 		return nil, err
 	}
