@@ -28,14 +28,12 @@ const benchDefaultWorkloads = "drain,idle,steady,producers,fanout,ordered"
 
 // benchOptions are the command line of `fluxhook bench`.
 type benchOptions struct {
-	workloads     []string
-	drainEvents   int
-	backlogEvents int
-	backlogSlice  int
-	// rates are steady's, one run each (--rate).
-	rates []int
-	// baseline is --baseline: "" or baselineRiver.
-	baseline         string
+	workloads        []string
+	drainEvents      int
+	backlogEvents    int
+	backlogSlice     int
+	rates            []int  // steady's, one run each (--rate)
+	baseline         string // --baseline: "" or baselineRiver
 	duration         time.Duration
 	connections      int
 	idleEvents       int

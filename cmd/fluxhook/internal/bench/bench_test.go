@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -566,7 +567,22 @@ func TestBenchOptions(t *testing.T) {
 		soakRetention(o) != soakMinRetention {
 		t.Errorf("a 6 s soak: %v, retention %s; want the dispatcher's minimum, %s", err, soakRetention(o), soakMinRetention)
 	}
-	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"},
+	// --rate takes a list; --baseline river runs the two rates unless told otherwise.
+	for _, tc := range []struct {
+		args  []string
+		rates []int
+	}{
+		{nil, []int{1000}},
+		{[]string{"--rate", "500, 1000,500"}, []int{500, 1000}},
+		{[]string{"--baseline", "river"}, []int{500, 1000}},
+		{[]string{"--baseline", "river", "--rate", "1000"}, []int{1000}},
+	} {
+		o, err := parseBenchOptions(env, tc.args)
+		if err != nil || !slices.Equal(o.rates, tc.rates) {
+			t.Errorf("parseBenchOptions(%q): rates %v, %v; want %v", tc.args, o.rates, err, tc.rates)
+		}
+	}
+	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--rate", "500,x"}, {"--baseline", "sidekiq"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"},
 		{"--fanout-endpoints", "0"}, {"--fanout-endpoints", "1001"}, {"--ordered-streams", "0"}, {"--ordered-events-per-stream", "0"},
 		{"--soak-share", "0"}, {"--soak-share", "1.5"}, {"--soak-duration", "1m"}, {"--soak-retention", "30s"}, {"--soak-warmup", "90s"}, {"--soak-warmup", "-1m"},
 		{"--api-log-rows", "0"}, {"--api-endpoints", "0"}, {"--api-rate", "0"}, {"--api-steady-rate", "0"}, {"--api-duration", "0s"}, {"--api-pairs", "0"}} {

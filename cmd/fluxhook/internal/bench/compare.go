@@ -228,6 +228,9 @@ func (r *benchReport) writeComparison(w io.Writer, verdict func(workload, what s
 			case "events/s":
 				return num(*v, 0) + " events/s"
 			}
+			if *v >= 100 {
+				return num(*v, 0) + " " + c.Unit
+			}
 			return num(*v, 1) + " " + c.Unit
 		}
 		ratio := "n/a"

@@ -15,23 +15,22 @@ import (
 
 // benchReport is everything `fluxhook bench` measured; --json prints it as is.
 type benchReport struct {
-	Machine    machineInfo    `json:"machine"`
-	Postgres   pgServerInfo   `json:"postgres"`
-	Redis      string         `json:"redis"`
-	Dispatcher string         `json:"dispatcher"`
-	Config     []string       `json:"config_from_environment,omitempty"`
-	Started    time.Time      `json:"started"`
-	Workloads  []string       `json:"workloads"`
-	Drain      *drainResult   `json:"drain,omitempty"`
-	Idle       *latencyResult `json:"idle,omitempty"`
-	// Steady has one run per rate (--rate), in order.
-	Steady    []*latencyResult `json:"steady,omitempty"`
-	Producers *producersResult `json:"producers,omitempty"`
-	Backlog   *backlogResult   `json:"backlog,omitempty"`
-	Fanout    *fanoutResult    `json:"fanout,omitempty"`
-	Ordered   *orderedResult   `json:"ordered,omitempty"`
-	Soak      *soakResult      `json:"soak,omitempty"`
-	API       *apiResult       `json:"api,omitempty"`
+	Machine    machineInfo      `json:"machine"`
+	Postgres   pgServerInfo     `json:"postgres"`
+	Redis      string           `json:"redis"`
+	Dispatcher string           `json:"dispatcher"`
+	Config     []string         `json:"config_from_environment,omitempty"`
+	Started    time.Time        `json:"started"`
+	Workloads  []string         `json:"workloads"`
+	Drain      *drainResult     `json:"drain,omitempty"`
+	Idle       *latencyResult   `json:"idle,omitempty"`
+	Steady     []*latencyResult `json:"steady,omitempty"` // one run per rate (--rate), in order
+	Producers  *producersResult `json:"producers,omitempty"`
+	Backlog    *backlogResult   `json:"backlog,omitempty"`
+	Fanout     *fanoutResult    `json:"fanout,omitempty"`
+	Ordered    *orderedResult   `json:"ordered,omitempty"`
+	Soak       *soakResult      `json:"soak,omitempty"`
+	API        *apiResult       `json:"api,omitempty"`
 	// Baseline is the baseline's runs and their comparison with fluxhook's (--baseline).
 	Baseline *baselineReport `json:"baseline,omitempty"`
 	// Budget is every check, met or not, computed or not (empty with --no-budget).
