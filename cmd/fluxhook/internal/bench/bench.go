@@ -134,6 +134,9 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	if len(o.workloads) == 0 {
 		return o, cli.UsageError("--workload: name at least one workload")
 	}
+	if o.baseline != "" && !o.runs("drain") && !o.runs("idle") && !o.runs("steady") {
+		return o, cli.UsageError("--baseline %s compares drain, idle and steady: add at least one of them to --workload", o.baseline)
+	}
 	switch o.baseline {
 	case "", baselineRiver:
 	default:

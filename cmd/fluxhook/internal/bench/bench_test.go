@@ -582,7 +582,7 @@ func TestBenchOptions(t *testing.T) {
 			t.Errorf("parseBenchOptions(%q): rates %v, %v; want %v", tc.args, o.rates, err, tc.rates)
 		}
 	}
-	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--rate", "500,x"}, {"--baseline", "sidekiq"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"},
+	for _, args := range [][]string{{"--workload", "nope"}, {"--rate", "0"}, {"--rate", "500,x"}, {"--baseline", "sidekiq"}, {"--baseline", "river", "--workload", "fanout"}, {"--producer-connections", "8,x"}, {"extra"}, {"--producer-mode", "nope"},
 		{"--fanout-endpoints", "0"}, {"--fanout-endpoints", "1001"}, {"--ordered-streams", "0"}, {"--ordered-events-per-stream", "0"},
 		{"--soak-share", "0"}, {"--soak-share", "1.5"}, {"--soak-duration", "1m"}, {"--soak-retention", "30s"}, {"--soak-warmup", "90s"}, {"--soak-warmup", "-1m"},
 		{"--api-log-rows", "0"}, {"--api-endpoints", "0"}, {"--api-rate", "0"}, {"--api-steady-rate", "0"}, {"--api-duration", "0s"}, {"--api-pairs", "0"}} {
