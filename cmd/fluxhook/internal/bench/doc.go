@@ -10,5 +10,8 @@
 // the dispatcher (the binary as `serve`, default configuration, restarted for every workload
 // so that its CPU and peak RSS belong to that workload alone), and the producer (the bench's
 // own process). So Run must run inside the fluxhook binary: it starts os.Executable() for the
-// consumer and the dispatcher.
+// consumer and the dispatcher. With --baseline river, River tuned runs after each drain, idle
+// and steady run, its dispatcher and its producer from riverbaseline, a program the bench
+// builds for the run so that River stays out of the fluxhook binary; package produce times
+// both producers alike.
 package bench
