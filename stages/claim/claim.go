@@ -358,6 +358,13 @@ func (c *Claimer) Queue(b *pgx.Batch, limit int, skip Skip, arm bool, after Curs
 	})
 }
 
+// Shares reports whether the claim for arm may share a round trip, and so an implicit
+// transaction, with a settle before it (Queue after settle.Settler.Queue). Not the claim that
+// orders and arms: its hold-back reading (horizonNowSQL) vouches for every id up to the
+// sequence's last value, and the settle before it, in the same transaction, may have taken
+// ids for retry rows that the reading would then cover before they commit.
+func (c *Claimer) Shares(arm bool) bool { return !(c.ordered() && arm) }
+
 // nextToken returns a lease token no earlier claim of this Claimer used. Tokens only need to
 // differ between claims of one instance (settle matches leased_by too); the counter starts at
 // a random value so that an instance restarted under the same INSTANCE_ID does not reuse the

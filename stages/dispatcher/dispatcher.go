@@ -84,6 +84,10 @@ type Dispatcher struct {
 	// inMemory says events may be routed in memory (see routeInMemory): the dispatcher's
 	// role may take ids from the queue's sequence for the deliveries it logs.
 	inMemory atomic.Bool
+	// riding is a settle waiting to share the next claim's round trip, and claiming is set
+	// while the claiming loop runs and can take it (see settleRiding).
+	riding   atomic.Pointer[ride]
+	claiming atomic.Bool
 
 	mu       sync.Mutex
 	started  bool
@@ -96,6 +100,8 @@ type Dispatcher struct {
 type Stats struct {
 	Claimed, Delivered, Retried, DeadLettered, Deferred, Released atomic.Int64
 	Claims, Settles, SettleErrors, ClaimErrors                    atomic.Int64
+	// SharedSettles counts the settles that shared a claim's round trip (see settleRiding).
+	SharedSettles atomic.Int64
 	// AlreadyDelivered counts the Delivered outcomes that were a consumer's 409 Conflict to a
 	// delivery id it already had (Outcome.AlreadyDelivered); they are in Delivered too.
 	AlreadyDelivered atomic.Int64
@@ -383,8 +389,10 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	// after a refused batch, however large WEBHOOK_MAX_IN_FLIGHT is.
 	d.stages.Sink(func(ctx context.Context) {
 		complete := func(n int) bool { return d.slots.InUse() <= n } // every claimed row is back
+		rideTimer := time.NewTimer(time.Hour)
+		rideTimer.Stop()
 		pipeline.BatchUntil(d.toSettle, max(min(d.cfg.MaxInFlight, 1000), d.cfg.BatchSize, 64), settleLinger, complete, func(batch []*delivery.Delivery) {
-			d.settle(ctx, batch)
+			d.settleRiding(ctx, batch, rideTimer)
 		})
 	})
 	d.stages.OnCutShort = func(cause error) {
@@ -568,11 +576,14 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	var trickle trickleRate
 	claimCtx, cancelClaims := withGrace(ctx, claimGrace) // see claimGrace
 	defer cancelClaims()
+	d.claiming.Store(true)
+	defer d.claiming.Store(false) // a settle waiting to ride goes on its own (settleRiding)
 	for ctx.Err() == nil {
 		d.lastLoop.Store(time.Now().UnixNano())
 		free := d.slots.Free()
 		if free <= 0 { // below 0 while routed events' deliveries fill more than a batch's slots
-			hold.unseen() // saturations that begin while we wait are not watched
+			hold.unseen()   // saturations that begin while we wait are not watched
+			d.declineRide() // it would wait for a claim that waits for its slots
 			select {
 			case <-d.slots.Freed():
 			case <-ctx.Done():
@@ -607,7 +618,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		// an idle instance, whose claims bring no rows to prepare, learns a change here too.
 		d.refreshEndpoints(ctx)
 		d.beforeClaim(&ordering)
-		res, err := d.claimer.Claim(claimCtx, limit, skip, arming, after)
+		res, err := d.claim(claimCtx, limit, skip, arming, after)
 		rows := res.Rows
 		if err == nil {
 			skipped = append(skipped[:0], skipping...)
@@ -909,6 +920,7 @@ func (h *skipHoldback) observe(now time.Time, skip []string, rows int, took time
 // holdBack waits until until, or until a request finishes (the endpoints skipped may have
 // room again); wake-ups stay pending for the claim that follows.
 func (d *Dispatcher) holdBack(ctx context.Context, until time.Time) {
+	d.declineRide()
 	t := time.NewTimer(time.Until(until))
 	defer t.Stop()
 	select {
@@ -920,6 +932,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, until time.Time) {
 
 // waitFreed waits up to wait for a request to finish (freed capacity) or a wake-up.
 func (d *Dispatcher) waitFreed(ctx context.Context, wait time.Duration) {
+	d.declineRide()
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -1213,10 +1226,10 @@ func invalidHeaderByte(v string) int {
 	return -1
 }
 
-// settle commits one batch of outcomes, tells the gate, logs, and frees the rows' slots.
-func (d *Dispatcher) settle(ctx context.Context, batch []*delivery.Delivery) {
-	rows, done := d.settleAnchored(ctx, batch)
-	res, err := d.settler.Settle(ctx, rows)
+// settled reports one settled batch: rows are what the settle statement wrote (res, err),
+// done what settleAnchored already settled; it tells the gate, logs, and frees the batch's
+// slots.
+func (d *Dispatcher) settled(ctx context.Context, batch, rows, done []*delivery.Delivery, res settle.Result, err error) {
 	d.stats.Settles.Add(1)
 	if err != nil {
 		d.stats.SettleErrors.Add(1)
