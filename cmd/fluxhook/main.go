@@ -12,8 +12,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 
@@ -77,6 +79,11 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 
 // runWithStdin is run with standard input given, so that tests can pipe a secret in.
 func runWithStdin(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) > 1 && args[0] == "help" {
+		// `fluxhook help serve` is `fluxhook serve -h`, groups' subcommands included
+		// (`fluxhook help dlq list`), so that the two can never differ.
+		args = append(args[1:len(args):len(args)], "-h")
+	}
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(stdout)
 		if len(args) == 0 {
@@ -89,11 +96,7 @@ func runWithStdin(args []string, stdin io.Reader, stdout, stderr io.Writer, gete
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		if near := nearestCommand(args[0]); near != "" {
-			fmt.Fprintf(stderr, "fluxhook: unknown command %q; did you mean `fluxhook %s`?\n\n", args[0], near)
-		} else {
-			fmt.Fprintf(stderr, "fluxhook: unknown command %q\n\n", args[0])
-		}
+		fmt.Fprintf(stderr, "fluxhook: unknown command %q%s\n\n", args[0], didYouMean("fluxhook", args[0], slices.Collect(maps.Keys(commands))))
 		usage(stderr)
 		return 2
 	}
@@ -113,8 +116,10 @@ func runWithStdin(args []string, stdin io.Reader, stdout, stderr io.Writer, gete
 	return 0
 }
 
+// usage is the top help. What it says of every command's help is checked by the test that
+// walks them (TestEveryCommandsHelpHasOneShape).
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: fluxhook COMMAND [flags]\n\ncommands:")
+	fmt.Fprintln(w, "usage: fluxhook COMMAND [flags]\n\nDeliver webhooks from a PostgreSQL outbox: signed, retried, and dead-lettered when they cannot be delivered.\n\ncommands:")
 	names := make([]string, 0, len(commands))
 	for name := range commands {
 		names = append(names, name)
@@ -123,17 +128,29 @@ func usage(w io.Writer) {
 	for _, name := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
 	}
-	fmt.Fprintln(w, "\nRun `fluxhook COMMAND -h` for a command's flags. Every flag can also be set by its environment variable.")
+	fmt.Fprintln(w, "\nRun `fluxhook help COMMAND` (or `fluxhook COMMAND -h`) for a command's flags. A flag that falls back to an\nenvironment variable says so ([env: NAME]); the others have none.")
 }
 
 // usageError wraps a command-line problem so that it exits with status 2.
 var usageError = cli.UsageError
 
-// nearestCommand is the command name within two edits of name (a typo: serv, stauts), or one
-// that name is a prefix of, or "" when none is close: what "did you mean" suggests.
-func nearestCommand(name string) string {
+// didYouMean is what an unknown command or subcommand name is answered with besides the
+// refusal: "; did you mean `PREFIX NAME`?" for the nearest of candidates (see nearest), or ""
+// when none is close. One function for every level, so that `fluxhook serv` and `fluxhook dlq
+// lst` are answered alike.
+func didYouMean(prefix, name string, candidates []string) string {
+	near := nearest(name, candidates)
+	if near == "" {
+		return ""
+	}
+	return fmt.Sprintf("; did you mean `%s %s`?", prefix, near)
+}
+
+// nearest is the candidate within two edits of name (a typo: serv, stauts, lsit), or one that
+// name is a prefix of, or "" when none is close.
+func nearest(name string, candidates []string) string {
 	best, bestDist := "", 3
-	for c := range commands {
+	for _, c := range candidates {
 		d := editDistance(name, c)
 		if len(name) >= 2 && strings.HasPrefix(c, name) {
 			d = min(d, 1)

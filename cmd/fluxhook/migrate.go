@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	commands["migrate"] = command{summary: "install or upgrade the schema (or --print it for psql)", run: runMigrate}
+	commands["migrate"] = command{summary: "Install or upgrade the schema (or --print it for psql)", run: runMigrate}
 }
 
 // runMigrate applies the embedded migrations under an advisory lock, or prints them as one

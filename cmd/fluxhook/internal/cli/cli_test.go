@@ -34,7 +34,7 @@ func TestRedactURL(t *testing.T) {
 
 func TestParseFlagsAllowsFlagsAfterArguments(t *testing.T) {
 	t.Parallel()
-	fs := NewFlagSet("x", io.Discard, "x")
+	fs := NewFlagSet("x", io.Discard, io.Discard, "x")
 	force := fs.Bool("force", false, "")
 	n := fs.Int("n", 0, "")
 	pos, err := ParseFlags(fs, []string{"7", "--force", "8", "-n", "3", "--", "--not-a-flag"})
