@@ -112,7 +112,7 @@ func TestURLsTheDispatcherCannotReachAreRefusedAtTheDoor(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "notaurl"}, "EndpointURL"},
+		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "notaurl"}, "--endpoint-url: it has no scheme"},
 		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "https://user:pw@consumer.example/hook"}, "user name or password"},
 		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "http://127.0.0.1:9/admin"}, "WEBHOOK_ROW_URL_NETWORKS"},
 		{[]string{"endpoints", "add", "--url", "https://10.0.0.5/hooks", "--secret", serveSecret}, "WEBHOOK_ALLOWED_NETWORKS"},
