@@ -112,8 +112,8 @@ func TestEndpointsSecretFromFileOrStdin(t *testing.T) {
 			t.Errorf("%v: stderr %q shows the file's secret", tc.args, r.stderr)
 		}
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_endpoints`); n != 3 {
-		t.Errorf("%d endpoints, want the 3 added (no refused add went through)", n)
+	if n := count(t, db, `SELECT count(*) FROM webhook_endpoints`); n != 4 {
+		t.Errorf("%d endpoints, want the 4 added (no refused add went through)", n)
 	}
 }
 

@@ -370,3 +370,26 @@ func TestCommandLineMistakes(t *testing.T) {
 		t.Errorf("xyzzy: exit %d, %q; want 2 and no suggestion", r.code, r.stderr)
 	}
 }
+
+// TestSubcommandTyposGetASuggestion: a mistyped subcommand is answered as a mistyped command
+// is, by the same suggestion (didYouMean), with exit status 2; one nothing is close to gets
+// none.
+func TestSubcommandTyposGetASuggestion(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ args, want string }{
+		{"dlq lst", "fluxhook dlq list"},
+		{"dlq replya", "fluxhook dlq replay"},
+		{"endpoints ad", "fluxhook endpoints add"},
+		{"endpoints rotate", "fluxhook endpoints rotate-secret"},
+		{"api-keys lsit", "fluxhook api-keys list"},
+		{"help stauts", "fluxhook status"},
+	} {
+		r := runCLIEnv(t, nil, strings.Fields(tc.args)...)
+		if r.code != 2 || !strings.Contains(r.stderr, "did you mean `"+tc.want+"`?") {
+			t.Errorf("fluxhook %s: exit %d, %q; want 2 and a suggestion of %s", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+	if r := runCLIEnv(t, nil, "dlq", "xyzzy"); r.code != 2 || strings.Contains(r.stderr, "did you mean") {
+		t.Errorf("dlq xyzzy: exit %d, %q; want 2 and no suggestion", r.code, r.stderr)
+	}
+}
