@@ -310,7 +310,7 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 		"what an ordered stream does at a dead letter: skip it, or stop until it is replayed or purged")
 	document(fs, "ordering-failure", flagDoc{Placeholder: "skip|stop", Default: endpoints.OrderingFailureSkip})
 	fs.BoolVar(&n.Disabled, "disabled", false, "add it without routing events to it yet")
-	asJSON := fs.Bool("json", false, "print the endpoint, with its secret, as one JSON object")
+	asJSON := fs.Bool("json", false, "print the endpoint as one JSON object, with its secret when fluxhook generated it")
 	if err := noArguments(fs, args); err != nil {
 		return err
 	}
@@ -639,7 +639,7 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	fs.Var(&secret, "secret", "the new secret for a --scheme change, or - to read it from standard input")
 	document(fs, "secret", flagDoc{Placeholder: "SECRET", Default: "generated and printed once"})
 	secretFile := fs.String("secret-file", "", "read the new secret for a --scheme change from this `file` (one line)")
-	asJSON := fs.Bool("json", false, "print the updated endpoint as one JSON object")
+	asJSON := fs.Bool("json", false, "print the updated endpoint as one JSON object (with a new secret fluxhook generated for a --scheme change)")
 	id, err := oneID(fs, args, "update")
 	if err != nil {
 		return err
@@ -780,7 +780,7 @@ func runEndpointsRotateSecret(ctx context.Context, env *environment, args []stri
 	document(fs, "secret", flagDoc{Placeholder: "SECRET", Default: "generated in the endpoint's scheme and printed once"})
 	secretFile := fs.String("secret-file", "", "read the new secret from this `file` (one line), keeping it off the command line")
 	grace := fs.Duration("grace", endpoints.DefaultGrace, "how long the old secret keeps signing; 0 drops it at once (a leaked secret)")
-	asJSON := fs.Bool("json", false, "print the endpoint, with its new secret, as one JSON object")
+	asJSON := fs.Bool("json", false, "print the endpoint as one JSON object, with its new secret when fluxhook generated it")
 	id, err := oneID(fs, args, "rotate-secret")
 	if err != nil {
 		return err

@@ -384,7 +384,7 @@ func TestEndpointsOrdering(t *testing.T) {
 		{[]string{"update", ordered.ID, "--ordering", "Stream"}, `or "stream"`},
 		{[]string{"update", ordered.ID, "--ordering-failure", "pause"}, `use "skip"`},
 		{[]string{"update", ordered.ID, "--ordering-failure", ""}, `--ordering-failure: "" is not`},
-		{[]string{"update", ordered.ID, "--ordering"}, "flag needs an argument: -ordering"},
+		{[]string{"update", ordered.ID, "--ordering"}, "flag needs an argument: --ordering"},
 	} {
 		r := runEndpointsCLI(t, db, nil, tc.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {

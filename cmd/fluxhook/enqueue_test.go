@@ -82,7 +82,8 @@ func TestEnqueueCommandRejectsBadFlagsWithoutWriting(t *testing.T) {
 		{[]string{"enqueue", "--event-type", "a\tb"}, `--event-type "a\tb" contains a control character`},
 		{[]string{"enqueue", "--event-type", "t", "--payload", `{"a": "\u0000"}`}, `--payload contains \u0000`},
 		{[]string{"enqueue", "--event-type", "t", "--endpoint-url", "ftp://consumer.example/"}, `--endpoint-url: scheme "ftp" is not supported`},
-		{[]string{"enqueue", "--nope"}, "flag provided but not defined"},
+		{[]string{"enqueue", "--nope"}, "unknown flag --nope"},
+		{[]string{"enqueue", "--event-typ", "t"}, "unknown flag --event-typ; did you mean --event-type?"},
 	}
 	for _, tc := range cases {
 		r := runCLI(t, db.URL, tc.args...)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 )
 
@@ -32,7 +33,7 @@ func ParseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 			if asked {
 				return nil, err
 			}
-			return nil, UsageError("%v", err)
+			return nil, flagError(fs, err)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -67,3 +68,43 @@ func WriteJSON(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
+
+// flagError is the flag package's refusal in the words of fluxhook's help, which writes flags
+// with two dashes: "-bogus" reads as a different flag from the --bogus typed, and an unknown
+// flag gets the nearest one suggested, as an unknown command does.
+func flagError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		msg = "unknown flag --" + name
+		if near := Nearest(name, names); near != "" {
+			msg += "; did you mean --" + near + "?"
+		}
+		return UsageError("%s", msg)
+	}
+	if m := parseError.FindStringSubmatch(msg); m != nil {
+		// The flag package says only "parse error" of a number or a duration it cannot read.
+		want := "a value of the right kind"
+		if f := fs.Lookup(m[2]); f != nil {
+			switch doc, _ := docOf(f); doc.Placeholder {
+			case "N":
+				want = "a whole number"
+			case "NUMBER":
+				want = "a number, such as 0.5"
+			case "DURATION":
+				want = "a duration, such as 30s, 5m or 2h"
+			case "":
+				want = "true or false"
+			}
+		}
+		return UsageError("--%s %q: want %s", m[2], m[1], want)
+	}
+	return UsageError("%s", singleDashFlag.ReplaceAllString(msg, "$1--$2"))
+}
+
+// parseError is the flag package's refusal of a value its own types cannot parse.
+var parseError = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-([a-z0-9-]+): parse error$`)
+
+// singleDashFlag is a flag as the flag package names it in its errors: "-name".
+var singleDashFlag = regexp.MustCompile(`(^|[\s:])-([a-z][a-z0-9-]*)`)
