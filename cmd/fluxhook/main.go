@@ -83,11 +83,12 @@ func runWithStdin(args []string, stdin io.Reader, stdout, stderr io.Writer, gete
 		// (`fluxhook help dlq list`), so that the two can never differ.
 		args = append(args[1:len(args):len(args)], "-h")
 	}
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
+		usage(stderr) // a usage error, as a group without its subcommand is
+		return 2
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(stdout)
-		if len(args) == 0 {
-			return 2
-		}
 		return 0
 	}
 	if args[0] == "--version" || args[0] == "-version" || args[0] == "-v" {

@@ -180,6 +180,9 @@ func TestEveryCommandsHelpHasOneShape(t *testing.T) {
 			t.Errorf("the top help lacks %q:\n%s", claim, top.stdout)
 		}
 	}
+	if bare := runCLIEnv(t, nil); bare.code != 2 || bare.stdout != "" || bare.stderr != top.stdout {
+		t.Errorf("fluxhook without a command: exit %d, stdout %q; want 2 and the top help on stderr", bare.code, bare.stdout)
+	}
 	if strings.Contains(strings.ToLower(top.stdout), "every flag") {
 		t.Errorf("the top help claims something of every flag:\n%s", top.stdout)
 	}
