@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	commands["api"] = command{summary: "serve the management API alone, without delivering (API_ADDR)", run: runAPI}
+	commands["api"] = command{summary: "Serve the management API alone, without delivering (API_ADDR)", run: runAPI}
 }
 
 // apiSettingNames are the settings `fluxhook api` reads: the database, where to listen, the

@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	commands["api-keys"] = command{summary: "manage the management API's keys: add, list, revoke", run: runAPIKeys}
+	commands["api-keys"] = command{summary: "Manage the management API's keys: add, list, revoke", run: runAPIKeys}
 }
 
 // apiKeysSubcommands are `fluxhook api-keys`'s subcommands, in the order its help lists them.
@@ -36,11 +36,11 @@ func runAPIKeys(ctx context.Context, env *environment, args []string) error {
 // key sees every tenant and manages keys, so it must never be what an empty or forgotten
 // --tenant "$CUSTOMER" silently makes.
 func runAPIKeysAdd(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("api-keys add", env, "fluxhook api-keys add --tenant T | --admin [--description D] [--json]")
+	fs := newFlagSet("api-keys add", env, "fluxhook api-keys add --tenant TENANT | --admin [--description TEXT] [--json]")
 	dbURL := databaseURLFlag(fs, env)
-	tenant := fs.String("tenant", "", "limit the key to this tenant's endpoints, events and dead letters")
+	tenant := fs.String("tenant", "", "limit the key to this `tenant`'s endpoints, events and dead letters")
 	admin := fs.Bool("admin", false, "make an admin key: every tenant, and the keys themselves")
-	description := fs.String("description", "", "free text for people: who uses the key")
+	description := fs.String("description", "", "free `text` for people: who uses the key")
 	asJSON := fs.Bool("json", false, "print the key and its record as one JSON object")
 	if err := noArguments(fs, args); err != nil {
 		return err

@@ -8,7 +8,7 @@ import (
 
 func init() {
 	commands["bench"] = command{
-		summary: "measure throughput, latency and cost against the performance budget (starts what it needs)",
+		summary: "Measure throughput, latency and cost against the performance budget (starts what it needs)",
 		run:     runBench,
 	}
 }

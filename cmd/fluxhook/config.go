@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -20,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
 	"github.com/fluxora/fluxhook/stages/send"
 	"github.com/fluxora/fluxhook/stages/sign"
@@ -29,36 +31,38 @@ import (
 // of the same name in lower case with dashes (WEBHOOK_URL ↔ --webhook-url); a flag wins over
 // the environment. Defaults are written here, in one place, as the operator would type them.
 type setting struct {
-	env    string
-	def    string
-	help   string
-	secret bool
+	env  string
+	def  string
+	help string
+	// shownDef is what -h says of a default worked out from other settings (def is empty).
+	shownDef string
+	secret   bool
 }
 
 // settings lists every variable `serve` reads, with the original's names and defaults where
 // it had them.
 var settings = []setting{
 	{env: "DATABASE_URL", help: "PostgreSQL connection URL (required)", secret: true},
-	{env: "DATABASE_LISTEN_URL", help: "connection URL for the LISTEN session alone, to the same database (e.g. direct, when DATABASE_URL goes through a pooler); empty = DATABASE_URL", secret: true},
-	{env: "REDIS_URL", help: "Redis for the circuit breaker and rate limit shared by every instance (redis://, rediss://, unix://; Sentinel with ?master_name=; Cluster with ?cluster=true&addr=...); empty = in-process", secret: true},
+	{env: "DATABASE_LISTEN_URL", help: "connection URL for the LISTEN session alone, to the same database (e.g. direct, when DATABASE_URL goes through a pooler)", shownDef: "DATABASE_URL", secret: true},
+	{env: "REDIS_URL", help: "Redis for the circuit breaker and rate limit shared by every instance (redis://, rediss://, unix://; Sentinel with ?master_name=; Cluster with ?cluster=true&addr=...)", shownDef: "none: each instance keeps its own, in-process", secret: true},
 	{env: "WEBHOOK_URL", help: "consumer URL for rows without endpoint_url; https unless loopback (optional when endpoints are managed with fluxhook endpoints)"},
 	{env: "WEBHOOK_SECRET", help: "HMAC signing secret for WEBHOOK_URL and endpoint_url rows (required with WEBHOOK_URL)", secret: true},
 	{env: "WEBHOOK_SECRET_PREVIOUS", help: "previous secret during a rotation", secret: true},
-	{env: "WEBHOOK_SIGNATURE_SCHEME", def: "fluxora", help: "fluxora | standard"},
+	{env: "WEBHOOK_SIGNATURE_SCHEME", def: "fluxora", help: "how requests are signed (docs/wire-format.md)"},
 	{env: "WEBHOOK_POLL_INTERVAL_MS", def: "10000", help: "backstop poll interval"},
 	{env: "WEBHOOK_BATCH_SIZE", def: "100", help: "most rows per claim (the original's default was 10)"},
 	{env: "WEBHOOK_MAX_IN_FLIGHT", def: "256", help: "rows claimed and not yet settled; also the number of send workers"},
 	{env: "WEBHOOK_ENDPOINT_CONCURRENCY", def: "64", help: "concurrent requests per endpoint"},
 	{env: "WEBHOOK_TIMEOUT_MS", def: "30000", help: "HTTP request timeout"},
-	{env: "WEBHOOK_LEASE_MS", help: "claim lease (default 2×timeout + 30 s)"},
-	{env: "WEBHOOK_DRAIN_TIMEOUT_MS", help: "how long SIGTERM waits for in-flight requests (default timeout + 5 s)"},
+	{env: "WEBHOOK_LEASE_MS", help: "claim lease", shownDef: "2 × WEBHOOK_TIMEOUT_MS + 30000"},
+	{env: "WEBHOOK_DRAIN_TIMEOUT_MS", help: "how long SIGTERM waits for in-flight requests", shownDef: "WEBHOOK_TIMEOUT_MS + 5000"},
 	{env: "WEBHOOK_RETRY_SCHEDULE", def: "5s,1m,5m,30m,2h,6h,12h,24h", help: "waits before each retry; its length sets the attempts"},
 	{env: "WEBHOOK_MAX_PAYLOAD_BYTES", def: "1048576", help: "larger payloads are dead-lettered"},
 	{env: "WEBHOOK_RESPONSE_EXCERPT_BYTES", def: "1024", help: "how much of each consumer answer is stored with the attempt (delivery log, dead letters); 0 = none, at most 65536"},
 	{env: "WEBHOOK_PERMANENT_STATUSES", def: "413", help: "consumer answers dead-lettered at once besides 410 (comma-separated, or none); every other non-2xx answer is retried on the schedule"},
-	{env: "WEBHOOK_409_DELIVERED", help: "true | false: a consumer's 409 Conflict means it already has the event (settled delivered, not dead-lettered); default true under the fluxora scheme, false under standard"},
-	{env: "WEBHOOK_ORDERING", def: "none", help: "none | stream: deliver each stream_id's rows for WEBHOOK_URL and endpoint_url one at a time, in id order (docs/ordering.md)"},
-	{env: "WEBHOOK_ORDERING_FAILURE", def: "skip", help: "skip | stop: when an ordered stream's head is dead-lettered, its later events go on (skip) or wait until it is replayed or purged (stop)"},
+	{env: "WEBHOOK_409_DELIVERED", help: "a consumer's 409 Conflict means it already has the event (settled delivered, not dead-lettered)", shownDef: "true under the fluxora scheme, false under standard"},
+	{env: "WEBHOOK_ORDERING", def: "none", help: "stream delivers each stream_id's rows for WEBHOOK_URL and endpoint_url one at a time, in id order (docs/ordering.md); none keeps no order"},
+	{env: "WEBHOOK_ORDERING_FAILURE", def: "skip", help: "when an ordered stream's head is dead-lettered, its later events go on (skip) or wait until it is replayed or purged (stop)"},
 	{env: "WEBHOOK_RETRY_RPS", def: "10", help: "attempts per second per consumer URL before retries are deferred"},
 	{env: "WEBHOOK_RETRY_SHARE", def: "0.5", help: "share of WEBHOOK_RETRY_RPS kept for retries while first attempts fill the window"},
 	{env: "WEBHOOK_CIRCUIT_BREAKER_THRESHOLD", def: "0", help: "consecutive retryable failures that open an endpoint's circuit; 0 = off"},
@@ -69,47 +73,59 @@ var settings = []setting{
 	{env: "WEBHOOK_ENDPOINT_DISABLE_AFTER", def: "120h", help: "disable a managed endpoint failing without a success for this long"},
 	{env: "WEBHOOK_ALLOWED_NETWORKS", help: "private networks (CIDRs) WEBHOOK_URL and managed endpoints may resolve to; by default private, link-local and metadata addresses are refused"},
 	{env: "WEBHOOK_ROW_URL_NETWORKS", help: "networks (CIDRs, or loopback) a row's endpoint_url may reach; by default public addresses only: rows' URLs are written by producers, so neither loopback nor WEBHOOK_ALLOWED_NETWORKS applies to them"},
-	{env: "LOG_LEVEL", def: "info", help: "debug | info | warn | error"},
-	{env: "LOG_FORMAT", def: "json", help: "json | console (coloured on a terminal unless NO_COLOR is set)"},
+	{env: "LOG_LEVEL", def: "info", help: "the least severe log lines written"},
+	{env: "LOG_FORMAT", def: "json", help: "log lines as JSON, or for people (console: coloured on a terminal unless NO_COLOR is set)"},
 	{env: "API_ADDR", help: "address for the management API (/v1, docs/api.md), e.g. 127.0.0.1:8080 (off when empty; fluxhook api serves it alone)"},
-	{env: "API_PUBLIC_URL", help: "the base URL users reach the API at (behind a proxy), for portal links; empty = the request's host"},
-	{env: "PORTAL_FRAME_ANCESTORS", help: "origins allowed to embed the portal in a frame, space-separated (e.g. https://app.example.com); empty = none"},
-	{env: "API_DATABASE_URL", help: "the API's own connection, as a role with the API's grants (docs/install.md); empty = DATABASE_URL", secret: true},
+	{env: "API_PUBLIC_URL", help: "the base URL users reach the API at (behind a proxy), for portal links", shownDef: "the request's host"},
+	{env: "PORTAL_FRAME_ANCESTORS", help: "origins allowed to embed the portal in a frame, space-separated (e.g. https://app.example.com)", shownDef: "none"},
+	{env: "API_DATABASE_URL", help: "the API's own connection, as a role with the API's grants (docs/install.md)", shownDef: "DATABASE_URL", secret: true},
 	{env: "METRICS_ADDR", help: "address for /metrics, /livez and /readyz, e.g. 127.0.0.1:9090 (off when empty)"},
 	{env: "METRICS_ENDPOINT_LABEL", def: "false", help: "add an endpoint-hash label to fluxora_webhook_deliveries_total"},
 	{env: "PROFILE_DIR", help: "write cpu.pprof and allocs.pprof of this run into this directory at shutdown (profiling; off when empty)"},
 }
 
-// valueKind names what a setting's value is, for -h: taken from the variable's name, which
-// says it for every setting.
-func valueKind(env string) string {
+// placeholder names a setting's value in -h: its choices where it has a few, else what the
+// variable's name says it is, which it does for every setting.
+func placeholder(env string) string {
+	switch env {
+	case "WEBHOOK_SIGNATURE_SCHEME":
+		return "fluxora|standard"
+	case "WEBHOOK_ORDERING":
+		return "none|stream"
+	case "WEBHOOK_ORDERING_FAILURE":
+		return "skip|stop"
+	case "LOG_LEVEL":
+		return "debug|info|warn|error"
+	case "LOG_FORMAT":
+		return "json|console"
+	case "WEBHOOK_409_DELIVERED", "METRICS_ENDPOINT_LABEL":
+		return "true|false"
+	case "WEBHOOK_PERMANENT_STATUSES":
+		return "STATUSES"
+	case "PORTAL_FRAME_ANCESTORS":
+		return "ORIGINS"
+	}
 	switch {
 	case strings.HasSuffix(env, "_URL"):
-		return "url"
+		return "URL"
 	case strings.HasSuffix(env, "_MS"):
-		return "milliseconds"
+		return "MILLISECONDS"
 	case strings.HasSuffix(env, "_SECRET") || strings.HasSuffix(env, "_PREVIOUS") || strings.HasSuffix(env, "_KEY"):
-		return "secret"
+		return "SECRET"
 	case strings.HasSuffix(env, "_SCHEDULE"):
-		return "durations"
+		return "DURATIONS"
 	case strings.HasSuffix(env, "_RETENTION") || strings.HasSuffix(env, "_AFTER"):
-		return "duration"
+		return "DURATION"
 	case strings.HasSuffix(env, "_SHARE"):
-		return "fraction"
+		return "FRACTION"
 	case strings.HasSuffix(env, "_NETWORKS"):
-		return "cidrs"
+		return "CIDRS"
 	case strings.HasSuffix(env, "_ADDR"):
-		return "host:port"
+		return "HOST:PORT"
 	case strings.HasSuffix(env, "_DIR"):
-		return "directory"
-	case strings.HasSuffix(env, "_SIZE") || strings.HasSuffix(env, "_BYTES") || strings.HasSuffix(env, "_FLIGHT") ||
-		strings.HasSuffix(env, "_CONCURRENCY") || strings.HasSuffix(env, "_RPS") || strings.HasSuffix(env, "_THRESHOLD"):
-		return "integer"
-	case strings.HasSuffix(env, "_DELIVERED") || strings.HasSuffix(env, "_LABEL"):
-		return "bool"
-	default:
-		return "choice"
+		return "DIR"
 	}
+	return "N" // the rest are counts and sizes (_SIZE, _BYTES, _RPS, _THRESHOLD, ...)
 }
 
 func flagName(env string) string { return strings.ReplaceAll(strings.ToLower(env), "_", "-") }
@@ -128,17 +144,12 @@ func loadSettings(fs *flag.FlagSet, args []string, env *environment) (map[string
 func loadSettingsOf(settings []setting, fs *flag.FlagSet, args []string, env *environment) (map[string]string, error) {
 	flagged, files := map[string]*string{}, map[string]*string{}
 	for _, s := range settings {
-		// The kind in back quotes is what -h shows after the flag's name (the flag package
-		// takes it from there), instead of "string" for all of them; the environment
-		// variable is written as every command writes it.
-		detail := "`" + valueKind(s.env) + "`"
-		if s.def != "" {
-			detail += ", default " + s.def
-		}
-		flagged[s.env] = fs.String(flagName(s.env), "", s.help+" ("+detail+", env "+s.env+")")
+		name := flagName(s.env)
+		flagged[s.env] = fs.String(name, "", s.help)
+		cli.Document(fs, name, cli.FlagDoc{Placeholder: placeholder(s.env), Default: cmp.Or(s.def, s.shownDef), Env: s.env})
 		if s.secret {
-			files[s.env] = fs.String(flagName(s.env)+"-file", "",
-				"read "+s.env+" from this `file` (one trailing newline removed), keeping it off the command line (env "+s.env+"_FILE)")
+			files[s.env] = fs.String(name+"-file", "", "read "+s.env+" from this file (one trailing newline removed), keeping it off the command line")
+			cli.Document(fs, name+"-file", cli.FlagDoc{Placeholder: "FILE", Env: s.env + "_FILE"})
 		}
 	}
 	if err := noArguments(fs, args); err != nil {

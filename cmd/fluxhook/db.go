@@ -33,7 +33,11 @@ var (
 	parseFlags    = cli.ParseFlags
 	noArguments   = cli.NoArguments
 	writeJSON     = cli.WriteJSON
+	document      = cli.Document
 )
+
+// flagDoc is what a flag's help line says besides its usage (cli.FlagDoc).
+type flagDoc = cli.FlagDoc
 
 // connect opens a small pool for an operator command and pings it, so that a wrong URL fails
 // here with one clear message instead of in the first query. Errors never contain the
@@ -88,10 +92,11 @@ func connectCurrent(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// newFlagSet returns a flag set for `fluxhook NAME` that reports to the command's stderr and
-// returns errors, so that run can turn them into exit status 2.
+// newFlagSet returns a flag set for `fluxhook NAME` that prints its help to the command's
+// stdout when asked (-h) and to its stderr with a usage error, and returns errors, so that run
+// can turn them into exit status 2.
 func newFlagSet(name string, env *environment, synopsis string) *flag.FlagSet {
-	return cli.NewFlagSet(name, env.stderr, synopsis)
+	return cli.NewFlagSet(name, env.stdout, env.stderr, synopsis)
 }
 
 // printable escapes control characters in database text (event types, reasons, errors) before

@@ -26,7 +26,7 @@ import (
 
 func init() {
 	commands["demo"] = command{
-		summary: "watch signed webhooks arrive: throwaway PostgreSQL (or DATABASE_URL), local receiver, sample events",
+		summary: "Watch signed webhooks arrive: throwaway PostgreSQL (or DATABASE_URL), local receiver, sample events",
 		run:     runDemo,
 	}
 }
@@ -35,7 +35,7 @@ func init() {
 // nothing to set up. Without DATABASE_URL it starts a throwaway PostgreSQL cluster (installing
 // Debian's server package if needed) and removes it on exit.
 func runDemo(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("demo", env, "fluxhook demo [--events N] [--interval D]")
+	fs := newFlagSet("demo", env, "fluxhook demo [--events N] [--interval DURATION]")
 	dbURL := databaseURLFlag(fs, env)
 	events := fs.Int("events", 0, "stop after this many events have been delivered (0 = run until Ctrl-C)")
 	interval := fs.Duration("interval", 500*time.Millisecond, "time between sample events")

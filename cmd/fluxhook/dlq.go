@@ -26,7 +26,7 @@ import (
 // flags, its messages and its exit statuses.
 
 func init() {
-	commands["dlq"] = command{summary: "list, show, replay and purge dead letters", run: runDLQ}
+	commands["dlq"] = command{summary: "List, show, replay and purge dead letters", run: runDLQ}
 }
 
 // dlqSubcommands are dlq's subcommands in the order its help lists them; runDLQ dispatches on
@@ -56,11 +56,14 @@ type dlqFilter struct {
 
 func addDLQFilterFlags(fs *flag.FlagSet) *dlqFilter {
 	f := &dlqFilter{}
-	fs.StringVar(&f.eventType, "event-type", "", "only this event type (exact match)")
-	fs.StringVar(&f.reasonContains, "reason-contains", "", "only reasons containing this text (case-insensitive)")
+	fs.StringVar(&f.eventType, "event-type", "", "only this event `type` (exact match)")
+	fs.StringVar(&f.reasonContains, "reason-contains", "", "only reasons containing this `text` (case-insensitive)")
 	fs.Var((*sinceValue)(&f.since), "since", "only dead letters that failed within this long of now (e.g. 36h, 7d)")
-	fs.Var((*uuidValue)(&f.deliveryID), "delivery-id", "only dead letters of this delivery id (a UUID; every endpoint and every time it failed)")
-	fs.Var((*uuidValue)(&f.endpointID), "endpoint-id", "only dead letters of this managed endpoint (a UUID, see fluxhook endpoints list)")
+	document(fs, "since", flagDoc{Placeholder: "DURATION"})
+	fs.Var((*uuidValue)(&f.deliveryID), "delivery-id", "only dead letters of this delivery id (every endpoint and every time it failed)")
+	document(fs, "delivery-id", flagDoc{Placeholder: "UUID"})
+	fs.Var((*uuidValue)(&f.endpointID), "endpoint-id", "only dead letters of this managed endpoint (see fluxhook endpoints list)")
+	document(fs, "endpoint-id", flagDoc{Placeholder: "UUID"})
 	return f
 }
 
@@ -150,7 +153,7 @@ func redactDeadLetter(d *deadLetter) {
 }
 
 func runDLQList(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("dlq list", env, "fluxhook dlq list [--limit 50] [--event-type T] [--reason-contains S] [--since DURATION] [--delivery-id UUID] [--endpoint-id UUID] [--json]")
+	fs := newFlagSet("dlq list", env, "fluxhook dlq list [--limit N] [--event-type TYPE] [--reason-contains TEXT] [--since DURATION] [--delivery-id UUID] [--endpoint-id UUID] [--json]")
 	dbURL := databaseURLFlag(fs, env)
 	limit := fs.Int("limit", 50, "most rows to show, newest first")
 	filter := addDLQFilterFlags(fs)
@@ -351,6 +354,7 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 	dryRun := fs.Bool("dry-run", false, "report what would be replayed and change nothing")
 	var toEndpoint uuidValue
 	fs.Var(&toEndpoint, "to-endpoint", "send the events to this enabled managed endpoint instead of their own (the one a removed endpoint's dead letters need); only events of its tenant go")
+	document(fs, "to-endpoint", flagDoc{Placeholder: "ID"})
 	positional, err := parseFlags(fs, args)
 	if err != nil {
 		return err

@@ -24,7 +24,7 @@ import (
 )
 
 func init() {
-	commands["endpoints"] = command{summary: "manage webhook endpoints: add, list, show, update, disable, enable, rotate-secret, remove, reencrypt", run: runEndpoints}
+	commands["endpoints"] = command{summary: "Manage webhook endpoints: add, list, show, update, disable, enable, rotate-secret, remove, reencrypt", run: runEndpoints}
 }
 
 // endpointsSubcommands are endpoints' subcommands in the order its help lists them;
@@ -198,8 +198,8 @@ func eventTypes(s string) []string {
 }
 
 // endpointReport is an endpoint as the subcommands' --json prints it: the fields of show,
-// plus the secret where one was just created (add, rotate-secret, a scheme change), the only
-// moment it is ever printed.
+// plus the secret where fluxhook just generated one (add, rotate-secret, a scheme change), the
+// only moment it is ever printed.
 type endpointReport struct {
 	endpoints.Details
 	Secret string `json:"secret,omitempty"`
@@ -257,8 +257,23 @@ func forDisplay(e endpoints.Endpoint) endpoints.Endpoint {
 	return e
 }
 
-// printSecret prints a new secret once, with what the operator must do about it.
+// shownSecret is the new secret a command may print: one fluxhook generated, which the operator
+// sees nowhere else, and never one they gave (--secret, --secret-file, standard input): they
+// have it, and printed it would only reach a terminal's scrollback or a CI log.
+func shownSecret(given, secret string) string {
+	if given != "" {
+		return ""
+	}
+	return secret
+}
+
+// printSecret prints a new secret once, with what the operator must do about it; "" (one the
+// operator gave, see shownSecret) is only said to be in use.
 func printSecret(w io.Writer, id, secret string) {
+	if secret == "" {
+		fmt.Fprintln(w, "It signs with the secret you gave, which is not printed.")
+		return
+	}
 	fmt.Fprintf(w, "\n  secret: %s\n\n", secret)
 	fmt.Fprintf(w, "Store this secret now, in the consumer's configuration: it is not shown again.\n")
 	fmt.Fprintf(w, "(If it is lost, `fluxhook endpoints rotate-secret %s` issues a new one.)\n", id)
@@ -269,22 +284,33 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 	dbURL := databaseURLFlag(fs, env)
 	var n endpoints.New
 	fs.StringVar(&n.URL, "url", "", "where deliveries go: https://..., or http:// for a loopback host (required)")
-	types := fs.String("event-types", "", `comma-separated event types and "prefix.*" patterns (default every event)`)
-	fs.StringVar(&n.Tenant, "tenant", "", "receive only this tenant's events (default: events without a tenant)")
-	fs.StringVar(&n.Scheme, "scheme", endpoints.SchemeFluxora, "signature scheme: fluxora | standard")
-	secret := fs.String("secret", "", "signing secret, or - to read it from standard input (default: generated; standard: whsec_ + base64)")
+	document(fs, "url", flagDoc{Placeholder: "URL"})
+	types := fs.String("event-types", "", `comma-separated event types and "prefix.*" patterns`)
+	document(fs, "event-types", flagDoc{Placeholder: "TYPES", Default: "every event"})
+	fs.StringVar(&n.Tenant, "tenant", "", "receive only this tenant's events")
+	document(fs, "tenant", flagDoc{Placeholder: "TENANT", Default: "events without a tenant"})
+	fs.StringVar(&n.Scheme, "scheme", endpoints.SchemeFluxora, "how requests are signed (docs/wire-format.md)")
+	document(fs, "scheme", flagDoc{Placeholder: "fluxora|standard", Default: endpoints.SchemeFluxora})
+	secret := fs.String("secret", "", "signing secret, or - to read it from standard input")
+	document(fs, "secret", flagDoc{Placeholder: "SECRET", Default: "generated and printed once (standard: whsec_ + base64)"})
 	secretFile := fs.String("secret-file", "", "read the signing secret from this `file` (one line), keeping it off the command line")
-	fs.StringVar(&n.Description, "description", "", "free text for people")
-	fs.IntVar(&n.RetryRPS, "retry-rps", 0, "attempts per second before retries are deferred (default WEBHOOK_RETRY_RPS)")
-	fs.IntVar(&n.MaxConcurrency, "max-concurrency", 0, "concurrent requests (default WEBHOOK_ENDPOINT_CONCURRENCY)")
-	permanent := fs.String("permanent-statuses", "", "answers dead-lettered at once besides 410, e.g. 400,404,422, or none (default WEBHOOK_PERMANENT_STATUSES)")
+	fs.StringVar(&n.Description, "description", "", "free `text` for people")
+	fs.IntVar(&n.RetryRPS, "retry-rps", 0, "attempts per second before retries are deferred")
+	document(fs, "retry-rps", flagDoc{Placeholder: "N", Default: "serve's WEBHOOK_RETRY_RPS"})
+	fs.IntVar(&n.MaxConcurrency, "max-concurrency", 0, "concurrent requests")
+	document(fs, "max-concurrency", flagDoc{Placeholder: "N", Default: "serve's WEBHOOK_ENDPOINT_CONCURRENCY"})
+	permanent := fs.String("permanent-statuses", "", "answers dead-lettered at once besides 410, e.g. 400,404,422, or none")
+	document(fs, "permanent-statuses", flagDoc{Placeholder: "STATUSES", Default: "serve's WEBHOOK_PERMANENT_STATUSES"})
 	headers := headerFlag{}
-	fs.Var(headers, "header", "extra request header NAME=VALUE (repeatable)")
-	fs.StringVar(&n.Ordering, "ordering", endpoints.OrderingNone, "delivery order: none | stream (each stream_id's events one at a time, in order)")
+	fs.Var(headers, "header", "extra request header (repeatable)")
+	document(fs, "header", flagDoc{Placeholder: "NAME=VALUE"})
+	fs.StringVar(&n.Ordering, "ordering", endpoints.OrderingNone, "delivery order: stream sends each stream_id's events one at a time, in order; none keeps no order")
+	document(fs, "ordering", flagDoc{Placeholder: "none|stream", Default: endpoints.OrderingNone})
 	fs.StringVar(&n.OrderingFailure, "ordering-failure", endpoints.OrderingFailureSkip,
-		"what an ordered stream does at a dead letter: skip | stop (wait until it is replayed or purged)")
+		"what an ordered stream does at a dead letter: skip it, or stop until it is replayed or purged")
+	document(fs, "ordering-failure", flagDoc{Placeholder: "skip|stop", Default: endpoints.OrderingFailureSkip})
 	fs.BoolVar(&n.Disabled, "disabled", false, "add it without routing events to it yet")
-	asJSON := fs.Bool("json", false, "print the endpoint, with its secret, as one JSON object")
+	asJSON := fs.Bool("json", false, "print the endpoint as one JSON object, with its secret when fluxhook generated it")
 	if err := noArguments(fs, args); err != nil {
 		return err
 	}
@@ -325,14 +351,14 @@ func runEndpointsAdd(ctx context.Context, env *environment, args []string) error
 		return err
 	}
 	if *asJSON {
-		return writeJSON(env.stdout, endpointReport{Details: d, Secret: added.Secret})
+		return writeJSON(env.stdout, endpointReport{Details: d, Secret: shownSecret(n.Secret, added.Secret)})
 	}
 	state := "enabled"
 	if !added.Enabled {
 		state = "disabled: nothing is routed to it until `fluxhook endpoints enable " + added.ID + "`"
 	}
 	fmt.Fprintf(env.stdout, "added endpoint %s (%s, %s)\n", added.ID, added.Scheme, state)
-	printSecret(env.stdout, added.ID, added.Secret)
+	printSecret(env.stdout, added.ID, shownSecret(n.Secret, added.Secret))
 	return nil
 }
 
@@ -586,22 +612,34 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	dbURL := databaseURLFlag(fs, env)
 	var u, types, tenant, description, scheme, secret, ordering, orderingFailure, permanent optString
 	var rps, conc optInt
-	fs.Var(&u, "url", "new URL")
-	fs.Var(&types, "event-types", `new filter, comma-separated ("" = every event)`)
+	fs.Var(&u, "url", "new URL: https://..., or http:// for a loopback host")
+	document(fs, "url", flagDoc{Placeholder: "URL"})
+	fs.Var(&types, "event-types", `new filter: comma-separated event types and "prefix.*" patterns ("" = every event)`)
+	document(fs, "event-types", flagDoc{Placeholder: "TYPES"})
 	fs.Var(&tenant, "tenant", `new tenant ("" = none: events without a tenant)`)
+	document(fs, "tenant", flagDoc{Placeholder: "TENANT"})
 	fs.Var(&description, "description", "new description")
-	fs.Var(&rps, "retry-rps", "new retry rate (0 = WEBHOOK_RETRY_RPS)")
-	fs.Var(&conc, "max-concurrency", "new concurrency limit (0 = WEBHOOK_ENDPOINT_CONCURRENCY)")
-	fs.Var(&permanent, "permanent-statuses", `answers dead-lettered at once besides 410, e.g. 400,404,422, or none ("" = WEBHOOK_PERMANENT_STATUSES)`)
+	document(fs, "description", flagDoc{Placeholder: "TEXT"})
+	fs.Var(&rps, "retry-rps", "new retry rate (0 = serve's WEBHOOK_RETRY_RPS)")
+	document(fs, "retry-rps", flagDoc{Placeholder: "N"})
+	fs.Var(&conc, "max-concurrency", "new concurrency limit (0 = serve's WEBHOOK_ENDPOINT_CONCURRENCY)")
+	document(fs, "max-concurrency", flagDoc{Placeholder: "N"})
+	fs.Var(&permanent, "permanent-statuses", `answers dead-lettered at once besides 410, e.g. 400,404,422, or none ("" = serve's WEBHOOK_PERMANENT_STATUSES)`)
+	document(fs, "permanent-statuses", flagDoc{Placeholder: "STATUSES"})
 	headers := headerFlag{}
-	fs.Var(headers, "header", "add or replace the header NAME=VALUE (repeatable)")
+	fs.Var(headers, "header", "add or replace a request header (repeatable)")
+	document(fs, "header", flagDoc{Placeholder: "NAME=VALUE"})
 	clearHeaders := fs.Bool("clear-headers", false, "remove every custom header first (then --header sets the new ones)")
-	fs.Var(&ordering, "ordering", "new delivery order: none | stream")
-	fs.Var(&orderingFailure, "ordering-failure", "new behaviour of an ordered stream at a dead letter: skip | stop")
-	fs.Var(&scheme, "scheme", "new signature scheme; a change comes with a new secret, printed once")
-	fs.Var(&secret, "secret", "the new secret for a --scheme change, or - to read it from standard input (default: generated)")
+	fs.Var(&ordering, "ordering", "new delivery order: stream sends each stream_id's events one at a time, in order; none keeps no order")
+	document(fs, "ordering", flagDoc{Placeholder: "none|stream"})
+	fs.Var(&orderingFailure, "ordering-failure", "what an ordered stream does at a dead letter: skip it, or stop until it is replayed or purged")
+	document(fs, "ordering-failure", flagDoc{Placeholder: "skip|stop"})
+	fs.Var(&scheme, "scheme", "new signature scheme; a change comes with a new secret")
+	document(fs, "scheme", flagDoc{Placeholder: "fluxora|standard"})
+	fs.Var(&secret, "secret", "the new secret for a --scheme change, or - to read it from standard input")
+	document(fs, "secret", flagDoc{Placeholder: "SECRET", Default: "generated and printed once"})
 	secretFile := fs.String("secret-file", "", "read the new secret for a --scheme change from this `file` (one line)")
-	asJSON := fs.Bool("json", false, "print the updated endpoint as one JSON object")
+	asJSON := fs.Bool("json", false, "print the updated endpoint as one JSON object (with a new secret fluxhook generated for a --scheme change)")
 	id, err := oneID(fs, args, "update")
 	if err != nil {
 		return err
@@ -663,10 +701,15 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 	if err != nil {
 		return err
 	}
-	newSecret := res.NewSecret
-	if newSecret != "" {
+	changed := res.NewSecret != ""
+	if changed {
 		warnClear(env, c)
 	}
+	var given string
+	if p.Secret != nil {
+		given = *p.Secret
+	}
+	newSecret := shownSecret(given, res.NewSecret)
 	if *asJSON {
 		return writeJSON(env.stdout, endpointReport{Details: d, Secret: newSecret})
 	}
@@ -675,7 +718,7 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 		fmt.Fprintf(env.stdout, "Its tenant changed: its %d pending deliveries, routed under the old tenant, were dead-lettered (%q); `fluxhook dlq replay --to-endpoint ID` sends them to an endpoint of their tenant.\n",
 			res.DeadLettered, endpoints.TenantChangedReason)
 	}
-	if newSecret != "" {
+	if changed {
 		fmt.Fprintf(env.stdout, "The scheme is now %s, with a new secret; the old one no longer signs.\n", d.Scheme)
 		printSecret(env.stdout, d.ID, newSecret)
 	}
@@ -683,9 +726,10 @@ func runEndpointsUpdate(ctx context.Context, env *environment, args []string) er
 }
 
 func runEndpointsDisable(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("endpoints disable", env, "fluxhook endpoints disable ID [--reason R] [--json]")
+	fs := newFlagSet("endpoints disable", env, "fluxhook endpoints disable ID [--reason TEXT] [--json]")
 	dbURL := databaseURLFlag(fs, env)
-	reason := fs.String("reason", "", "why, shown by list and show (default \""+endpoints.DefaultDisabledReason+"\")")
+	reason := fs.String("reason", "", "why, shown by list and show")
+	document(fs, "reason", flagDoc{Placeholder: "TEXT", Default: endpoints.DefaultDisabledReason})
 	asJSON := fs.Bool("json", false, "print the endpoint as one JSON object")
 	id, err := oneID(fs, args, "disable")
 	if err != nil {
@@ -730,20 +774,22 @@ func runEndpointsEnable(ctx context.Context, env *environment, args []string) er
 }
 
 func runEndpointsRotateSecret(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("endpoints rotate-secret", env, "fluxhook endpoints rotate-secret ID [--secret S|- | --secret-file PATH] [--grace 24h] [--json]")
+	fs := newFlagSet("endpoints rotate-secret", env, "fluxhook endpoints rotate-secret ID [--secret SECRET|- | --secret-file FILE] [--grace DURATION] [--json]")
 	dbURL := databaseURLFlag(fs, env)
-	secret := fs.String("secret", "", "the new secret, or - to read it from standard input (default: generated in the endpoint's scheme)")
+	secret := fs.String("secret", "", "the new secret, or - to read it from standard input")
+	document(fs, "secret", flagDoc{Placeholder: "SECRET", Default: "generated in the endpoint's scheme and printed once"})
 	secretFile := fs.String("secret-file", "", "read the new secret from this `file` (one line), keeping it off the command line")
 	grace := fs.Duration("grace", endpoints.DefaultGrace, "how long the old secret keeps signing; 0 drops it at once (a leaked secret)")
-	asJSON := fs.Bool("json", false, "print the endpoint, with its new secret, as one JSON object")
+	asJSON := fs.Bool("json", false, "print the endpoint as one JSON object, with its new secret when fluxhook generated it")
 	id, err := oneID(fs, args, "rotate-secret")
 	if err != nil {
 		return err
 	}
-	newSecret, err := secretArg(env, "secret", *secret, *secretFile)
+	given, err := secretArg(env, "secret", *secret, *secretFile)
 	if err != nil {
 		return err
 	}
+	newSecret := given
 	g := *grace
 	switch {
 	case g < 0:
@@ -760,7 +806,7 @@ func runEndpointsRotateSecret(ctx context.Context, env *environment, args []stri
 	}
 	warnClear(env, c)
 	if *asJSON {
-		return writeJSON(env.stdout, endpointReport{Details: d, Secret: newSecret})
+		return writeJSON(env.stdout, endpointReport{Details: d, Secret: shownSecret(given, newSecret)})
 	}
 	fmt.Fprintf(env.stdout, "rotated the secret of endpoint %s\n", d.ID)
 	if d.PreviousSecretInGrace {
@@ -768,7 +814,7 @@ func runEndpointsRotateSecret(ctx context.Context, env *environment, args []stri
 	} else {
 		fmt.Fprintf(env.stdout, "The old secret no longer signs.\n")
 	}
-	printSecret(env.stdout, d.ID, newSecret)
+	printSecret(env.stdout, d.ID, shownSecret(given, newSecret))
 	return nil
 }
 
@@ -785,6 +831,7 @@ func runEndpointsRemove(ctx context.Context, env *environment, args []string) er
 	dbURL := databaseURLFlag(fs, env)
 	pending := fs.String("pending", string(endpoints.PendingRefuse),
 		"what to do with deliveries still pending: refuse (remove nothing), dead-letter (move them to the dead-letter table) or drop (delete them: they are lost)")
+	document(fs, "pending", flagDoc{Placeholder: "refuse|dead-letter|drop", Default: string(endpoints.PendingRefuse)})
 	asJSON := fs.Bool("json", false, "print what was removed as one JSON object")
 	id, err := oneID(fs, args, "remove")
 	if err != nil {
@@ -879,7 +926,8 @@ func reachableURL(env *environment, flagName, rawURL string, rowURL bool) error 
 		return usageError("%v", err)
 	}
 	if err := send.CheckURL(rawURL, networks, rowURL); err != nil {
-		return usageError("--%s: %v (serve applies %s; set it here too to store this URL)", flagName, err, setting)
+		return usageError("--%s: %s (serve applies %s: set it here too to store this URL)", flagName,
+			strings.TrimPrefix(err.Error(), "endpoint refused: "), setting)
 	}
 	return nil
 }

@@ -72,6 +72,21 @@ func addEndpoint(t *testing.T, db *sqltest.DB, vars map[string]string, args ...s
 	return decodeEndpoint(t, runEndpointsCLI(t, db, vars, append([]string{"add", "--json"}, args...)...))
 }
 
+// storedSecret is the secret endpoint id signs with, as stored (opened with key, "" when the
+// table holds it in clear): how a test sees a secret it gave, which the commands never print.
+func storedSecret(t *testing.T, db *sqltest.DB, key, id string) string {
+	t.Helper()
+	c, err := endpoints.NewCipher(key, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := endpoints.Get(context.Background(), db.Pool, c, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Secret
+}
+
 // secretValue matches the secret printed in an add or rotate-secret text block.
 func secretValue(t *testing.T, stdout string) string {
 	t.Helper()
@@ -186,8 +201,8 @@ func TestEndpointsEncryptedAtRest(t *testing.T) {
 	if r.code != 0 || strings.Contains(r.stderr, "warning") {
 		t.Fatalf("add with a key: exit %d, stderr %q", r.code, r.stderr)
 	}
-	if secretValue(t, r.stdout) != "my-plaintext-secret-42" {
-		t.Errorf("add printed:\n%s", r.stdout)
+	if strings.Contains(r.stdout, "my-plaintext-secret-42") || storedSecret(t, db, key["WEBHOOK_ENCRYPTION_KEY"], strings.Fields(r.stdout)[2]) != "my-plaintext-secret-42" {
+		t.Errorf("add --secret-file printed the secret it was given, or did not store it:\n%s", r.stdout)
 	}
 	rotated := decodeEndpoint(t, runEndpointsCLI(t, db, key, "rotate-secret", "--json", strings.Fields(r.stdout)[2]))
 	var table string
@@ -252,7 +267,7 @@ func TestEndpointsUpdate(t *testing.T) {
 		t.Errorf("update --scheme: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	got = decodeEndpoint(t, runEndpointsCLI(t, db, nil, "update", e.ID, "--scheme", "fluxora", "--secret", "chosen-secret", "--json"))
-	if got.Scheme != "fluxora" || got.Secret != "chosen-secret" {
+	if got.Scheme != "fluxora" || got.Secret != "" || storedSecret(t, db, "", e.ID) != "chosen-secret" {
 		t.Errorf("update --scheme --secret --json: %+v", got)
 	}
 
@@ -369,7 +384,7 @@ func TestEndpointsOrdering(t *testing.T) {
 		{[]string{"update", ordered.ID, "--ordering", "Stream"}, `or "stream"`},
 		{[]string{"update", ordered.ID, "--ordering-failure", "pause"}, `use "skip"`},
 		{[]string{"update", ordered.ID, "--ordering-failure", ""}, `--ordering-failure: "" is not`},
-		{[]string{"update", ordered.ID, "--ordering"}, "flag needs an argument: -ordering"},
+		{[]string{"update", ordered.ID, "--ordering"}, "flag needs an argument: --ordering"},
 	} {
 		r := runEndpointsCLI(t, db, nil, tc.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
@@ -435,7 +450,7 @@ func TestEndpointsRotateSecret(t *testing.T) {
 	}
 
 	got = decodeEndpoint(t, runEndpointsCLI(t, db, nil, "rotate-secret", e.ID, "--grace", "1h", "--secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "--json"))
-	if got.Secret != "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" || got.PreviousUntil == nil || time.Until(*got.PreviousUntil) > time.Hour {
+	if got.Secret != "" || storedSecret(t, db, "", e.ID) != "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" || got.PreviousUntil == nil || time.Until(*got.PreviousUntil) > time.Hour {
 		t.Errorf("rotate-secret --grace 1h --secret --json: %+v", got)
 	}
 	r = runEndpointsCLI(t, db, nil, "rotate-secret", e.ID, "--grace", "0")
@@ -622,8 +637,8 @@ func TestEndpointsErrors(t *testing.T) {
 		}
 	}
 	for _, sub := range []string{"add", "list", "show", "update", "disable", "enable", "rotate-secret", "remove", "reencrypt"} {
-		if r := runEndpointsCLI(t, db, nil, sub, "-h"); r.code != 0 || !strings.Contains(r.stderr, "usage: fluxhook endpoints "+sub) {
-			t.Errorf("endpoints %s -h: exit %d, %q", sub, r.code, r.stderr)
+		if r := runEndpointsCLI(t, db, nil, sub, "-h"); r.code != 0 || !strings.Contains(r.stdout, "usage: fluxhook endpoints "+sub) {
+			t.Errorf("endpoints %s -h: exit %d, %q", sub, r.code, r.stdout)
 		}
 	}
 	if r := run([]string{"help"}, new(bytes.Buffer), new(bytes.Buffer), func(string) string { return "" }); r != 0 {

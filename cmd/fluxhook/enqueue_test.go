@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 )
 
@@ -61,6 +65,8 @@ func TestEnqueueCommandDefaults(t *testing.T) {
 	}
 }
 
+// TestEnqueueCommandRejectsBadFlagsWithoutWriting: every refusal names the flag to fix and the
+// problem in the command's words, exits 2, and writes nothing.
 func TestEnqueueCommandRejectsBadFlagsWithoutWriting(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
@@ -73,13 +79,23 @@ func TestEnqueueCommandRejectsBadFlagsWithoutWriting(t *testing.T) {
 		{[]string{"enqueue", "--event-type", "t", "--payload", `{"a":`}, "not valid JSON"},
 		{[]string{"enqueue", "--event-type", "t", "--delay", "-1s"}, "negative"},
 		{[]string{"enqueue", "--event-type", "t", "extra"}, `unexpected argument "extra"`},
-		{[]string{"enqueue", "--event-type", "a\tb"}, "control character"},
-		{[]string{"enqueue", "--nope"}, "flag provided but not defined"},
+		{[]string{"enqueue", "--event-type", "a\tb"}, `--event-type "a\tb" contains a control character`},
+		{[]string{"enqueue", "--event-type", "t", "--payload", `{"a": "\u0000"}`}, `--payload contains \u0000`},
+		{[]string{"enqueue", "--event-type", "t", "--endpoint-url", "ftp://consumer.example/"}, `--endpoint-url: scheme "ftp" is not supported`},
+		{[]string{"enqueue", "--nope"}, "unknown flag --nope"},
+		{[]string{"enqueue", "--event-typ", "t"}, "unknown flag --event-typ; did you mean --event-type?"},
 	}
 	for _, tc := range cases {
 		r := runCLI(t, db.URL, tc.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("%q: exit %d, stderr %q; want 2 mentioning %q", tc.args, r.code, r.stderr, tc.want)
+		}
+		// One sentence in the command's words: the flag, not the Go field or the packages the
+		// error passed through.
+		for _, internal := range []string{"outbox:", "invalid event", "EventType", "EndpointURL", "Payload", "invalid endpoint URL", "endpoint refused"} {
+			if strings.Contains(r.stderr, internal) {
+				t.Errorf("%q: stderr %q shows %q", tc.args, r.stderr, internal)
+			}
 		}
 	}
 	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 0 {
@@ -112,7 +128,7 @@ func TestURLsTheDispatcherCannotReachAreRefusedAtTheDoor(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "notaurl"}, "EndpointURL"},
+		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "notaurl"}, "--endpoint-url: it has no scheme"},
 		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "https://user:pw@consumer.example/hook"}, "user name or password"},
 		{[]string{"enqueue", "--event-type", "t.x", "--endpoint-url", "http://127.0.0.1:9/admin"}, "WEBHOOK_ROW_URL_NETWORKS"},
 		{[]string{"endpoints", "add", "--url", "https://10.0.0.5/hooks", "--secret", serveSecret}, "WEBHOOK_ALLOWED_NETWORKS"},
@@ -131,5 +147,29 @@ func TestURLsTheDispatcherCannotReachAreRefusedAtTheDoor(t *testing.T) {
 		"endpoints", "add", "--url", "https://10.0.0.5/hooks", "--secret", serveSecret)
 	if r.code != 0 {
 		t.Errorf("endpoints add of a private address allowed by WEBHOOK_ALLOWED_NETWORKS: exit %d, %s", r.code, r.stderr)
+	}
+}
+
+// TestInvalidEventMessageNamesTheFlag: whatever outbox.Enqueue refuses of an event the command
+// built reads as the flag that set the field and the problem, without the package's prefixes.
+func TestInvalidEventMessageNamesTheFlag(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ev   outbox.Event
+		want string
+	}{
+		{outbox.Event{EventType: "a\x01b", Payload: json.RawMessage(`{}`)}, `--event-type "a\x01b" contains a control character`},
+		{outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), StreamID: "a\x00"}, "--stream-id contains a NUL byte"},
+		{outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), EndpointURL: "notaurl"}, "--endpoint-url it has no scheme"},
+		{outbox.Event{EventType: "t", Payload: json.RawMessage(`["\u0000"]`)}, `--payload contains \u0000`},
+		{outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), Delay: -time.Second}, "--delay -1s is negative"},
+	} {
+		_, err := outbox.Enqueue(context.Background(), nil, tc.ev) // refused before the querier is used
+		if !errors.Is(err, outbox.ErrInvalidEvent) {
+			t.Fatalf("%+v: %v, want an invalid event", tc.ev, err)
+		}
+		if got := invalidEventMessage(err); !strings.HasPrefix(got, tc.want) {
+			t.Errorf("%+v: %q, want it to start with %q", tc.ev, got, tc.want)
+		}
 	}
 }

@@ -12,10 +12,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sort"
-	"strings"
 
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
 )
@@ -77,11 +78,17 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 
 // runWithStdin is run with standard input given, so that tests can pipe a secret in.
 func runWithStdin(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) > 1 && args[0] == "help" {
+		// `fluxhook help serve` is `fluxhook serve -h`, groups' subcommands included
+		// (`fluxhook help dlq list`), so that the two can never differ.
+		args = append(args[1:len(args):len(args)], "-h")
+	}
+	if len(args) == 0 {
+		usage(stderr) // a usage error, as a group without its subcommand is
+		return 2
+	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		usage(stdout)
-		if len(args) == 0 {
-			return 2
-		}
 		return 0
 	}
 	if args[0] == "--version" || args[0] == "-version" || args[0] == "-v" {
@@ -89,11 +96,7 @@ func runWithStdin(args []string, stdin io.Reader, stdout, stderr io.Writer, gete
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		if near := nearestCommand(args[0]); near != "" {
-			fmt.Fprintf(stderr, "fluxhook: unknown command %q; did you mean `fluxhook %s`?\n\n", args[0], near)
-		} else {
-			fmt.Fprintf(stderr, "fluxhook: unknown command %q\n\n", args[0])
-		}
+		fmt.Fprintf(stderr, "fluxhook: unknown command %q%s\n\n", args[0], didYouMean("fluxhook", args[0], slices.Collect(maps.Keys(commands))))
 		usage(stderr)
 		return 2
 	}
@@ -113,8 +116,10 @@ func runWithStdin(args []string, stdin io.Reader, stdout, stderr io.Writer, gete
 	return 0
 }
 
+// usage is the top help. What it says of every command's help is checked by the test that
+// walks them (TestEveryCommandsHelpHasOneShape).
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: fluxhook COMMAND [flags]\n\ncommands:")
+	fmt.Fprintln(w, "usage: fluxhook COMMAND [flags]\n\nDeliver webhooks from a PostgreSQL outbox: signed, retried, and dead-lettered when they cannot be delivered.\n\ncommands:")
 	names := make([]string, 0, len(commands))
 	for name := range commands {
 		names = append(names, name)
@@ -123,45 +128,20 @@ func usage(w io.Writer) {
 	for _, name := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
 	}
-	fmt.Fprintln(w, "\nRun `fluxhook COMMAND -h` for a command's flags. Every flag can also be set by its environment variable.")
+	fmt.Fprintln(w, "\nRun `fluxhook help COMMAND` (or `fluxhook COMMAND -h`) for a command's flags. A flag that falls back to an\nenvironment variable says so ([env: NAME]); the others have none.")
 }
 
 // usageError wraps a command-line problem so that it exits with status 2.
 var usageError = cli.UsageError
 
-// nearestCommand is the command name within two edits of name (a typo: serv, stauts), or one
-// that name is a prefix of, or "" when none is close: what "did you mean" suggests.
-func nearestCommand(name string) string {
-	best, bestDist := "", 3
-	for c := range commands {
-		d := editDistance(name, c)
-		if len(name) >= 2 && strings.HasPrefix(c, name) {
-			d = min(d, 1)
-		}
-		if d < bestDist || d == bestDist && c < best {
-			best, bestDist = c, d
-		}
+// didYouMean is what an unknown command or subcommand name is answered with besides the
+// refusal: "; did you mean `PREFIX NAME`?" for the nearest of candidates (cli.Nearest), or ""
+// when none is close. One function for every level, so that `fluxhook serv` and `fluxhook dlq
+// lst` are answered alike.
+func didYouMean(prefix, name string, candidates []string) string {
+	near := cli.Nearest(name, candidates)
+	if near == "" {
+		return ""
 	}
-	return best
-}
-
-// editDistance is the Levenshtein distance between a and b, by bytes (command names are ASCII).
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	return fmt.Sprintf("; did you mean `%s %s`?", prefix, near)
 }

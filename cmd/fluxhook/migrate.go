@@ -9,13 +9,13 @@ import (
 )
 
 func init() {
-	commands["migrate"] = command{summary: "install or upgrade the schema (or --print it for psql)", run: runMigrate}
+	commands["migrate"] = command{summary: "Install or upgrade the schema (or --print it for psql)", run: runMigrate}
 }
 
 // runMigrate applies the embedded migrations under an advisory lock, or prints them as one
 // script for users who install schemas with psql.
 func runMigrate(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("migrate", env, "fluxhook migrate [--print] [--lock-timeout 5s]")
+	fs := newFlagSet("migrate", env, "fluxhook migrate [--print] [--lock-timeout DURATION]")
 	print := fs.Bool("print", false, "print the schema as one SQL script, for psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -f FILE, instead of applying it")
 	lockTimeout := fs.Duration("lock-timeout", fluxsql.DefaultLockTimeout,
 		"longest wait for each table lock (every producer's insert waits behind it); then roll back and retry, "+

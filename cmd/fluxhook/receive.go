@@ -19,20 +19,25 @@ import (
 )
 
 func init() {
-	commands["receive"] = command{summary: "run a local consumer that verifies and prints deliveries (development)", run: runReceive}
+	commands["receive"] = command{summary: "Run a local consumer that verifies and prints deliveries (development)", run: runReceive}
 }
 
 // runReceive serves receiver.Receiver: every request is checked like a real consumer should
 // (docs/wire-format.md) and printed. --status and --delay make it a failing or slow
 // consumer, to watch retries, dead letters and the circuit breaker.
 func runReceive(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet("receive", env, "fluxhook receive [--addr HOST:PORT] [--secret S|- | --secret-file PATH] [--previous-secret S|- | --previous-secret-file PATH] [--status N] [--delay D] [--quiet]")
+	fs := newFlagSet("receive", env, "fluxhook receive [--addr HOST:PORT] [--secret SECRET|- | --secret-file FILE] [--previous-secret SECRET|- | --previous-secret-file FILE] [--status N] [--delay DURATION] [--quiet]")
 	addr := fs.String("addr", "127.0.0.1:8089", "address to listen on")
-	secret := fs.String("secret", "", "secret the signatures must match, or - to read it from standard input [$WEBHOOK_SECRET]")
-	secretFile := fs.String("secret-file", "", "read the secret from this `file` (one line) [$WEBHOOK_SECRET_FILE]")
-	previous := fs.String("previous-secret", "", "also accept this secret, as during a rotation [$WEBHOOK_SECRET_PREVIOUS]")
-	previousFile := fs.String("previous-secret-file", "", "read the previous secret from this `file` (one line) [$WEBHOOK_SECRET_PREVIOUS_FILE]")
-	status := fs.Int("status", receiver.DefaultStatus, "answer verified requests with this status (500 or 503 to watch retries, 410 for dead letters)")
+	document(fs, "addr", flagDoc{Placeholder: "HOST:PORT", Default: "127.0.0.1:8089"})
+	secret := fs.String("secret", "", "secret the signatures must match (serve's WEBHOOK_SECRET), or - to read it from standard input")
+	document(fs, "secret", flagDoc{Placeholder: "SECRET", Env: "WEBHOOK_SECRET"})
+	secretFile := fs.String("secret-file", "", "read the secret from this file (one line)")
+	document(fs, "secret-file", flagDoc{Placeholder: "FILE", Env: "WEBHOOK_SECRET_FILE"})
+	previous := fs.String("previous-secret", "", "also accept this secret, as during a rotation")
+	document(fs, "previous-secret", flagDoc{Placeholder: "SECRET", Env: "WEBHOOK_SECRET_PREVIOUS"})
+	previousFile := fs.String("previous-secret-file", "", "read the previous secret from this file (one line)")
+	document(fs, "previous-secret-file", flagDoc{Placeholder: "FILE", Env: "WEBHOOK_SECRET_PREVIOUS_FILE"})
+	status := fs.Int("status", receiver.DefaultStatus, "answer verified requests with this HTTP status (500 or 503 to watch retries, 410 for dead letters)")
 	delay := fs.Duration("delay", 0, "wait this long before answering a verified request (a slow consumer)")
 	quiet := fs.Bool("quiet", false, "print only rejected requests, not each delivery")
 	if err := noArguments(fs, args); err != nil {

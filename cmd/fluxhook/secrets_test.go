@@ -43,7 +43,8 @@ const secretWarning = "puts a secret on the command line"
 // TestEndpointsSecretFromFileOrStdin: the endpoints commands take a secret from a file
 // (--secret-file) or standard input (--secret -) with one trailing newline removed, so that it
 // never appears in the process list; a secret given as an argument still works, with a
-// warning that does not repeat it. Bad input is refused with the flag and the problem named.
+// warning that does not repeat it. A secret given is never printed back (only one fluxhook
+// generated is). Bad input is refused with the flag and the problem named.
 func TestEndpointsSecretFromFileOrStdin(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
@@ -51,19 +52,26 @@ func TestEndpointsSecretFromFileOrStdin(t *testing.T) {
 	file := writeSecretFile(t, "secret", "fluxora-secret-from-a-file\n")
 	r := runEndpointsCLI(t, db, nil, "add", "--json", "--url", "https://a.example/", "--secret-file", file)
 	e := decodeEndpoint(t, r)
-	if e.Secret != "fluxora-secret-from-a-file" || strings.Contains(r.stderr, secretWarning) {
-		t.Errorf("add --secret-file: secret %q, stderr %q; want the file's line and no warning", e.Secret, r.stderr)
+	if e.Secret != "" || storedSecret(t, db, "", e.ID) != "fluxora-secret-from-a-file" || strings.Contains(r.stderr, secretWarning) {
+		t.Errorf("add --secret-file: printed %q, stored %q, stderr %q; want the file's line stored, not printed, and no warning",
+			e.Secret, storedSecret(t, db, "", e.ID), r.stderr)
+	}
+	// Nor in the text output: the operator has the secret they gave, and a terminal's
+	// scrollback or a CI log is no place for it.
+	r = runEndpointsCLI(t, db, nil, "add", "--url", "https://a2.example/", "--secret-file", file)
+	if r.code != 0 || strings.Contains(r.stdout, "fluxora-secret-from-a-file") || !strings.Contains(r.stdout, "the secret you gave") {
+		t.Errorf("add --secret-file: exit %d, printed\n%s", r.code, r.stdout)
 	}
 
 	r = runEndpointsCLIWithStdin(t, db, "fluxora-secret-from-stdin\r\n", "add", "--json", "--url", "https://b.example/", "--secret", "-")
-	if e := decodeEndpoint(t, r); e.Secret != "fluxora-secret-from-stdin" || strings.Contains(r.stderr, secretWarning) {
-		t.Errorf("add --secret -: secret %q, stderr %q; want the input's line and no warning", e.Secret, r.stderr)
+	if e := decodeEndpoint(t, r); e.Secret != "" || storedSecret(t, db, "", e.ID) != "fluxora-secret-from-stdin" || strings.Contains(r.stderr, secretWarning) {
+		t.Errorf("add --secret -: printed %q, stderr %q; want the input's line stored, not printed, and no warning", e.Secret, r.stderr)
 	}
 
 	const literal = "fluxora-secret-as-an-argument"
 	r = runEndpointsCLI(t, db, nil, "add", "--json", "--url", "https://c.example/", "--secret", literal)
-	if e := decodeEndpoint(t, r); e.Secret != literal {
-		t.Errorf("add --secret S: secret %q, want %q", e.Secret, literal)
+	if e := decodeEndpoint(t, r); e.Secret != "" || storedSecret(t, db, "", e.ID) != literal {
+		t.Errorf("add --secret S: printed %q; want %q stored, not printed", e.Secret, literal)
 	}
 	if !strings.Contains(r.stderr, "warning: --secret "+secretWarning) || !strings.Contains(r.stderr, "--secret-file") ||
 		strings.Contains(r.stderr, literal) {
@@ -71,12 +79,12 @@ func TestEndpointsSecretFromFileOrStdin(t *testing.T) {
 	}
 
 	r = runEndpointsCLIWithStdin(t, db, "rotated-from-stdin\n", "rotate-secret", e.ID, "--secret", "-", "--json")
-	if got := decodeEndpoint(t, r); got.Secret != "rotated-from-stdin" {
-		t.Errorf("rotate-secret --secret -: secret %q", got.Secret)
+	if got := decodeEndpoint(t, r); got.Secret != "" || storedSecret(t, db, "", e.ID) != "rotated-from-stdin" {
+		t.Errorf("rotate-secret --secret -: printed %q, stored %q", got.Secret, storedSecret(t, db, "", e.ID))
 	}
 	standard := writeSecretFile(t, "whsec", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")
 	r = runEndpointsCLI(t, db, nil, "update", e.ID, "--scheme", "standard", "--secret-file", standard, "--json")
-	if got := decodeEndpoint(t, r); got.Secret != "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" || got.Scheme != "standard" {
+	if got := decodeEndpoint(t, r); got.Secret != "" || storedSecret(t, db, "", e.ID) != "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" || got.Scheme != "standard" {
 		t.Errorf("update --scheme standard --secret-file: %+v", got)
 	}
 
@@ -104,8 +112,8 @@ func TestEndpointsSecretFromFileOrStdin(t *testing.T) {
 			t.Errorf("%v: stderr %q shows the file's secret", tc.args, r.stderr)
 		}
 	}
-	if n := count(t, db, `SELECT count(*) FROM webhook_endpoints`); n != 3 {
-		t.Errorf("%d endpoints, want the 3 added (no refused add went through)", n)
+	if n := count(t, db, `SELECT count(*) FROM webhook_endpoints`); n != 4 {
+		t.Errorf("%d endpoints, want the 4 added (no refused add went through)", n)
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	commands["serve"] = command{summary: "run the dispatcher until SIGTERM/SIGINT", run: runServe}
+	commands["serve"] = command{summary: "Run the dispatcher until SIGTERM/SIGINT", run: runServe}
 }
 
 // runServe validates the whole configuration before connecting to anything, then runs the

@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	commands["status"] = command{summary: "backlog, leases, retries, dead letters and dispatchers (--json for monitoring)", run: runStatus}
+	commands["status"] = command{summary: "Backlog, leases, retries, dead letters and dispatchers (--json for monitoring)", run: runStatus}
 }
 
 // runStatus answers "is delivery keeping up, and is anything stuck?" from the database alone,
@@ -23,8 +23,10 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet("status", env, "fluxhook status [--json]")
 	dbURL := databaseURLFlag(fs, env)
 	asJSON := fs.Bool("json", false, "print one JSON object with stable snake_case fields")
-	redisURL := fs.String("redis-url", "", "Redis holding the shared breaker state (env REDIS_URL)")
-	webhookURL := fs.String("webhook-url", "", "the configured consumer URL, to include its breaker (env WEBHOOK_URL)")
+	redisURL := fs.String("redis-url", "", "Redis holding the shared breaker state, as serve has it")
+	document(fs, "redis-url", flagDoc{Placeholder: "URL", Env: "REDIS_URL"})
+	webhookURL := fs.String("webhook-url", "", "the consumer URL serve has, to include its breaker")
+	document(fs, "webhook-url", flagDoc{Placeholder: "URL", Env: "WEBHOOK_URL"})
 	if err := noArguments(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"runtime/debug"
@@ -11,7 +12,7 @@ import (
 )
 
 func init() {
-	commands["version"] = command{summary: "print fluxhook's version, the commit it was built from and the schema it needs", run: runVersion}
+	commands["version"] = command{summary: "Print fluxhook's version, the commit it was built from and the schema it needs", run: runVersion}
 }
 
 // versionInfo is what `fluxhook version` prints: enough to match a running binary to a release
@@ -52,14 +53,11 @@ func currentVersion() versionInfo {
 func runVersion(_ context.Context, env *environment, args []string) error {
 	fs := newFlagSet("version", env, "fluxhook version [--json]")
 	asJSON := fs.Bool("json", false, "print as JSON")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
+	if err := noArguments(fs, args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
-		return usageError("%v", err)
-	}
-	if fs.NArg() > 0 {
-		return usageError("version takes no arguments, got %q", fs.Args())
+		return err
 	}
 	v := currentVersion()
 	if *asJSON {

@@ -73,10 +73,10 @@ func (o benchOptions) runs(w string) bool { return slices.Contains(o.workloads, 
 
 func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	var o benchOptions
-	fs := cli.NewFlagSet("bench", env.Stderr, "fluxhook bench [flags]")
+	fs := cli.NewFlagSet("bench", env.Stdout, env.Stderr, "fluxhook bench [flags]")
 	dbURL := cli.DatabaseURLFlag(fs, env.Getenv)
 	workloads := fs.String("workload", benchDefaultWorkloads,
-		"comma-separated workloads: "+strings.Join(benchWorkloads, ", ")+" (backlog, soak and api are opt-in: 1M rows take minutes, a soak 30, api's 10M-row fill minutes)")
+		"comma-separated `workloads`: "+strings.Join(benchWorkloads, ", ")+" (backlog, soak and api are opt-in: 1M rows take minutes, a soak 30, api's 10M-row fill minutes)")
 	fs.IntVar(&o.drainEvents, "drain-events", 20000, "drain, and soak's drain rate when drain does not run: events prefilled before the dispatcher starts")
 	fs.IntVar(&o.backlogEvents, "backlog-events", 1000000, "backlog: events prefilled before the dispatcher starts")
 	fs.IntVar(&o.backlogSlice, "backlog-slice", 100000, "backlog: throughput is reported per slice of this many events")
@@ -86,11 +86,12 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	fs.IntVar(&o.connections, "connections", 8, "steady and soak: producer connections")
 	fs.IntVar(&o.idleEvents, "idle-events", 200, "idle, and each of ordered's two idle runs: events, one at a time")
 	fs.DurationVar(&o.idleInterval, "idle-interval", 20*time.Millisecond, "idle: time between events")
-	producerConns := fs.String("producer-connections", "8,32", "producers: comma-separated numbers of concurrent producers")
+	producerConns := fs.String("producer-connections", "8,32", "producers: comma-separated `numbers` of concurrent producers")
 	fs.DurationVar(&o.producerDuration, "producer-duration", time.Second, "producers: length of each measured segment (the trigger is switched between segments)")
 	fs.IntVar(&o.producerReps, "producer-reps", 8, "producers: rounds per connection count, each a whole pair (all producers with the trigger, then all without, ABBA order) and a split pair (half with and half without, then swapped); the medians count")
 	fs.BoolVar(&o.producerNull, "producer-null", false, "producers: null control: the producers marked \"with the trigger\" run without it too, so each design's cost shows its own bias (should read 0); it is never judged: its budget line reads \"not computed\" (add --no-budget)")
 	fs.StringVar(&o.producerMode, "producer-mode", "prepared", "producers: how the producers send their insert: prepared (a driver with a statement cache: pgx, JDBC after a few uses), exec (planned on every execution: node-postgres, the original's driver, and most drivers without a cache), simple (the simple query protocol: psql, poolers in transaction mode)")
+	cli.Document(fs, "producer-mode", cli.FlagDoc{Placeholder: "prepared|exec|simple", Default: "prepared"})
 	fs.IntVar(&o.fanoutEndpoints, "fanout-endpoints", 10, "fanout: managed endpoints every event goes to, each its own consumer path and secret")
 	fs.IntVar(&o.fanoutEvents, "fanout-events", 2000, "fanout: events prefilled before the dispatcher starts (each becomes one delivery per endpoint)")
 	fs.IntVar(&o.fanoutIdleEvents, "fanout-idle-events", 300, "fanout: events, one at a time --idle-interval apart, for the latency per delivery")
@@ -100,7 +101,8 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	fs.Float64Var(&o.soakShare, "soak-share", 0.5, "soak: the producer's rate as a share of the drain rate (the drain workload's, or a drain of --drain-events first)")
 	fs.DurationVar(&o.soakInterval, "soak-interval", time.Minute, "soak: time between samples")
 	fs.DurationVar(&o.soakWarmup, "soak-warmup", 2*time.Minute, "soak: production before --soak-duration starts (a whole number of --soak-interval, 0 for none): its samples, the run's quietest while the delivery log is still empty, are printed but in no drift window")
-	fs.DurationVar(&o.soakRetention, "soak-retention", 0, "soak: the dispatcher's WEBHOOK_RETENTION, at least 1m (default: --soak-duration / 6, at least 1m; the janitor runs once a minute)")
+	fs.DurationVar(&o.soakRetention, "soak-retention", 0, "soak: the dispatcher's WEBHOOK_RETENTION, at least 1m (the janitor runs once a minute)")
+	cli.Document(fs, "soak-retention", cli.FlagDoc{Placeholder: "DURATION", Default: "--soak-duration / 6, at least 1m"})
 	fs.Int64Var(&o.apiLogRows, "api-log-rows", 10000000, "api: delivery-log rows filled over the default retention (7 days) before the runs; 10M take minutes")
 	fs.IntVar(&o.apiEndpoints, "api-endpoints", 10000, "api: managed endpoints the log's deliveries went to, 100 per tenant")
 	fs.IntVar(&o.apiRate, "api-rate", 50, "api: API requests per second in all, the three reads in turn (delivery by id, an endpoint's deliveries, dead letters)")
@@ -113,8 +115,10 @@ func parseBenchOptions(env Env, args []string) (benchOptions, error) {
 	fs.BoolVar(&o.statements, "statements", false, "also list the dispatcher's statements per workload (needs pg_stat_statements)")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress lines on stderr")
 	fs.StringVar(&o.profileDir, "profile", "", "write each dispatcher's CPU and allocation profiles under this directory (DIR/<workload>-<n>/cpu.pprof, allocs.pprof)")
+	cli.Document(fs, "profile", cli.FlagDoc{Placeholder: "DIR"})
 	redisURL := &cli.URLValue{URL: env.Getenv("REDIS_URL")} // printed with its password redacted
-	fs.Var(redisURL, "redis-url", "Redis for the dispatcher, whose commands are counted (env REDIS_URL; empty: none)")
+	fs.Var(redisURL, "redis-url", "Redis for the dispatcher, whose commands are counted (empty: none)")
+	cli.Document(fs, "redis-url", cli.FlagDoc{Placeholder: "URL", Env: "REDIS_URL"})
 	if err := cli.NoArguments(fs, args); err != nil {
 		return o, err
 	}

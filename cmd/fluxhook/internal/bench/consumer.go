@@ -165,7 +165,7 @@ func (l *arrivalLog) writeArrivals(w io.Writer, from int) error {
 // "listening ADDR" on stdout once it accepts requests, and exits when its standard input
 // closes (the bench went away, however it ended) or on SIGINT/SIGTERM.
 func runBenchConsumer(ctx context.Context, env Env, args []string) error {
-	fs := cli.NewFlagSet("bench "+benchConsumerMode, env.Stderr, "fluxhook bench "+benchConsumerMode)
+	fs := cli.NewFlagSet("bench "+benchConsumerMode, env.Stdout, env.Stderr, "fluxhook bench "+benchConsumerMode)
 	if err := cli.NoArguments(fs, args); err != nil {
 		return err
 	}

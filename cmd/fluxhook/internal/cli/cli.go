@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 )
 
@@ -18,79 +19,21 @@ func UsageError(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrUsage, strings.TrimSpace(fmt.Sprintf(format, args...)))
 }
 
-// NewFlagSet returns a flag set for `fluxhook NAME` that reports to stderr and returns errors
-// instead of exiting, so that main can turn them into exit status 2 and tests can call a
-// command without a process.
-func NewFlagSet(name string, stderr io.Writer, synopsis string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { PrintHelp(fs, synopsis) }
-	return fs
-}
-
-// Help is what `fluxhook NAME -h` says besides the synopsis and the flags: one sentence on what
-// the command does, and an example to copy. Every command registers one in Helps, so that every
-// command's help has the one shape PrintHelp gives it.
-type Help struct {
-	Sentence string
-	Example  string
-}
-
-// Helps holds each command's Help by its name as NewFlagSet gets it ("status", "endpoints add").
-var Helps = map[string]Help{}
-
-// PrintHelp writes fs's help: the synopsis, the command's sentence, its flags with their
-// defaults (and the environment variable each falls back to), and an example.
-func PrintHelp(fs *flag.FlagSet, synopsis string) {
-	w := fs.Output()
-	h := Helps[fs.Name()]
-	fmt.Fprintf(w, "usage: %s\n", synopsis)
-	if h.Sentence != "" {
-		fmt.Fprintf(w, "\n%s\n", h.Sentence)
-	}
-	fmt.Fprintln(w, "\nflags:")
-	fs.PrintDefaults()
-	if h.Example != "" {
-		fmt.Fprintf(w, "\nexample:\n  %s\n", h.Example)
-	}
-}
-
-// PrintGroupHelp writes the help of a command that only groups subcommands (`fluxhook dlq -h`)
-// in the shape PrintHelp gives every other command, so that a newcomer reads one kind of page:
-// a synopsis naming the subcommands (args is what follows them, such as "[ID] [flags]"), the
-// group's sentence, each subcommand on one line with its own sentence where a command lists
-// its flags, and an example. The sentences come from Helps, as for the subcommands' own pages.
-func PrintGroupHelp(w io.Writer, group, args string, subcommands []string) {
-	h := Helps[group]
-	fmt.Fprintf(w, "usage: fluxhook %s %s %s\n", group, strings.Join(subcommands, "|"), args)
-	if h.Sentence != "" {
-		fmt.Fprintf(w, "\n%s\n", h.Sentence)
-	}
-	width := 0
-	for _, sub := range subcommands {
-		width = max(width, len(sub))
-	}
-	fmt.Fprintf(w, "\ncommands (fluxhook %s COMMAND -h shows its flags):\n", group)
-	for _, sub := range subcommands {
-		fmt.Fprintf(w, "  %-*s  %s\n", width, sub, Helps[group+" "+sub].Sentence)
-	}
-	if h.Example != "" {
-		fmt.Fprintf(w, "\nexample:\n  %s\n", h.Example)
-	}
-}
-
 // ParseFlags parses args and returns the positional arguments. Flags may follow positional
 // ones (`dlq replay 7 --force`), which the flag package alone does not allow. -h returns
-// flag.ErrHelp after printing the usage: callers return nil for it, since asking for help is
-// not a failure. Other errors are usage errors.
+// flag.ErrHelp after printing the help to standard output: callers return nil for it, since
+// asking for help is not a failure. Other errors are usage errors, after the help is printed
+// to standard error.
 func ParseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
+			asked := errors.Is(err, flag.ErrHelp)
+			printHelp(fs, asked)
+			if asked {
 				return nil, err
 			}
-			return nil, UsageError("%v", err)
+			return nil, flagError(fs, err)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -125,3 +68,43 @@ func WriteJSON(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
+
+// flagError is the flag package's refusal in the words of fluxhook's help, which writes flags
+// with two dashes: "-bogus" reads as a different flag from the --bogus typed, and an unknown
+// flag gets the nearest one suggested, as an unknown command does.
+func flagError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		msg = "unknown flag --" + name
+		if near := Nearest(name, names); near != "" {
+			msg += "; did you mean --" + near + "?"
+		}
+		return UsageError("%s", msg)
+	}
+	if m := parseError.FindStringSubmatch(msg); m != nil {
+		// The flag package says only "parse error" of a number or a duration it cannot read.
+		want := "a value of the right kind"
+		if f := fs.Lookup(m[2]); f != nil {
+			switch doc, _ := docOf(f); doc.Placeholder {
+			case "N":
+				want = "a whole number"
+			case "NUMBER":
+				want = "a number, such as 0.5"
+			case "DURATION":
+				want = "a duration, such as 30s, 5m or 2h"
+			case "":
+				want = "true or false"
+			}
+		}
+		return UsageError("--%s %q: want %s", m[2], m[1], want)
+	}
+	return UsageError("%s", singleDashFlag.ReplaceAllString(msg, "$1--$2"))
+}
+
+// parseError is the flag package's refusal of a value its own types cannot parse.
+var parseError = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-([a-z0-9-]+): parse error$`)
+
+// singleDashFlag is a flag as the flag package names it in its errors: "-name".
+var singleDashFlag = regexp.MustCompile(`(^|[\s:])-([a-z][a-z0-9-]*)`)

@@ -11,18 +11,17 @@ import (
 // output, so that an operator recognises a hidden password wherever it appears.
 const RedactedPassword = "xxxxx"
 
-// DatabaseURLFlag registers --database-url on fs, defaulting to DATABASE_URL from getenv. The
-// default is shown redacted in -h output: flag would otherwise print the password from the
-// environment.
+// DatabaseURLFlag registers --database-url on fs, defaulting to DATABASE_URL from getenv. Its
+// help names the variable, never its value, which may hold a password.
 func DatabaseURLFlag(fs *flag.FlagSet, getenv func(string) string) *string {
 	v := &URLValue{URL: getenv("DATABASE_URL")}
-	fs.Var(v, "database-url", "PostgreSQL connection URL (env DATABASE_URL)")
+	fs.Var(v, "database-url", "PostgreSQL connection URL, such as postgres://user@localhost:5432/app")
+	Document(fs, "database-url", FlagDoc{Placeholder: "URL", Env: "DATABASE_URL"})
 	return &v.URL
 }
 
-// URLValue is a string flag for a connection URL whose printed form (the default in -h) has
-// its password redacted, since the default comes from an environment variable that may hold
-// one.
+// URLValue is a string flag for a connection URL whose printed form has its password
+// redacted, since its default comes from an environment variable that may hold one.
 type URLValue struct {
 	// URL is the value as given, password and all: what the command connects with.
 	URL string
