@@ -231,7 +231,7 @@ func runDLQShow(ctx context.Context, env *environment, args []string) error {
 		// A row id names one row, and its JSON stays the one object it always was.
 		d, err := deadletters.Get(ctx, pool, refs.ids[0], nil)
 		if err != nil {
-			return err
+			return notFound(err, "")
 		}
 		redactDeadLetter(&d)
 		if *asJSON {
@@ -241,7 +241,7 @@ func runDLQShow(ctx context.Context, env *environment, args []string) error {
 	}
 	list, err := deadletters.ByDelivery(ctx, pool, refs.deliveryIDs[0], nil)
 	if err != nil {
-		return err
+		return notFound(err, "")
 	}
 	for i := range list {
 		redactDeadLetter(&list[i])

@@ -112,9 +112,9 @@ var errDryRun = fmt.Errorf("dry run")
 // asked to, and exits 1.
 var errNothingPurged = errors.New("nothing purged")
 
-// notFound is the message for references (ids, delivery ids) that name no dead letter, for a
-// command that then did nothing (verb: "purged", "replayed"): which ones, and where the right
-// ones are listed.
+// notFound is the message for references (ids, delivery ids) that name no dead letter: which
+// ones, for a command that then did nothing what (verb: "purged", "replayed"; "" for a read),
+// and where the right ones are listed. Other errors are returned as they are.
 func notFound(err error, verb string) error {
 	var nf *deadletters.NotFoundError
 	if !errors.As(err, &nf) {
@@ -127,5 +127,8 @@ func notFound(err error, verb string) error {
 	if len(nf.DeliveryIDs) > 0 {
 		parts = append(parts, "no dead letter with delivery id "+strings.Join(nf.DeliveryIDs, ", "))
 	}
-	return fmt.Errorf("%s; nothing %s; list them with fluxhook dlq list", strings.Join(parts, "; "), verb)
+	if verb != "" {
+		parts = append(parts, "nothing "+verb)
+	}
+	return fmt.Errorf("%s; list them with fluxhook dlq list", strings.Join(parts, "; "))
 }

@@ -204,7 +204,7 @@ func TestDLQShow(t *testing.T) {
 		t.Errorf("dlq show must redact the endpoint's password:\n%s", r.stdout)
 	}
 
-	if r := runCLI(t, db.URL, "dlq", "show", "9999"); r.code != 1 || !strings.Contains(r.stderr, "dead letter 9999 not found") {
+	if r := runCLI(t, db.URL, "dlq", "show", "9999"); r.code != 1 || !strings.Contains(r.stderr, "no dead letter with id 9999; list them with fluxhook dlq list") {
 		t.Errorf("dlq show of a missing id: exit %d, %q", r.code, r.stderr)
 	}
 	for _, bad := range [][]string{{}, {"x"}, {"1", "2"}, {"-5"}} {
@@ -683,7 +683,7 @@ func TestDLQShowByDeliveryID(t *testing.T) {
 	}
 
 	missing := "00000000-0000-4000-8000-000000000000"
-	if r := runCLI(t, db.URL, "dlq", "show", missing); r.code != 1 || !strings.Contains(r.stderr, "no dead letter has delivery id "+missing) {
+	if r := runCLI(t, db.URL, "dlq", "show", missing); r.code != 1 || !strings.Contains(r.stderr, "no dead letter with delivery id "+missing+"; list them with fluxhook dlq list") {
 		t.Errorf("dlq show of an unknown delivery id: exit %d, %q", r.code, r.stderr)
 	}
 }
