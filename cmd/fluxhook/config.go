@@ -2,8 +2,6 @@ package main
 
 import (
 	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -22,6 +20,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/cli"
+	"github.com/fluxora/fluxhook/stages/delivery"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
 	"github.com/fluxora/fluxhook/stages/send"
 	"github.com/fluxora/fluxhook/stages/sign"
@@ -501,11 +500,12 @@ func effectiveConfig(v map[string]string) []zap.Field {
 		case s.secret:
 			val = "[redacted]"
 		case s.env == "WEBHOOK_URL":
-			// The URL may carry a token in its query; logs name endpoints by hash, written
-			// as every delivery line's endpoint field writes it (bare hex), so one search
-			// finds both.
-			sum := sha256.Sum256([]byte(val))
-			val = hex.EncodeToString(sum[:])
+			// The URL may carry a token in its path, query or credentials: the line names
+			// the consumer by its origin, as every delivery line's origin field does.
+			if o := delivery.URLOrigin(val); o != "" {
+				fields = append(fields, zap.String("webhook_url_origin", o))
+			}
+			continue
 		}
 		fields = append(fields, zap.String(strings.ToLower(s.env), val))
 	}

@@ -234,7 +234,7 @@ func runDLQShow(ctx context.Context, env *environment, args []string) error {
 		// A row id names one row, and its JSON stays the one object it always was.
 		d, err := deadletters.Get(ctx, pool, refs.ids[0], nil)
 		if err != nil {
-			return err
+			return notFound(err, "")
 		}
 		redactDeadLetter(&d)
 		if *asJSON {
@@ -244,7 +244,7 @@ func runDLQShow(ctx context.Context, env *environment, args []string) error {
 	}
 	list, err := deadletters.ByDelivery(ctx, pool, refs.deliveryIDs[0], nil)
 	if err != nil {
-		return err
+		return notFound(err, "")
 	}
 	for i := range list {
 		redactDeadLetter(&list[i])
@@ -389,8 +389,14 @@ func runDLQReplay(ctx context.Context, env *environment, args []string) error {
 		return fmt.Errorf("--to-endpoint: endpoint %s not found; nothing replayed (fluxhook endpoints list shows the endpoints)", toEndpoint)
 	case errors.Is(err, deadletters.ErrEndpointDisabled):
 		return fmt.Errorf("--to-endpoint: endpoint %s is disabled; nothing replayed: enable it first (fluxhook endpoints enable %s)", toEndpoint, toEndpoint)
+	case errors.Is(err, deadletters.ErrNotFound):
+		return notFound(err, "replayed")
 	case err != nil:
 		return err
+	}
+	if *all && len(out.Replayed)+len(out.Skipped) == 0 && !*dryRun {
+		// Asked to replay, and nothing matched: a script must not take that for success.
+		return errors.New("nothing replayed: no dead letter matches the filters; fluxhook dlq list with the same filters shows what they match")
 	}
 	o := replayOutcome{Outcome: out}
 	if !*all {

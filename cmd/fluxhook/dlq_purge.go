@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -42,9 +44,18 @@ func runDLQPurge(ctx context.Context, env *environment, args []string) error {
 	}
 	var purged []deadletters.Ref
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// A mistyped or already purged id purges nothing, and the operator must hear of it
+		// rather than read a "purged 0" that exits 0; the others are not purged either, as
+		// replay replays none when one id is missing.
+		if err := deadletters.Missing(ctx, tx, sel); err != nil {
+			return err
+		}
 		var err error
 		if purged, err = deadletters.Purge(ctx, tx, sel, deadletters.PurgeOptions{ReplayedOnly: *replayedOnly}); err != nil {
 			return err
+		}
+		if len(purged) == 0 && !*dryRun {
+			return errNothingPurged
 		}
 		if *dryRun {
 			return errDryRun
@@ -57,7 +68,16 @@ func runDLQPurge(ctx context.Context, env *environment, args []string) error {
 		}
 		return audit.RecordAll(ctx, tx, changes)
 	})
-	if err != nil && err != errDryRun {
+	switch {
+	case errors.Is(err, deadletters.ErrNotFound):
+		return notFound(err, "purged")
+	case err == errNothingPurged && *all && *replayedOnly:
+		return errors.New("nothing purged: no dead letter matching the filters was replayed yet (--replayed-only); fluxhook dlq list with the same filters shows them")
+	case err == errNothingPurged && *all:
+		return errors.New("nothing purged: no dead letter matches the filters; fluxhook dlq list with the same filters shows what they match")
+	case err == errNothingPurged:
+		return errors.New("nothing purged: none of the dead letters selected was replayed yet (--replayed-only purges only those); fluxhook dlq show ID says whether one was")
+	case err != nil && err != errDryRun:
 		return err
 	}
 	verb := "purged"
@@ -86,3 +106,29 @@ func runDLQPurge(ctx context.Context, env *environment, args []string) error {
 
 // errDryRun rolls back a dry run's transaction.
 var errDryRun = fmt.Errorf("dry run")
+
+// errNothingPurged says a purge selected rows that exist but deleted none of them (a filter
+// matching nothing, or --replayed-only with none replayed): the command did nothing it was
+// asked to, and exits 1.
+var errNothingPurged = errors.New("nothing purged")
+
+// notFound is the message for references (ids, delivery ids) that name no dead letter: which
+// ones, for a command that then did nothing what (verb: "purged", "replayed"; "" for a read),
+// and where the right ones are listed. Other errors are returned as they are.
+func notFound(err error, verb string) error {
+	var nf *deadletters.NotFoundError
+	if !errors.As(err, &nf) {
+		return err
+	}
+	var parts []string
+	if len(nf.IDs) > 0 {
+		parts = append(parts, "no dead letter with id "+joinIDs(nf.IDs))
+	}
+	if len(nf.DeliveryIDs) > 0 {
+		parts = append(parts, "no dead letter with delivery id "+strings.Join(nf.DeliveryIDs, ", "))
+	}
+	if verb != "" {
+		parts = append(parts, "nothing "+verb)
+	}
+	return fmt.Errorf("%s; list them with fluxhook dlq list", strings.Join(parts, "; "))
+}

@@ -107,10 +107,47 @@ func TestDLQPurgeByDeliveryID(t *testing.T) {
 	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter WHERE id = $1`, fo.other); n != 1 {
 		t.Error("another delivery's dead letter was purged")
 	}
-	// Purging is idempotent, but says when a delivery id stood for nothing.
+	// A delivery id that stands for nothing (any more) purged nothing: a failure, said so.
 	r = runCLI(t, db.URL, "dlq", "purge", fo.delivery)
-	if r.code != 0 || !strings.Contains(r.stdout, "delivery id "+fo.delivery+": no dead letters\npurged 0") {
+	if r.code != 1 || !strings.Contains(r.stderr, "no dead letter with delivery id "+fo.delivery+"; nothing purged; list them with fluxhook dlq list") {
 		t.Errorf("purge of a delivery id without dead letters: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestDLQPurgeThatPurgesNothingFails: a purge that deletes nothing did nothing it was asked
+// to, and exits 1 saying why: an unknown id (and then none of the others is purged either, as
+// with replay), a filter matching nothing, --replayed-only on rows not replayed. A dry run that
+// would purge nothing by a filter has reported what it was asked to, and exits 0.
+func TestDLQPurgeThatPurgesNothingFails(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	f := insertDLQFixtures(t, db)
+	total := count(t, db, `SELECT count(*) FROM webhook_dead_letter`)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"9999"}, "no dead letter with id 9999; nothing purged; list them with fluxhook dlq list"},
+		{[]string{"--dry-run", "9999"}, "no dead letter with id 9999; nothing purged"},
+		{[]string{itoa(f.notFound), "9998", "9999"}, "no dead letter with id 9998, 9999; nothing purged"},
+		{[]string{"--all-matching", "--event-type", "no.such"}, "nothing purged: no dead letter matches the filters"},
+		{[]string{"--all-matching", "--event-type", "order.created", "--replayed-only"}, "no dead letter matching the filters was replayed yet"},
+		{[]string{"--replayed-only", itoa(f.notFound)}, "none of the dead letters selected was replayed yet"},
+	} {
+		r := runCLI(t, db.URL, append([]string{"dlq", "purge"}, tc.args...)...)
+		if r.code != 1 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("purge %v: exit %d, stderr %q, want 1 and %q", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_dead_letter`); n != total {
+		t.Errorf("%d dead letters left of %d: a purge that failed deleted some", n, total)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_audit`); n != 0 {
+		t.Errorf("%d audit records of purges that failed", n)
+	}
+	r := runCLI(t, db.URL, "dlq", "purge", "--dry-run", "--all-matching", "--event-type", "no.such")
+	if r.code != 0 || !strings.Contains(r.stdout, "would purge 0") {
+		t.Errorf("dry run matching nothing: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
 

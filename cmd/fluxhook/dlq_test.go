@@ -204,7 +204,7 @@ func TestDLQShow(t *testing.T) {
 		t.Errorf("dlq show must redact the endpoint's password:\n%s", r.stdout)
 	}
 
-	if r := runCLI(t, db.URL, "dlq", "show", "9999"); r.code != 1 || !strings.Contains(r.stderr, "dead letter 9999 not found") {
+	if r := runCLI(t, db.URL, "dlq", "show", "9999"); r.code != 1 || !strings.Contains(r.stderr, "no dead letter with id 9999; list them with fluxhook dlq list") {
 		t.Errorf("dlq show of a missing id: exit %d, %q", r.code, r.stderr)
 	}
 	for _, bad := range [][]string{{}, {"x"}, {"1", "2"}, {"-5"}} {
@@ -314,7 +314,7 @@ func TestDLQReplayOfAMissingIDChangesNothing(t *testing.T) {
 	f := insertDLQFixtures(t, db)
 
 	r := runCLI(t, db.URL, "dlq", "replay", itoa(f.notFound), "9999")
-	if r.code != 1 || !strings.Contains(r.stderr, "dead letter 9999 not found; nothing replayed") {
+	if r.code != 1 || !strings.Contains(r.stderr, "no dead letter with id 9999; nothing replayed; list them with fluxhook dlq list") {
 		t.Errorf("replay with a missing id: exit %d, stderr %q", r.code, r.stderr)
 	}
 	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != 0 {
@@ -385,9 +385,14 @@ func TestDLQBulkReplay(t *testing.T) {
 		t.Errorf("outbox holds %d rows, want 2", n)
 	}
 
+	// Matching nothing replays nothing: a failure, said so; a dry run reports it.
 	r = runCLI(t, db.URL, "dlq", "replay", "--all-matching", "--since", "1s")
+	if r.code != 1 || !strings.Contains(r.stderr, "nothing replayed: no dead letter matches the filters") {
+		t.Errorf("bulk replay matching nothing: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, db.URL, "dlq", "replay", "--all-matching", "--since", "1s", "--dry-run")
 	if r.code != 0 || strings.TrimSpace(r.stdout) != "no dead letters match" {
-		t.Errorf("bulk replay matching nothing: exit %d, %q", r.code, r.stdout)
+		t.Errorf("bulk replay --dry-run matching nothing: exit %d, %q", r.code, r.stdout)
 	}
 }
 
@@ -678,7 +683,7 @@ func TestDLQShowByDeliveryID(t *testing.T) {
 	}
 
 	missing := "00000000-0000-4000-8000-000000000000"
-	if r := runCLI(t, db.URL, "dlq", "show", missing); r.code != 1 || !strings.Contains(r.stderr, "no dead letter has delivery id "+missing) {
+	if r := runCLI(t, db.URL, "dlq", "show", missing); r.code != 1 || !strings.Contains(r.stderr, "no dead letter with delivery id "+missing+"; list them with fluxhook dlq list") {
 		t.Errorf("dlq show of an unknown delivery id: exit %d, %q", r.code, r.stderr)
 	}
 }
@@ -751,7 +756,7 @@ func TestDLQReplayByDeliveryID(t *testing.T) {
 	missing := "00000000-0000-4000-8000-000000000000"
 	before := count(t, db, "SELECT count(*) FROM webhook_deliveries")
 	r = runCLI(t, db.URL, "dlq", "replay", "--force", itoa(fo.other), missing)
-	if r.code != 1 || !strings.Contains(r.stderr, "no dead letter has delivery id "+missing+"; nothing replayed") {
+	if r.code != 1 || !strings.Contains(r.stderr, "no dead letter with delivery id "+missing+"; nothing replayed") {
 		t.Errorf("replay with an unknown delivery id: exit %d, stderr %q", r.code, r.stderr)
 	}
 	if n := count(t, db, "SELECT count(*) FROM webhook_deliveries"); n != before {

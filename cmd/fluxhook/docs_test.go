@@ -210,19 +210,34 @@ func TestDocsStayInTheRepository(t *testing.T) {
 const docPageLimit = 20 << 10
 
 // TestDocsArePagesAUserReads: every page of docs/ stays within its budget, and no document
-// names a test (tests are how the code is checked, not what a user reads; git and the commit
-// messages keep which test pinned what).
+// names a test, a benchmark function or a test file (tests are how the code is checked, not
+// what a user reads: a page says what the user runs instead, `go test ./stages/sign/` or
+// `fluxhook bench`; git and the commit messages keep which test pinned what), and the
+// benchmark figures name no schema version (they describe the schema that ships).
 func TestDocsArePagesAUserReads(t *testing.T) {
 	root := repoRoot(t)
-	testName := regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*\b`)
+	forbidden := []struct {
+		re   *regexp.Regexp
+		what string
+	}{
+		{regexp.MustCompile(`\bTest[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*\b`), "the test"},
+		{regexp.MustCompile(`\bBenchmark[A-Z][A-Za-z0-9]*\b`), "the benchmark function"},
+		{regexp.MustCompile(`[A-Za-z0-9_]*_test\.go\b`), "the test file"},
+	}
+	schema := regexp.MustCompile(`(?i)\bschemas? (v(ersion)? ?)?\d+`)
 	for _, doc := range markdownDocs(t, root) {
 		md := readDoc(t, root, doc)
 		if n := len(md); strings.HasPrefix(doc, "docs/") && n > docPageLimit {
 			t.Errorf("%s is %d bytes; keep each page under %d (split it by task)", doc, n, docPageLimit)
 		}
 		for i, line := range strings.Split(md, "\n") {
-			if m := testName.FindString(line); m != "" {
-				t.Errorf("%s:%d names the test %s", doc, i+1, m)
+			for _, f := range forbidden {
+				if m := f.re.FindString(line); m != "" {
+					t.Errorf("%s:%d names %s %s", doc, i+1, f.what, m)
+				}
+			}
+			if m := schema.FindString(line); m != "" && doc == "docs/benchmarks.md" {
+				t.Errorf("%s:%d names a schema version (%q): the figures are the shipped schema's", doc, i+1, m)
 			}
 		}
 	}

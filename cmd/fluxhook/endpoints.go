@@ -50,8 +50,8 @@ func runEndpoints(ctx context.Context, env *environment, args []string) error {
 }
 
 // endpointsError turns the store's validation errors into usage errors (exit status 2) that
-// name the flag to fix, and its refusal to remove an endpoint with pending deliveries into
-// the flags that decide their fate.
+// name the flag to fix, its refusal to remove an endpoint with pending deliveries into the
+// flags that decide their fate, and an unknown id into where the ids are listed.
 func endpointsError(err error) error {
 	var inv *endpoints.InvalidError
 	var pending *endpoints.PendingError
@@ -61,6 +61,8 @@ func endpointsError(err error) error {
 	case errors.As(err, &pending):
 		return fmt.Errorf("endpoint %s has %d deliveries pending; nothing was removed: pass --pending dead-letter (kept in the dead-letter table) or --pending drop (lost)",
 			pending.ID, pending.Pending)
+	case errors.Is(err, endpoints.ErrNotFound):
+		return fmt.Errorf("%w; list them with fluxhook endpoints list", err)
 	}
 	return err
 }

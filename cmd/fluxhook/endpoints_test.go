@@ -594,7 +594,7 @@ func TestEndpointsErrors(t *testing.T) {
 		{"rotate-secret", missing}, {"remove", missing}, {"show", strings.ToUpper(missing)},
 	} {
 		r := runEndpointsCLI(t, db, nil, args...)
-		if r.code != 1 || !strings.Contains(r.stderr, "endpoint "+missing+" not found") {
+		if r.code != 1 || !strings.Contains(r.stderr, "endpoint "+missing+" not found; list them with fluxhook endpoints list") {
 			t.Errorf("endpoints %v: exit %d, %q; want 1 and not found", args, r.code, r.stderr)
 		}
 	}

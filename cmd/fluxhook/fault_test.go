@@ -410,15 +410,22 @@ func createFluxhookRole(t *testing.T, db *sqltest.DB, optional bool) string {
 // dispatchers (the first sql block after "**Dispatchers**"), each ending in "TO fluxhook".
 func documentedDispatcherGrants(t *testing.T) []string {
 	t.Helper()
+	return documentedGrants(t, "**Dispatchers**", "fluxhook")
+}
+
+// documentedGrants returns the GRANT statements of docs/install.md's first sql block after
+// the paragraph that starts with para, each ending in "TO " + role.
+func documentedGrants(t *testing.T, para, role string) []string {
+	t.Helper()
 	md := readDoc(t, repoRoot(t), "docs/install.md")
-	_, rest, ok := strings.Cut(md, "**Dispatchers**")
+	_, rest, ok := strings.Cut(md, para)
 	if !ok {
-		t.Fatal(`docs/install.md has no "**Dispatchers**" paragraph`)
+		t.Fatalf(`docs/install.md has no %q paragraph`, para)
 	}
 	_, rest, ok = strings.Cut(rest, "```sql\n")
 	block, _, ok2 := strings.Cut(rest, "```")
 	if !ok || !ok2 {
-		t.Fatal("docs/install.md's dispatcher paragraph has no sql block")
+		t.Fatalf("docs/install.md's %s paragraph has no sql block", para)
 	}
 	var grants []string
 	for _, stmt := range strings.Split(block, ";") {
@@ -426,13 +433,13 @@ func documentedDispatcherGrants(t *testing.T) []string {
 		if stmt == "" {
 			continue
 		}
-		if !strings.HasPrefix(stmt, "GRANT ") || !strings.HasSuffix(stmt, " TO fluxhook") {
-			t.Fatalf("docs/install.md's dispatcher block holds %q; want only GRANT ... TO fluxhook statements", stmt)
+		if !strings.HasPrefix(stmt, "GRANT ") || !strings.HasSuffix(stmt, " TO "+role) {
+			t.Fatalf("docs/install.md's %s block holds %q; want only GRANT ... TO %s statements", para, stmt, role)
 		}
 		grants = append(grants, stmt)
 	}
-	if len(grants) < 5 {
-		t.Fatalf("docs/install.md's dispatcher block has %d grants", len(grants))
+	if len(grants) < 3 {
+		t.Fatalf("docs/install.md's %s block has %d grants", para, len(grants))
 	}
 	return grants
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -207,5 +208,126 @@ func TestLogSamplingOfRepeatedLines(t *testing.T) {
 	// longer, and a new second starts the count again; the bounds above still hold.
 	if elapsed < time.Second && got != 120 {
 		t.Errorf("%d of 300 identical lines written within %s, want 120 (100, then every 10th)", got, elapsed)
+	}
+}
+
+// hex64 matches a SHA-256 in hex: the endpoint hash, a key for Redis that names no consumer
+// a person can recognise.
+var hex64 = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// TestDeliveryLinesNameTheManagedEndpoint runs a dispatcher with serve's logger against a
+// managed endpoint that always fails, and reads its lines as an operator would: each failed
+// attempt and the dead letter name the endpoint by its id and its URL's origin (never the path
+// or query, where tokens live), the retry wait has its unit in its name, and the URL's hash
+// appears only at debug.
+func TestDeliveryLinesNameTheManagedEndpoint(t *testing.T) {
+	t.Parallel()
+	for _, level := range []zapcore.Level{zapcore.InfoLevel, zapcore.DebugLevel} {
+		t.Run(level.String(), func(t *testing.T) {
+			t.Parallel()
+			db := sqltest.NewMigrated(t)
+			c := newHookConsumer(t, func(context.Context, *hookRequest) int { return http.StatusInternalServerError })
+			var id string
+			if err := db.Pool.QueryRow(context.Background(), `INSERT INTO webhook_endpoints (url, secret)
+				VALUES ($1, 'whsec_logging') RETURNING id::text`, c.URL()+"/secret-path?token=secret-query").Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			var logs syncBuffer
+			d, err := dispatcher.New(dispatcher.Config{
+				DatabaseURL:   db.URL,
+				Secret:        serveSecret,
+				Timeout:       15 * time.Second,
+				RetrySchedule: []time.Duration{100 * time.Millisecond},
+				RetryJitter:   -1,
+				Logger:        newLogger(level, "json", zapcore.AddSync(&logs), false),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = d.Stop(ctx)
+			})
+			enqueueOne(t, db, outbox.Event{EventType: "order.paid"})
+			pollUntil(t, 20*time.Second, "the event dead-lettered", func() bool {
+				return queryInt(t, db, `SELECT count(*) FROM webhook_dead_letter`) == 1
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := d.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			origin := strings.TrimSuffix(c.URL(), "/hook")
+			seen := map[string]int{}
+			for _, line := range logLines(&logs) {
+				if strings.Contains(line, "secret-") {
+					t.Errorf("a line carries the URL's path or query: %s", line)
+				}
+				var entry map[string]any
+				if err := json.Unmarshal([]byte(line), &entry); err != nil {
+					t.Fatalf("log line is not JSON (%v): %s", err, line)
+				}
+				msg, _ := entry["msg"].(string)
+				if msg != "delivery attempt failed" && msg != "delivery dead-lettered" {
+					continue
+				}
+				seen[msg]++
+				if entry["endpoint_id"] != id || entry["origin"] != origin {
+					t.Errorf("%q: endpoint_id %v and origin %v, want %s and %s: %s", msg, entry["endpoint_id"], entry["origin"], id, origin, line)
+				}
+				hashes := 0
+				for k, v := range entry {
+					if s, ok := v.(string); ok && hex64.MatchString(s) {
+						hashes++
+						if k != "endpoint_hash" {
+							t.Errorf("%q: field %s holds a hash: %s", msg, k, line)
+						}
+					}
+				}
+				if want := map[zapcore.Level]int{zapcore.InfoLevel: 0, zapcore.DebugLevel: 1}[level]; hashes != want {
+					t.Errorf("%q at %s: %d hashes, want %d (the endpoint hash only at debug): %s", msg, level, hashes, want, line)
+				}
+				if msg == "delivery attempt failed" {
+					if _, ok := entry["retry_in"]; ok {
+						t.Errorf("retry_in without a unit: %s", line)
+					}
+					if entry["retry_in_ms"] != float64(100) {
+						t.Errorf("retry_in_ms = %#v, want 100: %s", entry["retry_in_ms"], line)
+					}
+				}
+			}
+			if seen["delivery attempt failed"] != 1 || seen["delivery dead-lettered"] != 1 {
+				t.Errorf("lines %v, want one failed attempt and one dead letter", seen)
+			}
+		})
+	}
+}
+
+// TestStartupLineNamesWebhookURLByOrigin: the start-up line names WEBHOOK_URL by its origin,
+// which an operator recognises, never by the path, query or credentials, nor by a hash.
+func TestStartupLineNamesWebhookURLByOrigin(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	log := newLogger(zapcore.InfoLevel, "json", zapcore.AddSync(&logs), false)
+	log.Info("starting fluxhook", effectiveConfig(map[string]string{
+		"WEBHOOK_URL": "https://shop:secret-pass@hooks.example.com:8443/secret-path?token=secret-query",
+	})...)
+	line := logs.String()
+	var entry map[string]any
+	if err := json.Unmarshal([]byte(line), &entry); err != nil {
+		t.Fatal(err)
+	}
+	if entry["webhook_url_origin"] != "https://hooks.example.com:8443" {
+		t.Errorf("webhook_url_origin = %#v, want https://hooks.example.com:8443: %s", entry["webhook_url_origin"], line)
+	}
+	for k, v := range entry {
+		if s, _ := v.(string); hex64.MatchString(s) || strings.Contains(s, "secret-") {
+			t.Errorf("field %s = %q: a hash or a part of the URL beyond its origin", k, s)
+		}
 	}
 }

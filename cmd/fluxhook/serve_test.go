@@ -683,9 +683,8 @@ func TestServeLogsNoSecrets(t *testing.T) {
 		t.Errorf("the gate failed open: serve could not use Redis with the password in REDIS_URL")
 	}
 	sum := sha256.Sum256([]byte(failURL))
-	failHash := hex.EncodeToString(sum[:])
-	sum = sha256.Sum256([]byte(hookURL))
-	hookHash := hex.EncodeToString(sum[:]) // as the delivery lines' endpoint field
+	failHash := hex.EncodeToString(sum[:]) // the breaker's key: at debug, as endpoint_hash
+	failOrigin := "http://" + failing.srv.Listener.Addr().String()
 	failures := map[string]int{}
 	var startup map[string]any
 	for i, line := range strings.Split(strings.TrimRight(logs, "\n"), "\n") {
@@ -714,10 +713,11 @@ func TestServeLogsNoSecrets(t *testing.T) {
 			continue
 		}
 		want := map[string]any{
-			"delivery_id": failID,
-			"event_type":  "test.fail",
-			"status":      float64(http.StatusInternalServerError),
-			"endpoint":    failHash,
+			"delivery_id":   failID,
+			"event_type":    "test.fail",
+			"status":        float64(http.StatusInternalServerError),
+			"origin":        failOrigin,
+			"endpoint_hash": failHash,
 		}
 		for k, v := range want {
 			if entry[k] != v {
@@ -737,7 +737,7 @@ func TestServeLogsNoSecrets(t *testing.T) {
 	}
 
 	// The startup line: the effective configuration, computed defaults included, every
-	// secret redacted and the consumer URL as a hash.
+	// secret redacted and the consumer URL by its origin.
 	if startup == nil {
 		t.Fatalf("no \"starting fluxhook\" line")
 	}
@@ -746,7 +746,7 @@ func TestServeLogsNoSecrets(t *testing.T) {
 		"webhook_secret":           "[redacted]",
 		"webhook_secret_previous":  "[redacted]",
 		"redis_url":                redisRedacted,
-		"webhook_url":              hookHash,
+		"webhook_url_origin":       "http://" + ok.srv.Listener.Addr().String(),
 		"webhook_timeout_ms":       "15000",
 		"webhook_lease_ms":         "60000", // 2×timeout + 30 s
 		"webhook_drain_timeout_ms": "20000", // timeout + 5 s

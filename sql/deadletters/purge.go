@@ -54,3 +54,32 @@ func Purge(ctx context.Context, q Querier, sel Selection, opts PurgeOptions) ([]
 	}
 	return purged, nil
 }
+
+// existsSQL reads which of the referenced dead letters exist in the caller's scope.
+const existsSQL = `SELECT d.id, d.delivery_id::text FROM webhook_dead_letter d
+WHERE (d.id = ANY (@ids::bigint[]) OR d.delivery_id = ANY (@delivery_ids::uuid[]))
+  AND (@scope::text IS NULL OR d.tenant = @scope)`
+
+// Missing returns a NotFoundError naming the references of sel (row ids, delivery ids) that
+// find no dead letter in its tenant, or nil when each finds one; a Matching selection names
+// none. Purge itself is idempotent and says nothing of a reference that found nothing: a
+// caller that must tell "gone already" or "mistyped" from "deleted" (the CLI, whose exit
+// status says whether it did what it was asked) asks first, in the same transaction.
+func Missing(ctx context.Context, q Querier, sel Selection) error {
+	if sel.Matching != nil {
+		return nil
+	}
+	ids, deliveries, args := sel.refArgs()
+	if _, ok := args["scope"]; !ok {
+		args["scope"] = nil
+	}
+	rows, _ := q.Query(ctx, existsSQL, args)
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (locked, error) {
+		var l locked
+		return l, r.Scan(&l.ID, &l.DeliveryID)
+	})
+	if err != nil {
+		return fmt.Errorf("reading dead letters: %w", err)
+	}
+	return missing(ids, deliveries, found)
+}

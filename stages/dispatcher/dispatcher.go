@@ -374,7 +374,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 				// Logged here, not with the outcome: when another instance holds the row by
 				// now, settle refuses the release and reports it as stale instead.
 				d.log.Warn("delivery released unsent: this instance was held up past the row's lease",
-					append(deliveryFields(del), zap.Int64("late_ms", time.Since(del.SendBy).Milliseconds()))...)
+					append(d.deliveryFields(del), zap.Int64("late_ms", time.Since(del.SendBy).Milliseconds()))...)
 			}
 			d.toSettle <- del
 		}
@@ -634,7 +634,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			armed, arming = false, false // unknown after a failure: re-arm from scratch
 			cursor = claim.Cursor{}
 			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
-			d.log.Warn("claim failed", zap.Error(err), zap.Duration("retry_in", backoff))
+			d.log.Warn("claim failed", zap.Error(err), zap.Int64("retry_in_ms", backoff.Milliseconds()))
 			d.sleep(ctx, backoff)
 			continue
 		}
@@ -1379,18 +1379,18 @@ func (d *Dispatcher) resumeAfterProbe(ctx context.Context, settled []*delivery.D
 		if err != nil {
 			if ctx.Err() == nil {
 				d.log.Warn("resuming rows deferred behind the breaker failed; they come due at their deferral time",
-					zap.String("endpoint", del.Endpoint.Hash), zap.Error(err))
+					append(d.endpointFields(del), zap.Error(err))...)
 			}
 			continue
 		}
 		switch {
 		case r.Limit == 0 && n > 0:
 			d.log.Info("probe succeeded: resumed rows deferred behind the breaker",
-				zap.String("endpoint", del.Endpoint.Hash), zap.Int64("rows", n))
+				append(d.endpointFields(del), zap.Int64("rows", n))...)
 			d.waker.Wake(wake.Timer)
 		case r.Limit > 0:
 			d.log.Debug("probe ended without closing the circuit: the endpoint is claimed again when the next probe may go",
-				zap.String("endpoint", del.Endpoint.Hash), zap.Duration("next_probe", r.In), zap.Int64("rows", n))
+				append(d.endpointFields(del), zap.Int64("next_probe_ms", r.In.Milliseconds()), zap.Int64("rows", n))...)
 			if n > 0 {
 				d.waker.DueIn(r.In)
 			}
@@ -1419,25 +1419,17 @@ func (d *Dispatcher) stale(del *delivery.Delivery) {
 	d.stats.Stale.Add(1)
 	d.metrics.staleSettles.Inc()
 	d.log.Warn("stale settle refused: the lease ran out and another claim holds the row",
-		append(deliveryFields(del), zap.String("outcome", del.Outcome.Kind.String()), zap.Int64("row_id", del.ID))...)
+		append(d.deliveryFields(del), zap.String("outcome", del.Outcome.Kind.String()), zap.Int64("row_id", del.ID))...)
 	del.Outcome = delivery.Outcome{Kind: delivery.Release, Stale: true}
 }
 
 // deliveryFields are the fields every line about one delivery carries, for log shipping: the
 // consumer by its URL's origin (scheme, host and port: never the path, query or credentials,
-// where tokens live) and by its hash (the breaker's key), a managed endpoint also by its id.
-func deliveryFields(del *delivery.Delivery) []zap.Field {
+// where tokens live), a managed endpoint also by its id, which is what an operator types into
+// fluxhook endpoints. The URL's hash (the breaker's key in Redis) is a key for a machine, not a
+// name for a person: it is added only at debug, for matching a line to a Redis key.
+func (d *Dispatcher) deliveryFields(del *delivery.Delivery) []zap.Field {
 	o := del.Outcome
-	endpoint, origin := "", ""
-	switch {
-	case del.Endpoint != nil:
-		endpoint, origin = del.Endpoint.Hash, del.Endpoint.Origin()
-	case del.EndpointURL != "":
-		// A row dead-lettered for its endpoint_url before it had an endpoint: named by the
-		// same hash (of the URL as written), never by the URL, which may carry a token.
-		sum := sha256.Sum256([]byte(del.EndpointURL))
-		endpoint, origin = hex.EncodeToString(sum[:]), delivery.URLOrigin(del.EndpointURL)
-	}
 	f := []zap.Field{
 		zap.String("delivery_id", del.DeliveryID),
 		zap.String("event_type", del.EventType),
@@ -1445,21 +1437,38 @@ func deliveryFields(del *delivery.Delivery) []zap.Field {
 		zap.Int("status", o.Status),
 		zap.Int64("duration_ms", o.Duration.Milliseconds()),
 	}
-	if endpoint != "" { // none before an endpoint was resolved (an invalid row of WEBHOOK_URL)
-		f = append(f, zap.String("endpoint", endpoint))
+	return append(f, d.endpointFields(del)...)
+}
+
+// endpointFields name the consumer of del (see deliveryFields): endpoint_id for a managed
+// endpoint, origin whenever the URL has one, endpoint_hash at debug.
+func (d *Dispatcher) endpointFields(del *delivery.Delivery) []zap.Field {
+	hash, origin := "", ""
+	switch {
+	case del.Endpoint != nil:
+		hash, origin = del.Endpoint.Hash, del.Endpoint.Origin()
+	case del.EndpointURL != "":
+		// A row dead-lettered for its endpoint_url before it had an endpoint: never named
+		// by the URL, which may carry a token.
+		sum := sha256.Sum256([]byte(del.EndpointURL))
+		hash, origin = hex.EncodeToString(sum[:]), delivery.URLOrigin(del.EndpointURL)
 	}
-	if origin != "" {
-		f = append(f, zap.String("origin", origin))
-	}
+	var f []zap.Field
 	if del.EndpointID != "" {
 		f = append(f, zap.String("endpoint_id", del.EndpointID))
+	}
+	if origin != "" { // none before an endpoint was resolved, or for a URL without a host
+		f = append(f, zap.String("origin", origin))
+	}
+	if hash != "" && d.log.Core().Enabled(zap.DebugLevel) {
+		f = append(f, zap.String("endpoint_hash", hash))
 	}
 	return f
 }
 
 func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 	o := del.Outcome
-	fields := func() []zap.Field { return deliveryFields(del) }
+	fields := func() []zap.Field { return d.deliveryFields(del) }
 	if o.Stale {
 		return // reported by stale
 	}
@@ -1488,7 +1497,7 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 		}
 	case delivery.Retry:
 		d.stats.Retried.Add(1)
-		d.log.Warn("delivery attempt failed", append(fields(), zap.String("error", o.Error), zap.Duration("retry_in", o.Delay))...)
+		d.log.Warn("delivery attempt failed", append(fields(), zap.String("error", o.Error), zap.Int64("retry_in_ms", o.Delay.Milliseconds()))...)
 	case delivery.Permanent:
 		d.stats.DeadLettered.Add(1)
 		f := append(fields(), zap.String("reason", o.Reason))
@@ -1499,7 +1508,7 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 	case delivery.Defer:
 		d.stats.Deferred.Add(1)
 		if ce := d.log.Check(zap.DebugLevel, "delivery deferred"); ce != nil {
-			ce.Write(append(fields(), zap.String("reason", o.Reason), zap.Duration("retry_in", o.Delay))...)
+			ce.Write(append(fields(), zap.String("reason", o.Reason), zap.Int64("retry_in_ms", o.Delay.Milliseconds()))...)
 		}
 	case delivery.Release:
 		d.stats.Released.Add(1)

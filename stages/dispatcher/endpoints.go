@@ -658,8 +658,8 @@ func (d *Dispatcher) replayed(del *delivery.Delivery) (bool, error) {
 	defer cancel()
 	var ok bool
 	if err := d.pool.QueryRow(ctx, replayedSQL, del.DeliveryID, tenantParam(del), del.EventType, string(del.Payload)).Scan(&ok); err != nil {
-		d.log.Warn("checking whether a delivery is a replay failed; it is claimed again", zap.Error(err),
-			zap.String("endpoint_id", del.EndpointID))
+		d.log.Warn("checking whether a delivery is a replay failed; it is claimed again",
+			append(d.deliveryFields(del), zap.Error(err))...)
 		return false, err
 	}
 	return ok, nil

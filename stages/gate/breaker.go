@@ -259,7 +259,7 @@ func (g *BreakerGate) Check(ctx context.Context, batch []*delivery.Delivery) {
 				}
 			}
 		}
-		g.transitions(dec.Transitions)
+		g.transitions(dec.Transitions, rows[i])
 	}
 	if firstErr != nil {
 		g.storeFailed(firstErr)
@@ -303,7 +303,7 @@ func (g *BreakerGate) Record(ctx context.Context, batch []*delivery.Delivery) {
 	cctx, cancel := context.WithTimeout(ctx, g.p.StoreTimeout)
 	trans, err := g.store.Record(cctx, g.p, results)
 	cancel()
-	g.transitions(trans)
+	g.transitions(trans, batch)
 	if err != nil {
 		if ctx.Err() == nil {
 			g.storeFailed(err)
@@ -439,15 +439,18 @@ func (g *BreakerGate) failOpen(n int) {
 	}
 }
 
-func (g *BreakerGate) transitions(ts []Transition) {
+// transitions reports ts, which the store returned for rows of batch: a line names the
+// consumer as a delivery line does (endpoint_id for a managed endpoint, the URL's origin, the
+// hash only at debug), so that an operator reads which consumer's circuit opened.
+func (g *BreakerGate) transitions(ts []Transition, batch []*delivery.Delivery) {
 	for _, t := range ts {
 		if g.hooks.OnTransition != nil {
 			g.hooks.OnTransition(string(t.From), string(t.To))
 		}
-		fields := []zap.Field{zap.String("endpoint", t.Hash), zap.String("from_state", string(t.From)), zap.String("to_state", string(t.To))}
+		fields := append(g.endpointFields(t.Hash, batch), zap.String("from_state", string(t.From)), zap.String("to_state", string(t.To)))
 		switch t.To {
 		case Open:
-			g.log.Warn("circuit breaker opened", append(fields, zap.Duration("reset", g.p.Reset))...)
+			g.log.Warn("circuit breaker opened", append(fields, zap.Int64("reset_ms", g.p.Reset.Milliseconds()))...)
 		case HalfOpen:
 			g.log.Info("circuit breaker half-open: probing the endpoint", fields...)
 		case Closed:
@@ -457,6 +460,30 @@ func (g *BreakerGate) transitions(ts []Transition) {
 			}
 		}
 	}
+}
+
+// endpointFields names the endpoint whose hash is hash by the first row of batch that goes to
+// it: never by its URL, whose path or query may carry a token.
+func (g *BreakerGate) endpointFields(hash string, batch []*delivery.Delivery) []zap.Field {
+	var f []zap.Field
+	for _, del := range batch {
+		if del.Endpoint == nil || del.Endpoint.Hash != hash {
+			continue
+		}
+		if del.EndpointID != "" {
+			f = append(f, zap.String("endpoint_id", del.EndpointID))
+		}
+		if o := del.Endpoint.Origin(); o != "" {
+			f = append(f, zap.String("origin", o))
+		}
+		break
+	}
+	if len(f) == 0 || g.log.Core().Enabled(zap.DebugLevel) {
+		// The hash is the only name left when no row tells the endpoint (a store that
+		// reports a transition of another endpoint).
+		f = append(f, zap.String("endpoint_hash", hash))
+	}
+	return f
 }
 
 // storeUsable reports whether the store may be called now (not within StoreRetry of a failure).
@@ -474,7 +501,7 @@ func (g *BreakerGate) storeFailed(err error) {
 	g.mu.Unlock()
 	if !was {
 		g.log.Warn("gate store unavailable: failing open (delivering without breaker or rate limit) until it answers again",
-			zap.Error(err), zap.Duration("retry_every", g.p.StoreRetry))
+			zap.Error(err), zap.Int64("retry_every_ms", g.p.StoreRetry.Milliseconds()))
 	}
 }
 

@@ -315,7 +315,8 @@ func TestPartialDecisionFailsOpenOnlyThatEndpoint(t *testing.T) {
 }
 
 // TestOpeningLoggedOnce: a settled batch of many failures opens the circuit once: one
-// transition, one log line, and the log names the endpoint by hash only.
+// transition, one log line, which names the endpoint by its URL's origin (the hash too at
+// debug), never by the URL's path or query, where tokens live.
 func TestOpeningLoggedOnce(t *testing.T) {
 	t.Parallel()
 	core, logs := observer.New(zapcore.DebugLevel)
@@ -340,12 +341,13 @@ func TestOpeningLoggedOnce(t *testing.T) {
 	if len(opened) != 1 {
 		t.Fatalf("opening logged %d times", len(opened))
 	}
-	if opened[0].Level != zapcore.WarnLevel || opened[0].ContextMap()["endpoint"] != a.Hash {
-		t.Fatalf("opening log: %v %v", opened[0].Level, opened[0].ContextMap())
+	f := opened[0].ContextMap()
+	if opened[0].Level != zapcore.WarnLevel || f["origin"] != "https://a.example" || f["endpoint_hash"] != a.Hash || f["reset_ms"] != int64(60000) {
+		t.Fatalf("opening log: %v %v, want a warning with origin https://a.example, endpoint_hash and reset_ms 60000", opened[0].Level, f)
 	}
 	for _, e := range logs.All() {
 		for k, v := range e.ContextMap() {
-			if s, ok := v.(string); ok && strings.Contains(s, "a.example") {
+			if s, ok := v.(string); ok && (strings.Contains(s, "secret-path") || strings.Contains(s, "token")) {
 				t.Fatalf("log %q field %s holds the URL", e.Message, k)
 			}
 		}
