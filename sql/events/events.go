@@ -7,9 +7,10 @@
 // are the producer's own row (pending in the queue until it is routed or attempted, then in
 // the log), the delivery rows routing made for each endpoint it matched, the retries of
 // either, and the rows of replays, all carrying the event's type, stream, tenant, payload and
-// enqueued_at. Reads by id go through delivery_id; listings read the log by time (its
-// block-range index on processed_at) in windows that widen until a page is full, so that a
-// page of recent rows reads only recent rows.
+// enqueued_at. Reads by id go through delivery_id; an endpoint's deliveries walk the log's
+// (endpoint_id, processed_at) index back from the cursor and stop after a page; the event
+// listing reads the log by time (its block-range index on processed_at) in windows that widen
+// until a page is full, so that a page of recent rows reads only recent rows.
 //
 // Every statement takes the caller's scope: a tenant's rows only, in its WHERE clause.
 package events
@@ -464,45 +465,33 @@ type EndpointQuery struct {
 	Scope *string
 	// Status and EventType, when set, keep those rows only.
 	Status, EventType *string
-	// Since (required) and Until (zero: none) bound the rows' time (Delivery.At).
+	// Since (required) and Until (zero: none) bound the rows' time (Delivery.At); without
+	// Until, rows due later (retries waiting) are in the page too.
 	Since, Until time.Time
 	// AfterAt and AfterID are the last row of the previous page (zero: the first).
 	AfterAt time.Time
 	AfterID int64
 	// Limit is the most rows returned.
 	Limit int
-	// Now is where the first window ends when neither Until nor a cursor does; rows due later
-	// (retries waiting) are in it too.
-	Now time.Time
 }
 
-// EndpointDeliveries returns an endpoint's rows newest first (their time, then id), read in
-// widening windows back in time as List reads events.
+// EndpointDeliveries returns an endpoint's rows newest first (their time, then id: a stable
+// order, so that a cursor never repeats or skips a row that stays where it is), in one
+// statement that walks the endpoint's index on the log back from the cursor and stops after
+// a page (endpoint.sql).
 func EndpointDeliveries(ctx context.Context, q Querier, eq EndpointQuery) ([]Delivery, error) {
-	var after, until any
-	ref := eq.Now
+	var after, afterID, until any
 	if !eq.Until.IsZero() {
 		until = eq.Until
-		if eq.Until.Before(ref) {
-			ref = eq.Until
-		}
 	}
 	if !eq.AfterAt.IsZero() {
-		after = eq.AfterAt
-		if eq.AfterAt.Before(ref) {
-			ref = eq.AfterAt
-		}
+		after, afterID = eq.AfterAt, eq.AfterID
 	}
-	var out []Delivery
-	err := windows(eq.Since, ref, func(from time.Time) (bool, error) {
-		rs, _ := q.Query(ctx, endpointSQL, eq.EndpointID, eq.Scope, eq.Status, eq.EventType, from, until, after, eq.AfterID, eq.Limit)
-		var err error
-		out, err = pgx.CollectRows(rs, func(r pgx.CollectableRow) (Delivery, error) {
-			var d Delivery
-			return d, r.Scan(&d.ID, &d.DeliveryID, &d.EventType, &d.Attempt, &d.Status, &d.At, &d.ProcessedAt, &d.DueAt,
-				&d.StatusCode, &d.Error, &d.DurationMS, &d.EnqueuedAt)
-		})
-		return len(out) >= eq.Limit, err
+	rs, _ := q.Query(ctx, endpointSQL, eq.EndpointID, eq.Scope, eq.Status, eq.EventType, eq.Since, until, after, afterID, eq.Limit)
+	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Delivery, error) {
+		var d Delivery
+		return d, r.Scan(&d.ID, &d.DeliveryID, &d.EventType, &d.Attempt, &d.Status, &d.At, &d.ProcessedAt, &d.DueAt,
+			&d.StatusCode, &d.Error, &d.DurationMS, &d.EnqueuedAt)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing the deliveries of endpoint %s: %w", eq.EndpointID, err)

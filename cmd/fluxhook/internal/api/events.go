@@ -287,7 +287,7 @@ func (s *Server) listEndpointDeliveries(q *request) error {
 		return errInvalid("status", "status: must be one of %s, not %q", strings.Join(deliveryStatuses, ", "), *status)
 	}
 	eq := events.EndpointQuery{EndpointID: id, Scope: q.scope(), Status: status, EventType: q.optional("event_type"),
-		Since: since, Until: until, Limit: limit + 1, Now: s.cfg.Now()}
+		Since: since, Until: until, Limit: limit + 1}
 	var c struct {
 		At time.Time `json:"t"`
 		ID int64     `json:"i"`
