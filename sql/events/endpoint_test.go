@@ -228,11 +228,16 @@ func TestEndpointDeliveriesPagesAcrossPartitions(t *testing.T) {
 			}
 		}
 	}
-	// Another tenant sees none of them, and the row of this endpoint under its name only.
-	got, err := EndpointDeliveries(context.Background(), f.db.Pool, EndpointQuery{EndpointID: acmeEP, Scope: ptr("globex"),
-		Since: since, Limit: 50})
-	if err != nil || len(got) != 1 || got[0].ID != 20_003 {
-		t.Errorf("globex's scope on acme's endpoint = %v, %v; want row 20003 alone", keys(got), err)
+	// Another tenant's scope sees nothing of an endpoint that is not its own, not even a row
+	// under its name; nor does any scope see an endpoint that no longer exists, whose rows the
+	// log keeps.
+	f.logRow(20_004, "aaaaaaaa-0000-4000-8000-0000000000ff", "acme", "order.paid", f.cut.Add(-89*time.Minute), 200)
+	for _, eq := range []EndpointQuery{{EndpointID: acmeEP, Scope: ptr("globex")}, {EndpointID: "aaaaaaaa-0000-4000-8000-0000000000ff"}, {EndpointID: "aaaaaaaa-0000-4000-8000-0000000000ff", Scope: ptr("acme")}} {
+		eq.Since, eq.Limit = since, 50
+		got, err := EndpointDeliveries(context.Background(), f.db.Pool, eq)
+		if err != nil || len(got) != 0 {
+			t.Errorf("%+v = %v, %v; want nothing", eq, keys(got), err)
+		}
 	}
 }
 

@@ -32,8 +32,6 @@ import (
 var (
 	//go:embed queries/rows.sql
 	rowsSQL string
-	//go:embed queries/dead_letters.sql
-	deadLettersSQL string
 	//go:embed queries/list.sql
 	listSQL string
 	//go:embed queries/endpoint.sql
@@ -43,13 +41,6 @@ var (
 // Querier runs the listings' statements: a pool, a connection or a transaction.
 type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// Beginner opens the transaction Get reads an event in, so that its rows and its dead letters
-// come from one snapshot: a settle between two reads could otherwise show a dead letter
-// without the attempt that made it.
-type Beginner interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
 // Scope is whose events a caller may see: nil is every tenant's (an admin key), otherwise only
@@ -183,32 +174,27 @@ func (r row) key() string {
 // matched: no endpoint, and routed_at equal to processed_at, both that statement's now()), and
 // its row waiting in the queue to be routed (attempt 1, no endpoint, no URL, not routed, while
 // some endpoint exists: routing decides where it goes).
-func Get(ctx context.Context, db Beginner, deliveryID string, scope Scope, payload bool) (Detail, error) {
+//
+// One statement (rows.sql) reads the rows and the dead letters, so both come from one
+// snapshot: a settle between two reads could show a dead letter without the attempt that
+// made it.
+func Get(ctx context.Context, q Querier, deliveryID string, scope Scope, payload bool) (Detail, error) {
 	if !ValidID(deliveryID) {
 		return Detail{}, ErrNotFound
 	}
-	var rows []row
 	var dead []deadLetterRow
-	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		rs, _ := tx.Query(ctx, rowsSQL, deliveryID, scope, payload)
-		var err error
-		rows, err = pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
-			var x row
-			err := r.Scan(&x.src, &x.id, &x.attempt, &x.endpointID, &x.endpointURL, &x.routedAt, &x.dueAt, &x.parked,
-				&x.processedAt, &x.statusCode, &x.errText, &x.durationMS, &x.excerpt, &x.eventType, &x.streamID,
-				&x.tenant, &x.enqueuedAt, &x.payload, &x.routing)
-			return x, err
-		})
-		if err != nil || len(rows) == 0 {
-			return err
+	rs, _ := q.Query(ctx, rowsSQL, deliveryID, scope, payload)
+	rows, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		var deadJSON []byte
+		err := r.Scan(&x.src, &x.id, &x.attempt, &x.endpointID, &x.endpointURL, &x.routedAt, &x.dueAt, &x.parked,
+			&x.processedAt, &x.statusCode, &x.errText, &x.durationMS, &x.excerpt, &x.eventType, &x.streamID,
+			&x.tenant, &x.enqueuedAt, &x.payload, &x.routing, &deadJSON)
+		if err == nil && deadJSON != nil && dead == nil {
+			dead = []deadLetterRow{}
+			err = json.Unmarshal(deadJSON, &dead)
 		}
-		ds, _ := tx.Query(ctx, deadLettersSQL, deliveryID, scope)
-		dead, err = pgx.CollectRows(ds, func(r pgx.CollectableRow) (deadLetterRow, error) {
-			var d deadLetterRow
-			err := r.Scan(&d.ID, &d.outboxID, &d.endpointID, &d.endpointURL, &d.Reason, &d.FailedAt, &d.ReplayedAt)
-			return d, err
-		})
-		return err
+		return x, err
 	})
 	if err != nil {
 		return Detail{}, fmt.Errorf("reading event %s: %w", deliveryID, err)
@@ -219,11 +205,30 @@ func Get(ctx context.Context, db Beginner, deliveryID string, scope Scope, paylo
 	return assemble(strings.ToLower(deliveryID), rows, dead), nil
 }
 
-// deadLetterRow is one row of dead_letters.sql.
+// deadLetterRow is one of the dead letters rows.sql returns, as JSON.
 type deadLetterRow struct {
 	DeadLetter
 	outboxID                *int64
 	endpointID, endpointURL *string
+}
+
+// UnmarshalJSON reads one element of rows.sql's array of dead letters.
+func (d *deadLetterRow) UnmarshalJSON(b []byte) error {
+	var v struct {
+		ID          int64      `json:"id"`
+		OutboxID    *int64     `json:"outbox_id"`
+		EndpointID  *string    `json:"endpoint_id"`
+		EndpointURL *string    `json:"endpoint_url"`
+		Reason      string     `json:"reason"`
+		FailedAt    time.Time  `json:"failed_at"`
+		ReplayedAt  *time.Time `json:"replayed_at"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*d = deadLetterRow{DeadLetter: DeadLetter{ID: v.ID, Reason: v.Reason, FailedAt: v.FailedAt, ReplayedAt: v.ReplayedAt},
+		outboxID: v.OutboxID, endpointID: v.EndpointID, endpointURL: v.EndpointURL}
+	return nil
 }
 
 func (d deadLetterRow) key() string {
@@ -459,7 +464,7 @@ type Delivery struct {
 
 // EndpointQuery selects a page of an endpoint's deliveries.
 type EndpointQuery struct {
-	// EndpointID is the endpoint, already found in Scope by the caller.
+	// EndpointID is the endpoint: a page is empty unless it exists in Scope.
 	EndpointID string
 	// Scope limits the rows to the caller's tenant.
 	Scope *string

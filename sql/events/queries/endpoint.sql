@@ -1,5 +1,5 @@
--- A page of an endpoint's deliveries (EndpointDeliveries in events.go): its rows in the log and
--- the queue whose time is in [$5, $6), newest first (time, then id, both descending), below
+-- A page of an endpoint's deliveries (EndpointDeliveries in events.go): the rows in the log and
+-- the queue of endpoint $1, when it exists in the scope, whose time is in [$5, $6), newest first (time, then id, both descending), below
 -- the previous page's last row, at most $9. A row's time is when it was attempted
 -- (processed_at) or, pending, when it is due (created_at); a row parked by an ordered stream
 -- that stopped takes its dead letter's time.
@@ -81,5 +81,8 @@ FROM (
      ORDER BY at DESC, id DESC
      LIMIT $9)
 ) r
+-- Nothing unless the endpoint exists in the scope (a one-time check), so that the caller asks
+-- whether it does only when the page is empty, rather than in a round trip of its own first.
+WHERE EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = $1::uuid AND ($2::text IS NULL OR e.tenant = $2))
 ORDER BY at DESC, id DESC
 LIMIT $9

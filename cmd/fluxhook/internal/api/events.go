@@ -300,12 +300,19 @@ func (s *Server) listEndpointDeliveries(q *request) error {
 		}
 		eq.AfterAt, eq.AfterID = c.At, c.ID
 	}
-	if err := s.endpointInScope(q, id); err != nil {
-		return err
+	if !events.ValidID(id) {
+		return storeError(endpoints.ErrNotFound, id)
 	}
 	list, err := events.EndpointDeliveries(q.ctx, s.cfg.Pool, eq)
 	if err != nil {
 		return err
+	}
+	// A page is empty when the endpoint is not in the scope: only then is it looked up, so
+	// that a page costs one statement.
+	if len(list) == 0 {
+		if err := s.endpointInScope(q, id); err != nil {
+			return err
+		}
 	}
 	out := pageOf(list, limit, func(d events.Delivery) endpointDelivery {
 		return endpointDelivery{DeliveryID: d.DeliveryID, EventType: d.EventType, Attempt: d.Attempt,
