@@ -80,7 +80,7 @@ func keys(ds []Delivery) []string {
 }
 
 // pages reads every page of eq, limit rows at a time, through the cursor.
-func pages(t *testing.T, q Querier, eq EndpointQuery, limit int) []Delivery {
+func pages(t *testing.T, q Batcher, eq EndpointQuery, limit int) []Delivery {
 	t.Helper()
 	var all []Delivery
 	eq.Limit = limit
@@ -106,8 +106,8 @@ func pages(t *testing.T, q Querier, eq EndpointQuery, limit int) []Delivery {
 // TestEndpointDeliveriesPagesAcrossPartitions pages an endpoint's rows spread over three
 // partitions and the default one, with settles of several rows at one processed_at (ids out
 // of time order), failures, a dead letter, a parked row and retries waiting in the queue, at
-// every page size, with custom and generic plans: the pages joined are exactly every row in
-// scope, newest first, each once; filters and bounds keep exactly their rows.
+// every page size: the pages joined are exactly every row in scope, newest first, each once;
+// filters and bounds keep exactly their rows.
 func TestEndpointDeliveriesPagesAcrossPartitions(t *testing.T) {
 	t.Parallel()
 	f := newEPFixture(t)
@@ -206,25 +206,17 @@ func TestEndpointDeliveriesPagesAcrossPartitions(t *testing.T) {
 		{"pending", EndpointQuery{Scope: ptr("acme"), Status: ptr("pending")}, func(w want) bool { return w.status == "pending" }},
 		{"event type", EndpointQuery{Scope: ptr("acme"), EventType: ptr("order.created")}, func(w want) bool { return w.typ == "order.created" }},
 	}
-	generic := genericPool(t, f.db)
 	for _, c := range cases {
 		c.eq.EndpointID = acmeEP
 		if c.eq.Since.IsZero() {
 			c.eq.Since = since
 		}
 		wantKeys := expect(c.eq.Scope, c.keep)
-		for _, pool := range []struct {
-			name string
-			q    Querier
-		}{{"custom", f.db.Pool}, {"generic", generic}} {
-			// The same statement again and again on a few connections: pgx prepares it, and
-			// PostgreSQL moves to a generic plan after five executions.
-			for _, limit := range []int{1, 2, 3, 7, 50, 500} {
-				got := keys(pages(t, pool.q, c.eq, limit))
-				if i := firstDifference(got, wantKeys); i >= 0 {
-					t.Errorf("%s, %s plan, pages of %d: %d rows, %d wanted; from row %d:\n got %v\nwant %v", c.name, pool.name, limit,
-						len(got), len(wantKeys), i, got[i:min(i+5, len(got))], wantKeys[i:min(i+5, len(wantKeys))])
-				}
+		for _, limit := range []int{1, 2, 3, 7, 50, 500} {
+			got := keys(pages(t, f.db.Pool, c.eq, limit))
+			if i := firstDifference(got, wantKeys); i >= 0 {
+				t.Errorf("%s, pages of %d: %d rows, %d wanted; from row %d:\n got %v\nwant %v", c.name, limit,
+					len(got), len(wantKeys), i, got[i:min(i+5, len(got))], wantKeys[i:min(i+5, len(wantKeys))])
 			}
 		}
 	}
@@ -251,8 +243,7 @@ func firstDifference(got, want []string) int {
 	return -1
 }
 
-// genericPool is a pool on db whose statements always get a generic plan, as a prepared
-// statement does after five executions when its custom plans cost about the same.
+// genericPool is a pool on db whose statements always get a generic plan.
 func genericPool(t *testing.T, db *sqltest.DB) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(db.URL)
@@ -270,9 +261,10 @@ func genericPool(t *testing.T, db *sqltest.DB) *pgxpool.Pool {
 }
 
 // TestEndpointDeliveriesReadsAPage: a page of an endpoint with many rows over several
-// partitions reads about a page of its rows from the log, whatever the range, with a custom
-// and a generic plan: the statement walks the endpoint's index back from the cursor and stops,
-// where reading the range and sorting it would read every row.
+// partitions reads about a page of its rows from the log, whatever the range, with the
+// generic plan EndpointDeliveries uses and with a custom plan: the statement walks the
+// endpoint's index back from the cursor and stops, where reading the range and sorting it
+// would read every row.
 func TestEndpointDeliveriesReadsAPage(t *testing.T) {
 	t.Parallel()
 	f := newEPFixture(t)
@@ -362,4 +354,43 @@ func logRowsRead(t *testing.T, plan []byte) int {
 		return total
 	}
 	return walk(doc[0].Plan)
+}
+
+// TestReadsUseTheGenericPlanAtOnce: the reads of an endpoint's deliveries and of one event
+// are planned once per connection (the generic plan) from their first execution, and the
+// setting that asks for it ends with them: the connection's next statements plan as before.
+func TestReadsUseTheGenericPlanAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newEPFixture(t)
+	did := f.logRow(1, acmeEP, "acme", "order.paid", f.cut.Add(-90*time.Minute), 200)
+	cfg, err := pgxpool.ParseConfig(f.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for range 2 {
+		if got, err := EndpointDeliveries(context.Background(), pool, EndpointQuery{EndpointID: acmeEP, Scope: ptr("acme"),
+			Since: f.cut.Add(-4 * time.Hour), Limit: 10}); err != nil || len(got) != 1 {
+			t.Fatalf("EndpointDeliveries = %v, %v", keys(got), err)
+		}
+		if d, err := Get(context.Background(), pool, did, ptr("acme"), false); err != nil || len(d.Destinations) != 1 {
+			t.Fatalf("Get = %+v, %v", d, err)
+		}
+	}
+	var mode string
+	var custom, generic int64
+	if err := pool.QueryRow(context.Background(), `SELECT current_setting('plan_cache_mode'), coalesce(sum(custom_plans), 0)::bigint,
+		coalesce(sum(generic_plans), 0)::bigint
+		FROM pg_prepared_statements WHERE statement LIKE '%webhook_delivery_log%' AND statement NOT LIKE '%pg_prepared_statements%'`).
+		Scan(&mode, &custom, &generic); err != nil {
+		t.Fatal(err)
+	}
+	if mode != "auto" || custom != 0 || generic != 4 {
+		t.Errorf("plan_cache_mode %q after the reads, %d custom and %d generic plans; want auto, 0 and 4", mode, custom, generic)
+	}
 }
