@@ -1,8 +1,8 @@
 -- A page of an endpoint's deliveries (EndpointDeliveries in events.go): the rows in the log and
--- the queue of endpoint $1, when it exists in the scope, whose time is in [$5, $6), newest first (time, then id, both descending), below
--- the previous page's last row, at most $9. A row's time is when it was attempted
--- (processed_at) or, pending, when it is due (created_at); a row parked by an ordered stream
--- that stopped takes its dead letter's time.
+-- the queue of endpoint $1, when it exists in the scope, whose time is in [$5, $6), newest
+-- first (time, then id, both descending), below the previous page's last row, at most $9. A
+-- row's time is when it was attempted (processed_at) or, pending, when it is due
+-- (created_at); a row parked by an ordered stream that stopped takes its dead letter's time.
 --   $1 the endpoint, $2 the caller's scope (a tenant key's tenant; NULL: every tenant), $3 a
 --   status (NULL: any), $4 an event type (NULL: any), $5 since, $6 until (exclusive; NULL:
 --   none), $7 and $8 the last row of the previous page (NULL: the first page).
@@ -18,10 +18,9 @@
 -- index's predicate). Its own ORDER BY and LIMIT keep that walk whatever the queue holds. Rows
 -- of one settle statement share processed_at; the id orders them (an incremental sort of
 -- those few). Every bound is written so that it stays an index condition, and prunes
--- partitions, in a generic plan too: the driver's prepared statement gets one after five
--- executions, where "$7 IS NULL OR ..." would have read the endpoint's whole range for every
--- page but the first. The queue has no index on endpoint_id and is read whole: its size is
--- the backlog.
+-- partitions, in the generic plan it runs with (queryGeneric), where "$7 IS NULL OR ..." would
+-- have read the endpoint's whole range for every page but the first. The queue has no index
+-- on endpoint_id and is read whole: its size is the backlog.
 --
 -- The dead-letter check is a scalar subquery with LIMIT 1 rather than EXISTS: the planner
 -- may run an EXISTS as one hash of the whole dead-letter table, built for the first failure
