@@ -18,9 +18,10 @@ import (
 // log by time, and a range without a start would read all of it.
 const defaultWindow = 24 * time.Hour
 
-// maxWindow is how far back from its end (until, or now) a listing may reach: a page widens
-// its window until it is full, so a sparse filter over a range of years would read the whole
-// log, every partition the retention keeps, for one request. Older ranges are read a window of
+// maxWindow is how far back from its end (until, or now) a listing may reach: a page of events
+// widens its window, and a page of an endpoint's deliveries walks its index, until it is full,
+// so a sparse filter over a range of years would read the whole log, every partition the
+// retention keeps, for one request. Older ranges are read a window of
 // at most this at a time, with since and until.
 const maxWindow = 31 * 24 * time.Hour
 
