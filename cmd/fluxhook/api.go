@@ -123,6 +123,7 @@ func startAPI(ctx context.Context, cfg serveConfig, ln net.Listener, log *zap.Lo
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(log.Named("api"))}
 	go func() { _ = srv.Serve(ln) }()
 	a.ResumeRecoveries()
+	a.RunJanitor()
 	log.Info("serving the management API", zap.String("addr", ln.Addr().String()))
 	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && cfg.publicURL == "" && !tcp.IP.IsLoopback() {
 		// Behind a TLS proxy the request looks like plain http: a portal link would be one.

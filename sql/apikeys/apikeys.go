@@ -282,6 +282,30 @@ func RevokePortalSession(ctx context.Context, q Querier, id string) (Key, error)
 	return revoke(ctx, q, id, "portal")
 }
 
+// DeleteExpiredSessions deletes the portal sessions that have expired, batch rows a
+// statement until none is left, and returns how many it deleted. A session is made for every
+// portal link and works for a day at most, so without it the table grows by every link ever
+// made; an expired session is refused, listed nowhere and ended by no one, so nothing reads it
+// again. The audit trail names a session's changes by its id ("portal:<id>"), which stays in
+// the trail. Small statements, so that no delete holds many row locks or a long transaction.
+func DeleteExpiredSessions(ctx context.Context, q Querier, batch int) (int64, error) {
+	if batch < 1 {
+		return 0, errors.New("batch: must be positive")
+	}
+	var total int64
+	for {
+		tag, err := q.Exec(ctx, `DELETE FROM webhook_api_keys
+			WHERE id IN (SELECT id FROM webhook_api_keys WHERE kind = 'portal' AND expires_at <= now() LIMIT $1)`, batch)
+		if err != nil {
+			return total, fmt.Errorf("deleting expired portal sessions: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+	}
+}
+
 // revokeSessionsMadeBy ends the live portal sessions the key k made (created_by is k's actor
 // name) and returns them as they are now, revoked: before, each had no revocation time.
 func revokeSessionsMadeBy(ctx context.Context, q Querier, k Key) ([]Key, error) {

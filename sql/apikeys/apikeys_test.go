@@ -202,3 +202,75 @@ func TestRevokingAKeyEndsTheSessionsItMade(t *testing.T) {
 		t.Fatalf("a revoked session authenticates: %v", err)
 	}
 }
+
+// TestDeleteExpiredSessions deletes the expired portal sessions, in batches smaller than
+// their number, and nothing else: not a session still live, not a key, revoked or not.
+func TestDeleteExpiredSessions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqltest.NewMigrated(t)
+	acme := "acme"
+	n := apikeys.New{Tenant: &acme, CreatedBy: "key:test"}
+	var expired []string
+	for range 5 {
+		s, _, err := apikeys.AddPortalSession(ctx, db.Pool, n, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expired = append(expired, s.ID)
+	}
+	live, liveToken, err := apikeys.AddPortalSession(ctx, db.Pool, n, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := apikeys.Add(ctx, db.Pool, apikeys.New{Tenant: &acme, CreatedBy: "cli:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked, _, err := apikeys.Add(ctx, db.Pool, apikeys.New{Tenant: &acme, CreatedBy: "cli:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := apikeys.Revoke(ctx, db.Pool, revoked.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Expired a second ago, and one exactly now: Authenticate refuses both.
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_api_keys SET expires_at = now() - interval '1 second' WHERE id = ANY($1::uuid[])`,
+		expired[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_api_keys SET expires_at = now() WHERE id = $1::uuid`, expired[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := apikeys.DeleteExpiredSessions(ctx, db.Pool, 0); err == nil {
+		t.Error("a batch of 0 was accepted")
+	}
+	got, err := apikeys.DeleteExpiredSessions(ctx, db.Pool, 2)
+	if err != nil || got != 5 {
+		t.Fatalf("DeleteExpiredSessions = %d, %v; want the 5 expired sessions, in batches of 2", got, err)
+	}
+	var left []string
+	rows, _ := db.Pool.Query(ctx, `SELECT id::text FROM webhook_api_keys ORDER BY id`)
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{live.ID, key.ID, revoked.ID}
+	slices.Sort(want)
+	if !slices.Equal(left, want) {
+		t.Errorf("left %v; want the live session, the key and the revoked key %v", left, want)
+	}
+	if _, err := apikeys.Authenticate(ctx, db.Pool, liveToken); err != nil {
+		t.Errorf("the live session no longer authenticates: %v", err)
+	}
+	if got, err := apikeys.DeleteExpiredSessions(ctx, db.Pool, 2); err != nil || got != 0 {
+		t.Errorf("a second run = %d, %v; want nothing deleted", got, err)
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -74,7 +75,13 @@ type Config struct {
 	DefaultURL string
 	// Now is the clock, for tests; nil is time.Now.
 	Now func() time.Time
+	// JanitorInterval is how often RunJanitor's work runs (default DefaultJanitorInterval).
+	JanitorInterval time.Duration
 }
+
+// DefaultJanitorInterval is how often the janitor deletes expired portal sessions: a session
+// lives a day at most, so an expired one waits at most this long, refused all along.
+const DefaultJanitorInterval = 10 * time.Minute
 
 // Server serves the API.
 type Server struct {
@@ -160,8 +167,47 @@ func (s *Server) ResumeRecoveries() {
 	})
 }
 
-// Close stops the recoveries running in the background (they stay resumable) and waits for
-// them; the HTTP server is the caller's to shut down first.
+// RunJanitor deletes, in the background until Close, the portal sessions that have expired:
+// at once, then every JanitorInterval. Every API process runs it (serve with API_ADDR, api):
+// portal sessions exist only where the API is served, and a delete another process made first
+// deletes nothing.
+func (s *Server) RunJanitor() {
+	interval := s.cfg.JanitorInterval
+	if interval <= 0 {
+		interval = DefaultJanitorInterval
+	}
+	s.background(func(ctx context.Context) {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			s.deleteExpiredSessions(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	})
+}
+
+// deleteExpiredSessions is one run of the janitor; a failure is logged and retried on the next.
+func (s *Server) deleteExpiredSessions(ctx context.Context) {
+	n, err := apikeys.DeleteExpiredSessions(ctx, s.cfg.Pool, 1000)
+	var pgErr *pgconn.PgError
+	switch {
+	case err != nil && ctx.Err() != nil:
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		s.cfg.Logger.Warn("deleting expired portal sessions failed: the API's role may not delete them; grant it DELETE on webhook_api_keys (docs/install.md)",
+			zap.Error(err))
+	case err != nil:
+		s.cfg.Logger.Warn("deleting expired portal sessions failed", zap.Error(err))
+	case n > 0:
+		s.cfg.Logger.Info("deleted expired portal sessions", zap.Int64("sessions", n))
+	}
+}
+
+// Close stops the recoveries running in the background (they stay resumable) and the janitor,
+// and waits for them; the HTTP server is the caller's to shut down first.
 func (s *Server) Close() {
 	s.cancelJobs()
 	s.jobs.Wait()

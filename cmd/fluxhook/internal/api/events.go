@@ -18,9 +18,10 @@ import (
 // log by time, and a range without a start would read all of it.
 const defaultWindow = 24 * time.Hour
 
-// maxWindow is how far back from its end (until, or now) a listing may reach: a page widens
-// its window until it is full, so a sparse filter over a range of years would read the whole
-// log, every partition the retention keeps, for one request. Older ranges are read a window of
+// maxWindow is how far back from its end (until, or now) a listing may reach: a page of events
+// widens its window, and a page of an endpoint's deliveries walks its index, until it is full,
+// so a sparse filter over a range of years would read the whole log, every partition the
+// retention keeps, for one request. Older ranges are read a window of
 // at most this at a time, with since and until.
 const maxWindow = 31 * 24 * time.Hour
 
@@ -287,7 +288,7 @@ func (s *Server) listEndpointDeliveries(q *request) error {
 		return errInvalid("status", "status: must be one of %s, not %q", strings.Join(deliveryStatuses, ", "), *status)
 	}
 	eq := events.EndpointQuery{EndpointID: id, Scope: q.scope(), Status: status, EventType: q.optional("event_type"),
-		Since: since, Until: until, Limit: limit + 1, Now: s.cfg.Now()}
+		Since: since, Until: until, Limit: limit + 1}
 	var c struct {
 		At time.Time `json:"t"`
 		ID int64     `json:"i"`
@@ -300,12 +301,19 @@ func (s *Server) listEndpointDeliveries(q *request) error {
 		}
 		eq.AfterAt, eq.AfterID = c.At, c.ID
 	}
-	if err := s.endpointInScope(q, id); err != nil {
-		return err
+	if !events.ValidID(id) {
+		return storeError(endpoints.ErrNotFound, id)
 	}
 	list, err := events.EndpointDeliveries(q.ctx, s.cfg.Pool, eq)
 	if err != nil {
 		return err
+	}
+	// A page is empty when the endpoint is not in the scope: only then is it looked up, so
+	// that a page costs one statement.
+	if len(list) == 0 {
+		if err := s.endpointInScope(q, id); err != nil {
+			return err
+		}
 	}
 	out := pageOf(list, limit, func(d events.Delivery) endpointDelivery {
 		return endpointDelivery{DeliveryID: d.DeliveryID, EventType: d.EventType, Attempt: d.Attempt,

@@ -6,6 +6,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/api"
 )
 
 // TestPortalSessionsActAsTheirTenantUntilTheyExpire: an admin key makes a portal link for a
@@ -146,5 +152,68 @@ func TestPortalPageHeaders(t *testing.T) {
 	}
 	if strings.Contains(csp, "unsafe-inline") || resp.Header.Get("X-Frame-Options") != "DENY" || resp.StatusCode != 200 {
 		t.Errorf("portal page: %d, CSP %q, X-Frame-Options %q", resp.StatusCode, csp, resp.Header.Get("X-Frame-Options"))
+	}
+}
+
+// TestJanitorDeletesExpiredPortalSessions: the API's janitor, run as serve and api run it,
+// deletes the portal sessions that expired, at once and then on each later run, with the
+// grants docs/install.md gives the API; a live session and the keys stay.
+func TestJanitorDeletesExpiredPortalSessions(t *testing.T) {
+	t.Parallel()
+	core, logs := observer.New(zap.InfoLevel)
+	h := newHarnessWith(t, func(c *api.Config) {
+		c.JanitorInterval = 20 * time.Millisecond
+		c.Logger = zap.New(core)
+	})
+	acme := h.key(ptr("acme"))
+	session := func() (id, token string) {
+		s := h.must(http.StatusCreated, h.admin, "POST", "/v1/tenants/acme/portal-sessions", map[string]any{"ttl_seconds": 600})
+		_, token, _ = strings.Cut(s.Body["url"].(string), "#session=")
+		return s.Body["id"].(string), token
+	}
+	old, _ := session()
+	later, _ := session()
+	_, liveToken := session()
+	expire := func(id string) {
+		t.Helper()
+		if _, err := h.db.Pool.Exec(context.Background(), `UPDATE webhook_api_keys SET expires_at = now() - interval '1 second' WHERE id = $1::uuid`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gone := func(id string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var n int
+			if err := h.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM webhook_api_keys WHERE id = $1::uuid`, id).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the expired session %s is still there after 10 s (logs: %v)", id, logs.All())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	expire(old)
+	h.api.RunJanitor()
+	gone(old)
+	// A session that expires after the janitor started goes on a later run.
+	expire(later)
+	gone(later)
+
+	var left int
+	if err := h.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM webhook_api_keys`).Scan(&left); err != nil || left != 3 {
+		t.Errorf("%d rows left (%v); want the admin key, the acme key and the live session", left, err)
+	}
+	h.must(http.StatusOK, liveToken, "GET", "/v1/endpoints", nil)
+	h.must(http.StatusOK, acme, "GET", "/v1/endpoints", nil)
+	if n := logs.FilterMessage("deleted expired portal sessions").Len(); n != 2 {
+		t.Errorf("%d lines say sessions were deleted; want one per deletion: %v", n, logs.All())
+	}
+	if n := logs.FilterLevelExact(zap.WarnLevel).Len(); n != 0 {
+		t.Errorf("the janitor warned: %v", logs.All())
 	}
 }
