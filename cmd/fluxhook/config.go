@@ -74,7 +74,7 @@ var settings = []setting{
 	{env: "WEBHOOK_ROW_URL_NETWORKS", help: "networks (CIDRs, or loopback) a row's endpoint_url may reach; by default public addresses only: rows' URLs are written by producers, so neither loopback nor WEBHOOK_ALLOWED_NETWORKS applies to them"},
 	{env: "LOG_LEVEL", def: "info", help: "the least severe log lines written"},
 	{env: "LOG_FORMAT", def: "json", help: "log lines as JSON, or for people (console: coloured on a terminal unless NO_COLOR is set)"},
-	{env: "API_ADDR", help: "address for the management API (/v1, docs/api.md), e.g. 127.0.0.1:8080 (off when empty; fluxhook api serves it alone)"},
+	{env: "API_ADDR", help: "address for the management API (/v1, docs/api.md), e.g. 127.0.0.1:8080: serve serves none when it is empty; fluxhook api requires it"},
 	{env: "API_PUBLIC_URL", help: "the base URL users reach the API at (behind a proxy), for portal links", shownDef: "the request's host"},
 	{env: "PORTAL_FRAME_ANCESTORS", help: "origins allowed to embed the portal in a frame, space-separated (e.g. https://app.example.com)", shownDef: "none"},
 	{env: "API_DATABASE_URL", help: "the API's own connection, as a role with the API's grants (docs/install.md)", shownDef: "DATABASE_URL", secret: true},
