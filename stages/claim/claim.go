@@ -358,11 +358,19 @@ func (c *Claimer) Queue(b *pgx.Batch, limit int, skip Skip, arm bool, after Curs
 	})
 }
 
-// Shares reports whether the claim for arm may share a round trip, and so an implicit
-// transaction, with a settle before it (Queue after settle.Settler.Queue). Not the claim that
-// orders and arms: its hold-back reading (horizonNowSQL) vouches for every id up to the
-// sequence's last value, and the settle before it, in the same transaction, may have taken
-// ids for retry rows that the reading would then cover before they commit.
+// Statement returns the statement Claim would run for a claim that Shares (arm as given), its
+// arguments, and the function that reads its rows, for a caller that sends it in a pipeline of
+// its own (see the dispatcher's rides). Like Claim, it takes a new lease token.
+func (c *Claimer) Statement(limit int, skip Skip, arm bool, after Cursor) (string, []any, func(pgx.Rows) (Result, error)) {
+	token := c.nextToken()
+	return c.statement(), c.args(limit, skip, arm, after, token, false), func(rows pgx.Rows) (Result, error) {
+		return read(rows, token, c.maxPayload)
+	}
+}
+
+// Shares reports whether the claim for arm is the one statement Statement returns. Not the claim
+// that orders and arms: it takes its hold-back reading (horizonNowSQL) first, in the same
+// transaction.
 func (c *Claimer) Shares(arm bool) bool { return !(c.ordered() && arm) }
 
 // nextToken returns a lease token no earlier claim of this Claimer used. Tokens only need to

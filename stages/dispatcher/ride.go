@@ -3,9 +3,12 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/fluxora/fluxhook/stages/claim"
@@ -14,31 +17,32 @@ import (
 )
 
 // Settles ride claims. Under live traffic every event costs a claim and a settle, each its
-// own round trip and commit to PostgreSQL; the round trip, not the statement, is most of
-// what either costs the dispatcher (a write, a read, the wake-ups in between). So a settle
-// whose outcomes are ready waits up to rideWait for the next claim and is sent with it, in
-// one round trip and one implicit transaction (settle first, so that the claim sees what it
-// released or moved). When no claim comes (an idle dispatcher after its last event), the
-// settle goes on its own after rideWait: at most that much later than alone, while its rows
-// stay leased and counted in flight.
-//
-// A shared round trip that fails undoes both statements; the settle is then sent on its own,
-// with its row-by-row fallback, and the claim again alone.
+// own round trip to PostgreSQL; the round trip, not the statement, is most of what either
+// costs the dispatcher (a write, a read, the wake-ups in between). So a settle whose outcomes
+// are ready waits up to rideWait for the next claim and goes with it: both statements in one
+// write, the claim first, each in a transaction of its own (a pipeline with a Sync after
+// each). The claim's rows are handed on as soon as its own answer is read, without waiting
+// for the settle, whose answer the settling stage reads; either may fail without undoing the
+// other. When no claim comes (an idle dispatcher after its last event), the settle goes alone
+// after rideWait: at most that much later than alone, while its rows stay leased and counted
+// in flight.
 
 // rideWait is how long a settle waits for a claim to share its round trip with.
 const rideWait = 5 * time.Millisecond
 
 // ride is one settle waiting for a claim: the claiming loop takes it (riding), sends it with
-// its claim, and closes done; res and err are then the settle's.
+// its claim, and closes done; finish then reads the settle's answer (nil when it was not sent,
+// with err saying why).
 type ride struct {
-	rows []*delivery.Delivery
-	res  settle.Result
-	err  error
-	done chan struct{}
+	rows   []*delivery.Delivery
+	finish func() (settle.Result, error)
+	err    error
+	done   chan struct{}
 }
 
-// errNotTaken is a ride's error when no claim took it within rideWait.
-var errNotTaken = errors.New("no claim within rideWait")
+// errNotTaken is a ride's error when no claim took it within rideWait, or the claiming loop
+// declined it.
+var errNotTaken = errors.New("no claim to share a round trip with")
 
 // settleRiding settles batch, sharing the next claim's round trip when one comes within
 // rideWait (see the comment above); timer is the sink's own, reused for every batch.
@@ -58,10 +62,16 @@ func (d *Dispatcher) settleRiding(ctx context.Context, batch []*delivery.Deliver
 			}
 		}
 		timer.Stop()
-		if r.err == nil {
-			d.stats.SharedSettles.Add(1)
-			d.settled(ctx, batch, rows, done, r.res, nil)
-			return
+		if r.finish != nil {
+			res, err := r.finish()
+			if err == nil {
+				d.stats.SharedSettles.Add(1)
+				d.settled(ctx, batch, rows, done, res, nil)
+				return
+			}
+			if ctx.Err() == nil {
+				d.log.Warn("settle sent with a claim failed; it goes again alone", zap.Error(err), zap.Int("rows", len(rows)))
+			}
 		}
 	}
 	res, err := d.settler.Settle(ctx, rows)
@@ -84,20 +94,113 @@ func (d *Dispatcher) claim(ctx context.Context, limit int, skip claim.Skip, arm 
 	if r == nil || !d.claimer.Shares(arm) || !d.riding.CompareAndSwap(r, nil) {
 		return d.claimer.Claim(ctx, limit, skip, arm, after)
 	}
-	var b pgx.Batch
-	var res claim.Result
-	d.settler.Queue(&b, r.rows, &r.res)
-	d.claimer.Queue(&b, limit, skip, arm, after, &res)
-	err := d.pool.SendBatch(ctx, &b).Close()
+	claimSQL, claimArgs, readClaim := d.claimer.Statement(limit, skip, arm, after)
+	settleSQL, settleArgs, readSettle := d.settler.Statement(r.rows)
+	p, err := sendPipelined(ctx, d.pool, statement{claimSQL, claimArgs}, statement{settleSQL, settleArgs})
 	if err != nil {
-		// Both were undone: the settle goes again on its own (settleRiding), the claim now.
-		if ctx.Err() == nil {
-			d.log.Warn("settle and claim failed together; each goes again alone", zap.Error(err), zap.Int("rows", len(r.rows)))
-		}
-		r.res, r.err = settle.Result{}, err
+		// Nothing was sent: the settle goes alone (settleRiding), the claim now.
+		r.err = err
 		close(r.done)
 		return d.claimer.Claim(ctx, limit, skip, arm, after)
 	}
+	res, err := readNext(p, readClaim)
+	if err != nil {
+		err = fmt.Errorf("claim: %w", err)
+	}
+	r.finish = func() (settle.Result, error) {
+		defer p.close()
+		return readNext(p, readSettle)
+	}
 	close(r.done)
-	return res, nil
+	return res, err
+}
+
+// statement is one statement of a pipeline: its SQL and arguments.
+type statement struct {
+	sql  string
+	args []any
+}
+
+// pipelined is a pipeline sent on a connection of the pool, whose answers are read in the
+// order of its statements (readNext) before close gives the connection back.
+type pipelined struct {
+	conn  *pgxpool.Conn
+	p     *pgconn.Pipeline
+	stmts []statement
+	// refused is set when PostgreSQL refused a statement: close then deallocates them, so
+	// that one prepared before a schema change is prepared afresh next time.
+	refused bool
+}
+
+// sendPipelined sends stmts in one write on one connection, each in a transaction of its own
+// (a Sync after each), so that a statement's failure undoes only itself. Each statement is
+// prepared on the connection once (named by a digest of its text); the arguments are encoded
+// as pgx encodes them for Query.
+func sendPipelined(ctx context.Context, pool *pgxpool.Pool, stmts ...statement) (*pipelined, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := conn.Conn()
+	sds := make([]*pgconn.StatementDescription, len(stmts))
+	builders := make([]pgx.ExtendedQueryBuilder, len(stmts))
+	for i, s := range stmts {
+		if sds[i], err = c.Prepare(ctx, s.sql, s.sql); err == nil {
+			err = builders[i].Build(c.TypeMap(), sds[i], s.args)
+		}
+		if err != nil {
+			conn.Release()
+			return nil, err
+		}
+	}
+	p := c.PgConn().StartPipeline(ctx)
+	for i := range stmts {
+		p.SendQueryStatement(sds[i], builders[i].ParamValues, builders[i].ParamFormats, builders[i].ResultFormats)
+		p.SendPipelineSync()
+	}
+	if err := p.Flush(); err != nil {
+		_ = p.Close()
+		conn.Release()
+		return nil, err
+	}
+	return &pipelined{conn: conn, p: p, stmts: stmts}, nil
+}
+
+// readNext reads the answer of the pipeline's next statement with read, and the Sync after it.
+func readNext[T any](p *pipelined, read func(pgx.Rows) (T, error)) (T, error) {
+	var zero T
+	results, err := p.p.GetResults()
+	if err != nil {
+		p.noteRefusal(err)
+		_, _ = p.p.GetResults() // its Sync
+		return zero, err
+	}
+	rr, ok := results.(*pgconn.ResultReader)
+	if !ok {
+		return zero, fmt.Errorf("pipeline: a statement's answer was %T", results)
+	}
+	v, err := read(pgx.RowsFromResultReader(p.conn.Conn().TypeMap(), rr))
+	p.noteRefusal(err)
+	if _, syncErr := p.p.GetResults(); err == nil && syncErr != nil {
+		err = syncErr
+	}
+	return v, err
+}
+
+// noteRefusal records an error that PostgreSQL answered (see refused).
+func (p *pipelined) noteRefusal(err error) {
+	var pgErr *pgconn.PgError
+	p.refused = p.refused || errors.As(err, &pgErr)
+}
+
+// close ends the pipeline, reading what is left of it, and gives the connection back.
+func (p *pipelined) close() {
+	if err := p.p.Close(); err == nil && p.refused {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		for _, s := range p.stmts {
+			_ = p.conn.Conn().Deallocate(ctx, s.sql)
+		}
+		cancel()
+	}
+	p.conn.Release()
 }

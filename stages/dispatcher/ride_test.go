@@ -58,10 +58,10 @@ func TestSettlesShareTheNextClaimsRoundTrip(t *testing.T) {
 	}
 }
 
-// TestFailedSharedRoundTripSettlesAndClaimsAlone: when the statements sharing a round trip
-// fail together (here the settle, refused once by the delivery log), both are undone; the
-// settle goes again alone and the claim at once, so that nothing is lost or sent twice.
-func TestFailedSharedRoundTripSettlesAndClaimsAlone(t *testing.T) {
+// TestRefusedSharedSettleGoesAgainAlone: a settle that shares a claim's round trip and is
+// refused (here by the delivery log, once) is undone alone: the claim sent with it keeps its
+// rows, and the settle goes again on its own, so that nothing is lost or sent twice.
+func TestRefusedSharedSettleGoesAgainAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	if _, err := b.pool.Exec(context.Background(), `
@@ -84,7 +84,7 @@ func TestFailedSharedRoundTripSettlesAndClaimsAlone(t *testing.T) {
 	// Armed before the chain starts, and again whenever a settle that went alone met the
 	// refusal (its own fallback takes care of it), until a shared round trip has met it.
 	failed := func() bool {
-		return logs.FilterMessage("settle and claim failed together; each goes again alone").Len() > 0
+		return logs.FilterMessage("settle sent with a claim failed; it goes again alone").Len() > 0
 	}
 	arm := func() { b.count(`SELECT count(*) FROM setval('refuse_once', 1, false)`) }
 	arm()
@@ -109,5 +109,51 @@ func TestFailedSharedRoundTripSettlesAndClaimsAlone(t *testing.T) {
 	}
 	if got := b.count(`SELECT count(*) FROM webhook_dead_letter`); got != 0 {
 		t.Fatalf("%d dead letters, want none", got)
+	}
+}
+
+// TestRefusedSharedClaimKeepsItsSettle: a claim that is refused while a settle shares its
+// round trip undoes only itself: the settle, in a transaction of its own, is kept, and the
+// claims after it deliver every event once.
+func TestRefusedSharedClaimKeepsItsSettle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(context.Background(), `
+		CREATE SEQUENCE refuse_claim START 2;
+		CREATE FUNCTION refuse_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			-- A claim leases the row; nextval is not undone with the refused transaction.
+			IF NEW.lease_token IS DISTINCT FROM OLD.lease_token AND nextval('refuse_claim') = 1 THEN
+				RAISE EXCEPTION 'claim refused once' USING ERRCODE = '40001';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_claim BEFORE UPDATE ON webhook_outbox FOR EACH ROW EXECUTE FUNCTION refuse_claim();`); err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	c := newConsumer(t, chain(b, n))
+	cfg, logs := b.observedConfig(c.URL(), zapcore.WarnLevel)
+	d := b.start(cfg)
+	refused := func() int { return logs.FilterMessage("claim failed").Len() }
+	b.enqueue(outbox.Event{EventType: "test.chain"})
+	// Armed once the chain is under way, so that the refused claim is one a settle rides.
+	eventually(t, 30*time.Second, "a settle sharing a claim's round trip", func() bool { return d.Stats().SharedSettles.Load() > 0 })
+	b.count(`SELECT count(*) FROM setval('refuse_claim', 1, false)`)
+	eventually(t, 30*time.Second, "every chained event delivered", func() bool { return len(c.byDelivery()) == n })
+	b.waitSettled(10 * time.Second)
+	if refused() == 0 {
+		t.Fatal("no claim was refused: the test proves nothing")
+	}
+	if got := logs.FilterMessage("settle sent with a claim failed; it goes again alone").Len(); got != 0 {
+		t.Errorf("%d settles sent with a claim were undone with it", got)
+	}
+	for id, got := range c.byDelivery() {
+		if len(got) != 1 {
+			t.Errorf("delivery %s arrived %d times", id, len(got))
+		}
+	}
+	if got := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE status_code = 204`); got != n {
+		t.Fatalf("%d deliveries logged, want %d", got, n)
 	}
 }

@@ -156,6 +156,39 @@ func (s *Settler) Queue(b *pgx.Batch, batch []*delivery.Delivery, r *Result) {
 	})
 }
 
+// Statement returns the batch statement Settle would run for batch (deciding each row's
+// outcome as Settle does), its arguments, and the function that reads its result, for a caller
+// that sends it in a pipeline of its own. There is no row-by-row fallback there: after an error
+// the caller settles the batch again with Settle, which has one.
+func (s *Settler) Statement(batch []*delivery.Delivery) (string, []any, func(pgx.Rows) (Result, error)) {
+	return settleSQL, s.args(batch), func(rows pgx.Rows) (Result, error) {
+		defer rows.Close()
+		var r Result
+		var written []int64
+		if !rows.Next() {
+			rows.Close()
+			return Result{}, cmpOr(rows.Err(), errors.New("settle: the statement returned no row"))
+		}
+		if err := rows.Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
+			return Result{}, err
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return Result{}, err
+		}
+		r.Stale = markStale(batch, written)
+		return r, nil
+	}
+}
+
+// cmpOr returns err when it is not nil, else otherwise.
+func cmpOr(err, otherwise error) error {
+	if err != nil {
+		return err
+	}
+	return otherwise
+}
+
 // markStale marks the outcome of every row of batch that the statement did not write (its
 // id is not in written) as stale, and returns how many there were.
 func markStale(batch []*delivery.Delivery, written []int64) int {
