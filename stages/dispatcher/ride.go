@@ -27,8 +27,9 @@ import (
 // after rideWait: at most that much later than alone, while its rows stay leased and counted
 // in flight.
 
-// rideWait is how long a settle waits for a claim to share its round trip with.
-const rideWait = 5 * time.Millisecond
+// rideWait is how long a settle waits for a claim to share its round trip with. A variable
+// only so that tests can lengthen it (SetRideWait in export_test.go).
+var rideWait = 5 * time.Millisecond
 
 // ride is one settle waiting for a claim: the claiming loop takes it (riding), sends it with
 // its claim, and closes done; finish then reads the settle's answer (nil when it was not sent,
