@@ -88,6 +88,8 @@ type Dispatcher struct {
 	// while the claiming loop runs and can take it (see settleRiding).
 	riding   atomic.Pointer[ride]
 	claiming atomic.Bool
+	// waitsForSettle is set while the claiming loop waits for freed capacity (waitForSettles).
+	waitsForSettle atomic.Bool
 
 	mu       sync.Mutex
 	started  bool
@@ -582,12 +584,13 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		d.lastLoop.Store(time.Now().UnixNano())
 		free := d.slots.Free()
 		if free <= 0 { // below 0 while routed events' deliveries fill more than a batch's slots
-			hold.unseen()   // saturations that begin while we wait are not watched
-			d.declineRide() // it would wait for a claim that waits for its slots
+			hold.unseen()              // saturations that begin while we wait are not watched
+			done := d.waitForSettles() // a settle would wait for a claim that waits for its slots
 			select {
 			case <-d.slots.Freed():
 			case <-ctx.Done():
 			}
+			done()
 			continue
 		}
 		limit := min(free, d.cfg.BatchSize)
@@ -920,7 +923,7 @@ func (h *skipHoldback) observe(now time.Time, skip []string, rows int, took time
 // holdBack waits until until, or until a request finishes (the endpoints skipped may have
 // room again); wake-ups stay pending for the claim that follows.
 func (d *Dispatcher) holdBack(ctx context.Context, until time.Time) {
-	d.declineRide()
+	defer d.waitForSettles()()
 	t := time.NewTimer(time.Until(until))
 	defer t.Stop()
 	select {
@@ -932,7 +935,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, until time.Time) {
 
 // waitFreed waits up to wait for a request to finish (freed capacity) or a wake-up.
 func (d *Dispatcher) waitFreed(ctx context.Context, wait time.Duration) {
-	d.declineRide()
+	defer d.waitForSettles()()
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
@@ -961,6 +964,9 @@ func (d *Dispatcher) announce(ctx context.Context) (time.Time, bool) {
 // as saturated, freed capacity; meanwhile it renews the NOTIFY switch. It reports false if a
 // renewal failed.
 func (d *Dispatcher) waitArmed(ctx context.Context, announced *time.Time, skipped bool) bool {
+	if skipped {
+		defer d.waitForSettles()() // freed capacity may end the wait: a settle frees it
+	}
 	renew := time.NewTimer(time.Until(announced.Add(notifyTTL / 2)))
 	defer renew.Stop()
 	for {

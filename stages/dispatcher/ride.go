@@ -49,9 +49,17 @@ var errNotTaken = errors.New("no claim to share a round trip with")
 // rideWait (see the comment above); timer is the sink's own, reused for every batch.
 func (d *Dispatcher) settleRiding(ctx context.Context, batch []*delivery.Delivery, timer *time.Timer) {
 	rows, done := d.settleAnchored(ctx, batch)
-	if len(rows) > 0 && d.claiming.Load() {
+	// A settle that moves an ordered stream whose next row waits is what wakes the claim for
+	// that row (settled): it would wait for a claim that waits for it.
+	if len(rows) > 0 && d.claiming.Load() && !(d.orderedWaiting.Load() && streamMoved(rows)) {
 		r := &ride{rows: rows, done: make(chan struct{})}
 		d.riding.Store(r)
+		if d.waitsForSettle.Load() && d.riding.CompareAndSwap(r, nil) {
+			// The claiming loop waits for capacity this settle may free (waitForSettles).
+			res, err := d.settler.Settle(ctx, rows)
+			d.settled(ctx, batch, rows, done, res, err)
+			return
+		}
 		timer.Reset(rideWait)
 		select {
 		case <-r.done:
@@ -89,9 +97,21 @@ func (d *Dispatcher) declineRide() {
 	}
 }
 
+// waitForSettles is declineRide for the claiming loop's waits for freed capacity: until done is
+// called, settles go on their own at once (they would wait for a claim that waits for them).
+// Set before the ride is declined, as settleRiding reads it after offering one.
+func (d *Dispatcher) waitForSettles() (done func()) {
+	d.waitsForSettle.Store(true)
+	d.declineRide()
+	return func() { d.waitsForSettle.Store(false) }
+}
+
 // claim runs the claiming loop's claim, with the settle waiting to ride when there is one.
 func (d *Dispatcher) claim(ctx context.Context, limit int, skip claim.Skip, arm bool, after claim.Cursor) (claim.Result, error) {
 	r := d.riding.Load()
+	if r != nil && !d.claimer.Shares(arm) {
+		d.declineRide() // it would wait out rideWait for this claim, which cannot take it
+	}
 	if r == nil || !d.claimer.Shares(arm) || !d.riding.CompareAndSwap(r, nil) {
 		return d.claimer.Claim(ctx, limit, skip, arm, after)
 	}
