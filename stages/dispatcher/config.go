@@ -48,6 +48,10 @@ type Config struct {
 	// MaxInFlight is the pipeline's capacity: rows claimed and not yet settled
 	// (WEBHOOK_MAX_IN_FLIGHT, default 256). It is also the number of send workers.
 	MaxInFlight int
+	// PacingRate is the rate of claimed events per second (one instance's) from which claims
+	// are paced, every 2 ms, instead of following producers' NOTIFYs (see trickleRate):
+	// default DefaultPacingRate; negative, never.
+	PacingRate int
 	// EndpointConcurrency caps concurrent requests to one endpoint
 	// (WEBHOOK_ENDPOINT_CONCURRENCY, default 64), so one slow consumer cannot take every
 	// worker: rows for a saturated endpoint are left in the table (claimed around) until it
@@ -158,6 +162,9 @@ const LeaseAllowance = 2 * time.Second
 
 // WithDefaults returns a copy of c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
+	if c.PacingRate == 0 {
+		c.PacingRate = DefaultPacingRate
+	}
 	if c.Scheme == "" {
 		c.Scheme = sign.Fluxora
 	}

@@ -575,7 +575,7 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 	backoff := time.Duration(0)
 	var lockedWait time.Duration // see minDueWait
 	var ordering orderingState
-	var trickle trickleRate
+	trickle := newTrickleRate(d.cfg.PacingRate)
 	claimCtx, cancelClaims := withGrace(ctx, claimGrace) // see claimGrace
 	defer cancelClaims()
 	d.claiming.Store(true)
@@ -699,8 +699,8 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			saturatedSince = time.Time{}
 		}
 		if paced {
-			// Events come often enough for a claim every trickleEvery to find one: claim on
-			// that clock, unarmed, so that producers stop notifying (see trickleRate). The
+			// Events come at the pacing rate: claim every trickleEvery, unarmed, so that
+			// producers stop notifying (see trickleRate). The
 			// looks after arming are moot: every paced claim sees what they would.
 			armed, arming, followUp = false, false, false
 			d.pace(ctx, now.Add(trickleEvery))

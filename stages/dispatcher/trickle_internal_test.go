@@ -11,12 +11,13 @@ const testBatch = 100
 func TestTrickleStartsAtSteadyTrafficOnly(t *testing.T) {
 	t.Parallel()
 	start := time.Unix(1_700_000_000, 0)
-	// 2,000 events/s arriving on NOTIFYs, one claim per millisecond taking 2 rows: pacing
-	// starts within the trickle window, not at the first claim.
+	// 4,000 events/s, twice the default pacing rate, arriving on NOTIFYs, one claim per
+	// millisecond taking 4 rows: pacing starts within the trickle window, not at the first
+	// claim.
 	var tr trickleRate
 	var first, last bool
-	for i := range 25 {
-		p := tr.observe(start.Add(time.Duration(i)*time.Millisecond), 2, testBatch)
+	for i := range 50 {
+		p := tr.observe(start.Add(time.Duration(i)*time.Millisecond), 4, testBatch)
 		if i == 0 {
 			first = p
 		}
@@ -26,7 +27,7 @@ func TestTrickleStartsAtSteadyTrafficOnly(t *testing.T) {
 		t.Fatal("the first claim of two rows started pacing: an isolated event after idle must arrive on its NOTIFY")
 	}
 	if !last {
-		t.Fatalf("2,000 events/s for 25 ms did not start pacing (count %.1f)", tr.count)
+		t.Fatalf("4,000 events/s for 50 ms did not start pacing (count %.1f)", tr.count)
 	}
 
 	// 100 events/s, one row per claim every 10 ms, with the odd pair 1 ms apart: never.
@@ -53,6 +54,7 @@ func TestTrickleStartsAtSteadyTrafficOnly(t *testing.T) {
 
 func TestTrickleEndsSoonAfterTrafficStops(t *testing.T) {
 	t.Parallel()
+	// At a pacing rate of 500 events/s (Config.PacingRate): the figures below scale with it.
 	start := time.Unix(1_700_000_000, 0)
 	emptyUntilArmed := func(tr *trickleRate, now time.Time) int {
 		empty := 0
@@ -69,7 +71,7 @@ func TestTrickleEndsSoonAfterTrafficStops(t *testing.T) {
 	// (the count is capped), pacing ends ln(cap/leave)·window ≈ 70 ms after the last: 35
 	// empty claims, then the dispatcher arms again.
 	for _, rows := range []int{3, 40} {
-		var tr trickleRate
+		tr := newTrickleRate(500)
 		now := start
 		for range 100 {
 			tr.observe(now, rows, testBatch)
@@ -85,7 +87,7 @@ func TestTrickleEndsSoonAfterTrafficStops(t *testing.T) {
 
 	// Outside pacing, a drain's claims (half a batch or more) keep it from starting: a
 	// drain's tail arms.
-	var tr trickleRate
+	tr := newTrickleRate(500)
 	now := start
 	for range 20 {
 		if tr.observe(now, 84, testBatch) {

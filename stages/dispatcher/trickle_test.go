@@ -21,7 +21,11 @@ import (
 func TestSteadyTrafficStopsTheNotifications(t *testing.T) {
 	b := setup(t)
 	c := newConsumer(t, nil)
-	d := b.start(b.config(c.URL()))
+	cfg := b.config(c.URL())
+	// Paced from 500 events/s, so that the producer below at 1,000/s is steady pacing traffic
+	// on a machine loaded by the rest of the suite (the default starts at 2,000/s).
+	cfg.PacingRate = 500
+	d := b.start(cfg)
 	notifies := func() float64 { return counterValue(t, d, "fluxora_webhook_wakeups_total", "source", "notify") }
 	eventually(t, 10*time.Second, "the dispatcher to arm", func() bool {
 		return b.count(`SELECT count(*) FROM webhook_dispatcher WHERE armed`) == 1
