@@ -98,19 +98,7 @@ func TestSharedRoundTripWhoseConnectionDies(t *testing.T) {
 	// Armed once settles ride, so that the killed claims are, most likely, ones a settle rides.
 	eventually(t, 30*time.Second, "a settle sharing a claim's round trip", func() bool { return d.Stats().SharedSettles.Load() > 0 })
 	b.count(`SELECT count(*) FROM setval('kill_claim', 1, false)`)
-	eventually(t, 30*time.Second, "every chained event delivered", func() bool { return len(c.byDelivery()) == n })
-	b.waitSettled(10 * time.Second) // well inside the rows' lease (2 × 5 s + 30 s)
-	for id, got := range c.byDelivery() {
-		if len(got) != 1 {
-			t.Errorf("delivery %s arrived %d times", id, len(got))
-		}
-	}
-	if got := b.count(`SELECT count(*) FROM webhook_delivery_log WHERE status_code = 204`); got != n {
-		t.Errorf("%d deliveries logged, want %d", got, n)
-	}
-	if got := b.count(`SELECT count(*) FROM webhook_dead_letter`); got != 0 {
-		t.Errorf("%d dead letters, want none", got)
-	}
+	checkChain(t, b, c, n)
 	if s := d.Stats(); s.Stale.Load() != 0 || s.SettleErrors.Load() != 0 {
 		t.Errorf("%d outcomes reported stale and %d settles failed, want none", s.Stale.Load(), s.SettleErrors.Load())
 	}

@@ -93,17 +93,24 @@ type consumerProc struct {
 	client *http.Client
 }
 
+// childPipes opens the pipes to a child's stdin and from its stdout.
+func childPipes() (stdinR, stdinW, stdoutR, stdoutW *os.File, err error) {
+	if stdinR, stdinW, err = os.Pipe(); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if stdoutR, stdoutW, err = os.Pipe(); err != nil {
+		stdinR.Close()
+		stdinW.Close()
+		return nil, nil, nil, nil, err
+	}
+	return stdinR, stdinW, stdoutR, stdoutW, nil
+}
+
 // startConsumer starts the consumer child: /hook verified with secret, and /ep/<i> with
 // endpointSecrets[i] (the fanout workload's endpoints).
 func startConsumer(ctx context.Context, exe, secret string, endpointSecrets []string) (*consumerProc, error) {
-	stdinR, stdinW, err := os.Pipe()
+	stdinR, stdinW, stdoutR, stdoutW, err := childPipes()
 	if err != nil {
-		return nil, err
-	}
-	stdoutR, stdoutW, err := os.Pipe()
-	if err != nil {
-		stdinR.Close()
-		stdinW.Close()
 		return nil, err
 	}
 	env := append(childBaseEnv(), benchSecretEnv+"="+secret)

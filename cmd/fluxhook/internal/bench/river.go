@@ -130,14 +130,8 @@ type riverProducer struct {
 // startRiverProducer starts the baseline's producer: it connects and waits for warmUp.
 func (b *bench) startRiverProducer(ctx context.Context, nconns, total int, period time.Duration, eventType string) (*riverProducer, error) {
 	out := filepath.Join(b.river.dir, fmt.Sprintf("sent-%d", b.river.runs.Add(1)))
-	stdinR, stdinW, err := os.Pipe()
+	stdinR, stdinW, stdoutR, stdoutW, err := childPipes()
 	if err != nil {
-		return nil, err
-	}
-	stdoutR, stdoutW, err := os.Pipe()
-	if err != nil {
-		stdinR.Close()
-		stdinW.Close()
 		return nil, err
 	}
 	args := []string{"produce", "-connections", strconv.Itoa(nconns), "-total", strconv.Itoa(total),
