@@ -394,7 +394,10 @@ func resultOf(o delivery.Outcome) Result {
 	}
 }
 
-// retryableStatus lists the statuses the original dispatcher retries (send.Classify's Retry).
+// retryableStatus lists the statuses that still count as the endpoint's failure when they end a
+// delivery that exhausted its retries (a server's or a gateway's trouble, a timeout, a rate
+// limit): the statuses the original dispatcher retried. Other answers that exhausted the
+// schedule (a 404 for days) say nothing more about the endpoint's health than their retries did.
 func retryableStatus(status int) bool {
 	switch status {
 	case 408, 425, 429, 500, 502, 503, 504:

@@ -14,10 +14,11 @@
 //
 // Circuit breaker (on when Params.Threshold > 0), on every attempt:
 //
-//   - closed: attempts flow. A retryable failure (network error, timeout, 408, 425, 429, 500,
-//     502, 503, 504, including one that exhausted the retry schedule) adds one to a count of
-//     consecutive failures; a 2xx resets it; a permanent answer (other 4xx, 3xx) and a row
-//     that was not attempted leave it alone. At Threshold the circuit opens.
+//   - closed: attempts flow. A failure that is retried (a network error, a timeout, any
+//     non-2xx answer but the permanent ones), or one that exhausted the retry schedule with a
+//     network error, a timeout, 408, 425, 429, 500, 502, 503 or 504, adds one to a count of
+//     consecutive failures; a 2xx resets it; a permanent answer (410, the permanent statuses)
+//     and a row that was not attempted leave it alone. At Threshold the circuit opens.
 //   - open: every row is deferred to the reset time (Params.Reset after opening), with no
 //     HTTP request and no attempt used. The row whose failure tripped the breaker was already
 //     attempted: settle schedules its retry like any other failure, and that retry is deferred

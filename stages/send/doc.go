@@ -15,8 +15,8 @@
 // use, while a fast consumer at its limit keeps getting rows.
 //
 // One http.Transport serves every endpoint, with keep-alive and enough idle connections per
-// host to reuse them under load. Redirects are never followed (a 3xx is permanent, as in the
-// original dispatcher), response bodies are read up to a small limit and discarded, and
+// host to reuse them under load. Redirects are never followed (a 3xx is an answer like any
+// other non-2xx, retried on the schedule), response bodies are read up to a small limit and discarded, and
 // response headers are bounded, so a hostile or broken consumer can cost us at most one
 // request timeout and a few tens of kilobytes.
 //
