@@ -59,8 +59,8 @@ func endpointsError(err error) error {
 	case errors.As(err, &inv):
 		return usageError("--%s: %v", fieldFlag(inv.Field), inv.Err)
 	case errors.As(err, &pending):
-		return fmt.Errorf("endpoint %s has %d deliveries pending; nothing was removed: pass --pending dead-letter (kept in the dead-letter table) or --pending drop (lost)",
-			pending.ID, pending.Pending)
+		return fmt.Errorf("endpoint %s has %s pending; nothing was removed: pass --pending dead-letter (kept in the dead-letter table) or --pending drop (lost)",
+			pending.ID, plural(int(pending.Pending), "delivery", "deliveries"))
 	case errors.Is(err, endpoints.ErrNotFound):
 		return fmt.Errorf("%w; list them with fluxhook endpoints list", err)
 	}
@@ -932,4 +932,12 @@ func reachableURL(env *environment, flagName, rawURL string, rowURL bool) error 
 			strings.TrimPrefix(err.Error(), "endpoint refused: "), setting)
 	}
 	return nil
+}
+
+// plural writes n with the noun's singular or plural form.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
