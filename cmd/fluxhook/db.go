@@ -52,11 +52,9 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 func connectPool(ctx context.Context, url string, maxConns int32, appName string) (*pgxpool.Pool, error) {
 	cfg, problem := parseDatabaseURL(url)
 	if problem != "" {
-		// A configuration mistake, reported and exited on as serve does (status 2).
-		if url == "" {
-			problem += "; set it, or pass --database-url"
-		}
-		return nil, fmt.Errorf("%w: DATABASE_URL %s", errInvalidConfig, problem)
+		// A configuration mistake, reported and exited on as serve does (status 2), in serve's
+		// words.
+		return nil, fmt.Errorf("%w: DATABASE_URL: %s", errInvalidConfig, problem)
 	}
 	password := cfg.ConnConfig.Password
 	cfg.MaxConns = maxConns
@@ -119,12 +117,12 @@ func printable(s string) string {
 func isControlRune(r rune) bool { return r < 0x20 || (r >= 0x7f && r < 0xa0) }
 
 // parseDatabaseURL parses a DATABASE_URL, or says what is wrong with it in words that follow
-// "DATABASE_URL ", never echoing a password: every command reports the same mistake the same
+// "DATABASE_URL: ", never echoing a password: every command reports the same mistake the same
 // way, with a hint for a mistyped scheme (pgx's own message for postgress:// is about
 // keyword/value strings).
 func parseDatabaseURL(url string) (*pgxpool.Config, string) {
 	if url == "" {
-		return nil, "is required: a PostgreSQL URL such as postgres://user@localhost:5432/app"
+		return nil, "is required: a PostgreSQL URL such as postgres://user@localhost:5432/app; set it, or pass --database-url"
 	}
 	if scheme, _, ok := strings.Cut(url, "://"); ok && scheme != "postgres" && scheme != "postgresql" && !strings.ContainsAny(scheme, " =") {
 		return nil, fmt.Sprintf("has the scheme %q: a PostgreSQL URL starts with postgres:// (or postgresql://)", scheme)

@@ -351,10 +351,11 @@ func TestServeHelpNamesKinds(t *testing.T) {
 // a mistyped command gets a suggestion.
 func TestCommandLineMistakes(t *testing.T) {
 	t.Parallel()
-	for _, cmd := range [][]string{{"migrate"}, {"status"}, {"enqueue", "--event-type", "t"}, {"dlq", "list"}, {"endpoints", "list"}} {
+	const missing = "DATABASE_URL: is required: a PostgreSQL URL such as postgres://user@localhost:5432/app; set it, or pass --database-url"
+	for _, cmd := range [][]string{{"serve"}, {"api", "--api-addr", "127.0.0.1:0"}, {"migrate"}, {"status"}, {"enqueue", "--event-type", "t"}, {"dlq", "list"}, {"endpoints", "list"}, {"api-keys", "list"}} {
 		r := runCLIEnv(t, nil, cmd...)
-		if r.code != 2 || !strings.Contains(r.stderr, "DATABASE_URL is required") {
-			t.Errorf("%v without DATABASE_URL: exit %d, %q; want 2 and DATABASE_URL is required", cmd, r.code, r.stderr)
+		if r.code != 2 || !strings.Contains(r.stderr, missing) {
+			t.Errorf("%v without DATABASE_URL: exit %d, %q; want 2 and %q", cmd, r.code, r.stderr, missing)
 		}
 	}
 	r := runCLIEnv(t, map[string]string{"DATABASE_URL": "postgress://root@127.0.0.1/app"}, "status")
