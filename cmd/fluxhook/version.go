@@ -12,7 +12,7 @@ import (
 )
 
 func init() {
-	commands["version"] = command{summary: "Print fluxhook's version, the commit it was built from and the schema it needs", run: runVersion}
+	commands["version"] = command{summary: "Print fluxhook's version, the commit it was built from and the schema it needs (also --version)", run: runVersion}
 }
 
 // versionInfo is what `fluxhook version` prints: enough to match a running binary to a release
