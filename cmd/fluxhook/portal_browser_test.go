@@ -353,6 +353,10 @@ func TestPortalInABrowser(t *testing.T) {
 	}
 	consumer.set(secret, http.StatusOK)
 	endpointID := strings.TrimPrefix(eval[string](b, `location.hash`), "#/endpoints/")
+	// Clicked once the page has loaded: the endpoint's URL, filled in above the secret when it
+	// arrives, moves the button, and a click aimed before that lands beside it (a loaded
+	// machine showed it).
+	b.waitFor("the endpoint page to finish loading", `!document.querySelector("main .loading")`)
 	b.click(`#copy-secret`)
 	b.waitFor("the copy to be confirmed", `/Copied to the clipboard|is selected/.test(document.querySelector(".secret-panel").innerText)`)
 	b.shot("endpoint-secret", desktopWidth)
