@@ -97,3 +97,34 @@ func TestStopDuringASlowSharedSettle(t *testing.T) {
 		t.Errorf("%d outcomes reported stale and %d settles failed, want none", s.Stale.Load(), s.SettleErrors.Load())
 	}
 }
+
+// TestRideAcrossAddedColumns: columns are added and dropped under live traffic (the
+// prepared statements are replanned): the
+// dispatcher recovers (the pipeline's statements are prepared afresh) and delivers every event
+// once, with a bounded number of failed claims.
+func TestRideAcrossAddedColumns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 80
+	c := newConsumer(t, chain(b, n))
+	cfg, logs := b.observedConfig(c.URL(), zapcore.WarnLevel)
+	d := b.start(cfg)
+	b.enqueue(outbox.Event{EventType: "test.chain"})
+	eventually(t, 30*time.Second, "a settle sharing a claim's round trip", func() bool { return d.Stats().SharedSettles.Load() > 0 })
+	for _, ddl := range []string{
+		`ALTER TABLE webhook_outbox ADD COLUMN review_extra text`,
+		`ALTER TABLE webhook_outbox DROP COLUMN review_extra`,
+		`ALTER TABLE webhook_delivery_log ADD COLUMN review_extra text DEFAULT 'x'`,
+	} {
+		if _, err := b.pool.Exec(context.Background(), ddl); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	checkChain(t, b, c, n)
+	if got := logs.FilterMessage("claim failed").Len(); got > 0 {
+		t.Errorf("%d claims failed after the type change, want a few at most", got)
+	}
+	t.Logf("claim failed %d, shared failed %d, shared %d", logs.FilterMessage("claim failed").Len(),
+		logs.FilterMessage("settle sent with a claim failed; it goes again alone").Len(), d.Stats().SharedSettles.Load())
+}
