@@ -36,7 +36,7 @@ var rideWait = 5 * time.Millisecond
 // with err saying why).
 type ride struct {
 	rows   []*delivery.Delivery
-	finish func() (settle.Result, error)
+	finish func(ctx context.Context) (settle.Result, error)
 	err    error
 	done   chan struct{}
 }
@@ -72,7 +72,7 @@ func (d *Dispatcher) settleRiding(ctx context.Context, batch []*delivery.Deliver
 		}
 		timer.Stop()
 		if r.finish != nil {
-			res, err := r.finish()
+			res, err := r.finish(ctx)
 			if err == nil {
 				d.stats.SharedSettles.Add(1)
 				d.settled(ctx, batch, rows, done, res, nil)
@@ -117,18 +117,25 @@ func (d *Dispatcher) claim(ctx context.Context, limit int, skip claim.Skip, arm 
 	}
 	claimSQL, claimArgs, readClaim := d.claimer.Statement(limit, skip, arm, after)
 	settleSQL, settleArgs, readSettle := d.settler.Statement(r.rows)
-	p, err := sendPipelined(ctx, d.pool, statement{claimSQL, claimArgs}, statement{settleSQL, settleArgs})
+	pctx, pcancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, pcancel)
+	p, err := sendPipelined(pctx, d.pool, statement{claimSQL, claimArgs}, statement{settleSQL, settleArgs})
 	if err != nil {
+		stop()
+		pcancel()
 		// Nothing was sent: the settle goes alone (settleRiding), the claim now.
 		r.err = err
 		close(r.done)
 		return d.claimer.Claim(ctx, limit, skip, arm, after)
 	}
 	res, err := readNext(p, readClaim)
+	stop() // the settle's answer is the sink's to read: the claim loop's end must not cut it
 	if err != nil {
 		err = fmt.Errorf("claim: %w", err)
 	}
-	r.finish = func() (settle.Result, error) {
+	r.finish = func(sinkCtx context.Context) (settle.Result, error) {
+		defer context.AfterFunc(sinkCtx, pcancel)() // the settling stage's end (cut short) still cuts it
+		defer pcancel()
 		defer p.close()
 		return readNext(p, readSettle)
 	}
@@ -202,8 +209,16 @@ func readNext[T any](p *pipelined, read func(pgx.Rows) (T, error)) (T, error) {
 	}
 	v, err := read(pgx.RowsFromResultReader(p.conn.Conn().TypeMap(), rr))
 	p.noteRefusal(err)
-	if _, syncErr := p.p.GetResults(); err == nil && syncErr != nil {
-		err = syncErr
+	if _, syncErr := p.p.GetResults(); syncErr != nil {
+		p.noteRefusal(syncErr)
+		var pgErr *pgconn.PgError
+		if errors.As(syncErr, &pgErr) {
+			// Refused at its commit: the ReadyForQuery of this Sync follows the error.
+			_, _ = p.p.GetResults()
+		}
+		if err == nil {
+			err = syncErr
+		}
 	}
 	return v, err
 }
