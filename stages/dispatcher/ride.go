@@ -123,7 +123,8 @@ func (d *Dispatcher) claim(ctx context.Context, limit int, skip claim.Skip, arm 
 	if err != nil {
 		stop()
 		pcancel()
-		// Nothing was sent: the settle goes alone (settleRiding), the claim now.
+		// Not sent, or not all of it: the settle goes alone (settleRiding; rows a partial
+		// write did settle are reported stale), the claim now.
 		r.err = err
 		close(r.done)
 		return d.claimer.Claim(ctx, limit, skip, arm, after)
