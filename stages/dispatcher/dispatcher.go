@@ -1139,6 +1139,7 @@ func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
 	d.refreshEndpoints(ctx)
 	if d.endpoints.any() {
 		batch = d.route(ctx, batch)
+		d.freshen(ctx, batch)
 	}
 	check := batch[:0:0]
 	for _, del := range batch {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/outbox"
 )
@@ -214,5 +216,62 @@ func TestDisableAfterLeavesAnAlreadyDisabledEndpointAlone(t *testing.T) {
 	if want, _ := time.Parse(time.RFC3339, disabledAt); reason != "maintenance" || !at.Equal(want) {
 		t.Errorf("the operator's disabled endpoint now says %q since %s; want 'maintenance' since %s, as the operator left it",
 			reason, at.UTC().Format(time.RFC3339), disabledAt)
+	}
+}
+
+// TestUnconfirmedCacheSignsWithTheCommittedSecret pins freshen: a cache loaded while a secret
+// rotation was open holds the old secret, and stays unconfirmed while an older transaction
+// elsewhere on the server holds xmin back. An event enqueued after the rotation committed must
+// be signed with the new secret, not the one the stale cache holds (consumers that already
+// switched would refuse it; after a leak, the old secret must not sign again).
+func TestUnconfirmedCacheSignsWithTheCommittedSecret(t *testing.T) {
+	// Not parallel: the open transaction holds back every cache confirmation on the server.
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Scheme: endpoints.SchemeStandard})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	cfg.PollInterval = 100 * time.Millisecond // idle claims (each reloading what moved) follow the open change
+	d := b.start(cfg)
+	ctx := t.Context()
+	hold, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(context.Background())
+	if _, err := hold.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil { // an xid: xmin stays behind it
+		t.Fatal(err)
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	cipher, err := endpoints.NewCipher(testKey, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newSecret, err := endpoints.RotateSecret(ctx, tx, cipher, ep.ID, "", -1) // no grace: the old one stops at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Claims see the bumped version; the next one's refresh loads the old rows for it.
+	from := d.Stats().Claims.Load()
+	eventually(t, 10*time.Second, "three claims while the rotation is open", func() bool { return d.Stats().Claims.Load() >= from+3 })
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(outbox.Event{})
+	eventually(t, 10*time.Second, "the delivery", func() bool { return c.received() == 1 })
+	verifies := func(a arrival, secret string) bool {
+		wh, err := standardwebhooks.NewWebhook(secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return wh.Verify(a.Body, a.Header) == nil
+	}
+	if a := c.arrivals()[0]; verifies(a, ep.Secret) || !verifies(a, newSecret) {
+		t.Errorf("after the rotation committed: old secret verifies %v, new verifies %v; want only the new", verifies(a, ep.Secret), verifies(a, newSecret))
 	}
 }

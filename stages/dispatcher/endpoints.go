@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -79,6 +80,86 @@ type endpointCache struct {
 	// enabledAt remembers which endpoints were enabled at the previous load, to dead-letter
 	// the pending deliveries of one that has just been disabled.
 	enabledAt map[string]bool
+}
+
+// newManaged validates ep, as loaded with loadErr, and keys its signer.
+func newManaged(ep endpoints.Endpoint, loadErr error, now time.Time) *managed {
+	m := &managed{ep: ep, header: ep.Header()}
+	if loadErr != nil {
+		m.invalid = loadErr.Error()
+		return m
+	}
+	var err error
+	m.target, err = send.ManagedEndpoint(m.ep.URL, "ep:"+m.ep.ID, m.ep.MaxConcurrency)
+	if err != nil {
+		m.invalid = fmt.Sprintf("endpoint %s: %v", m.ep.ID, err)
+		return m
+	}
+	m.target.RetryRPS, m.target.PermanentStatuses = m.ep.RetryRPS, m.ep.PermanentStatuses
+	m.target.Managed, m.target.Tenant, m.target.EmptyTenant = true, m.ep.Tenant, m.ep.EmptyTenant
+	// A tenant wrote this URL (the management API): it is dialled under the row-URL policy,
+	// as a producer's endpoint_url is, not the operator's, so that a tenant's endpoint
+	// cannot reach this host's or the private network's services.
+	m.target.RowURL = m.ep.Restricted
+	cfg := sign.Config{Secret: m.ep.Secret, Scheme: sign.Scheme(m.ep.Scheme)}
+	if m.ep.PreviousSecret != "" && now.Before(m.ep.PreviousUntil) {
+		cfg.PreviousSecret = m.ep.PreviousSecret
+		m.signerUntil = m.ep.PreviousUntil
+	}
+	if m.signer, err = sign.New(cfg); err != nil {
+		m.invalid = fmt.Sprintf("endpoint %s: %v", m.ep.ID, err)
+	}
+	return m
+}
+
+// freshen reads again, by id, the endpoints of batch's managed deliveries when the cache is
+// not confirmed at the version the claim saw, and puts what it reads in the cache. An
+// unconfirmed cache may hold rows older than a change committed before these rows were
+// claimed (its load ran while the change was open): routing already goes by the statement
+// then, and the request must too, so that no delivery is signed with a rotated-out secret or
+// sent to a replaced URL. One primary-key read per batch, only while a long transaction
+// elsewhere on the server holds the confirmation back.
+func (d *Dispatcher) freshen(ctx context.Context, batch []*delivery.Delivery) {
+	c := &d.endpoints
+	if c.confirmedFor(nil) {
+		return
+	}
+	ids := make([]string, 0, 4)
+	for _, del := range batch {
+		if del.EndpointID != "" && !slices.Contains(ids, del.EndpointID) {
+			ids = append(ids, del.EndpointID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	list, errs, err := endpoints.LoadIDs(ctx, d.pool, d.cipher, ids)
+	if err != nil {
+		// The rows are refused as unconfirmed (released, claimed again) rather than sent by
+		// a cache that may be stale.
+		d.log.Warn("reading endpoints failed; their deliveries are claimed again", zap.Error(err))
+		for _, del := range batch {
+			if del.EndpointID != "" {
+				del.Invalid = unconfirmedEndpoint
+			}
+		}
+		return
+	}
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	byID := maps.Clone(c.byID)
+	for _, id := range ids {
+		delete(byID, id) // removed since the load, unless read below
+	}
+	for i := range list {
+		m := newManaged(list[i], errs[i], now)
+		byID[m.ep.ID] = m
+		if !m.signerUntil.IsZero() && (c.reload.IsZero() || m.signerUntil.Before(c.reload)) {
+			c.reload = m.signerUntil
+		}
+	}
+	c.byID = byID
 }
 
 // refreshEndpoints reloads the endpoints when the claim saw another version or a grace ended,
@@ -155,33 +236,10 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool, then []f
 	var disabled, enabled []*managed
 	now := time.Now()
 	for i := range list {
-		m := &managed{ep: list[i], header: list[i].Header()}
+		m := newManaged(list[i], errs[i], now)
 		byID[m.ep.ID] = m
-		if errs[i] != nil {
-			m.invalid = errs[i].Error()
-			continue
-		}
-		m.target, err = send.ManagedEndpoint(m.ep.URL, "ep:"+m.ep.ID, m.ep.MaxConcurrency)
-		if err != nil {
-			m.invalid = fmt.Sprintf("endpoint %s: %v", m.ep.ID, err)
-			continue
-		}
-		m.target.RetryRPS, m.target.PermanentStatuses = m.ep.RetryRPS, m.ep.PermanentStatuses
-		m.target.Managed, m.target.Tenant, m.target.EmptyTenant = true, m.ep.Tenant, m.ep.EmptyTenant
-		// A tenant wrote this URL (the management API): it is dialled under the row-URL policy,
-		// as a producer's endpoint_url is, not the operator's, so that a tenant's endpoint
-		// cannot reach this host's or the private network's services.
-		m.target.RowURL = m.ep.Restricted
-		cfg := sign.Config{Secret: m.ep.Secret, Scheme: sign.Scheme(m.ep.Scheme)}
-		if m.ep.PreviousSecret != "" && now.Before(m.ep.PreviousUntil) {
-			cfg.PreviousSecret = m.ep.PreviousSecret
-			m.signerUntil = m.ep.PreviousUntil
-			if reload.IsZero() || m.signerUntil.Before(reload) {
-				reload = m.signerUntil
-			}
-		}
-		if m.signer, err = sign.New(cfg); err != nil {
-			m.invalid = fmt.Sprintf("endpoint %s: %v", m.ep.ID, err)
+		if !m.signerUntil.IsZero() && (reload.IsZero() || m.signerUntil.Before(reload)) {
+			reload = m.signerUntil
 		}
 		c.mu.Lock()
 		wasEnabled, known := c.enabledAt[m.ep.ID]
