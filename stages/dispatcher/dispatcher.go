@@ -1139,8 +1139,10 @@ func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
 	d.refreshEndpoints(ctx)
 	if d.endpoints.any() {
 		batch = d.route(ctx, batch)
-		d.freshen(ctx, batch)
 	}
+	// Even with no endpoint in the cache: one loaded while the first was being created is
+	// empty, and a row addressed to that endpoint must not be dead-lettered as removed.
+	d.freshen(ctx, batch)
 	check := batch[:0:0]
 	for _, del := range batch {
 		d.markOrdered(del)

@@ -71,7 +71,9 @@ type endpointCache struct {
 	reload       time.Time // when a grace ends; zero: none pending
 	// checked is when the endpoints were last read (see Config.EndpointRecheck).
 	checked time.Time
-	byID    map[string]*managed
+	// stored counts the loads stored (see freshen).
+	stored uint64
+	byID   map[string]*managed
 	// ordered: some enabled endpoint orders its streams.
 	ordered bool
 	// enabled are the enabled endpoints by id, in route.sql's order of an event's deliveries
@@ -119,9 +121,16 @@ func newManaged(ep endpoints.Endpoint, loadErr error, now time.Time) *managed {
 // then, and the request must too, so that no delivery is signed with a rotated-out secret or
 // sent to a replaced URL. One primary-key read per batch, only while a long transaction
 // elsewhere on the server holds the confirmation back.
+//
+// A load the claiming loop stores while this one reads was read after the batch's claim (that
+// loop refreshes only after handing the batch on): it serves the batch, and this older read
+// must not replace it, least of all in a cache that load confirmed.
 func (d *Dispatcher) freshen(ctx context.Context, batch []*delivery.Delivery) {
 	c := &d.endpoints
-	if c.confirmedFor(nil) {
+	c.mu.Lock()
+	confirmed, stored := c.confirmed && c.loaded == c.version.Load(), c.stored
+	c.mu.Unlock()
+	if confirmed {
 		return
 	}
 	ids := make([]string, 0, 4)
@@ -135,12 +144,13 @@ func (d *Dispatcher) freshen(ctx context.Context, batch []*delivery.Delivery) {
 	}
 	list, errs, err := endpoints.LoadIDs(ctx, d.pool, d.cipher, ids)
 	if err != nil {
-		// The rows are refused as unconfirmed (released, claimed again) rather than sent by
-		// a cache that may be stale.
-		d.log.Warn("reading endpoints failed; their deliveries are claimed again", zap.Error(err))
+		// Released and claimed again rather than sent by a cache that may be stale.
+		if ctx.Err() == nil {
+			d.log.Warn("reading endpoints failed; their deliveries are claimed again", zap.Error(err))
+		}
 		for _, del := range batch {
 			if del.EndpointID != "" {
-				del.Invalid = unconfirmedEndpoint
+				del.Invalid = endpointsUnread
 			}
 		}
 		return
@@ -148,6 +158,9 @@ func (d *Dispatcher) freshen(ctx context.Context, batch []*delivery.Delivery) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.stored != stored {
+		return
+	}
 	byID := maps.Clone(c.byID)
 	for _, id := range ids {
 		delete(byID, id) // removed since the load, unless read below
@@ -278,6 +291,7 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool, then []f
 	slices.SortFunc(routable, func(a, b *managed) int { return strings.Compare(a.ep.ID, b.ep.ID) })
 	c.mu.Lock()
 	c.byID, c.loaded, c.reload, c.ordered, c.enabled, c.checked = byID, want, reload, ordered, routable, time.Now()
+	c.stored++
 	switch {
 	case moved:
 		c.confirmed, c.confirmAfter = false, after
@@ -723,6 +737,10 @@ func (d *Dispatcher) replayed(del *delivery.Delivery) (bool, error) {
 	return ok, nil
 }
 
+// endpointsUnread is freshen's answer for a batch whose endpoints it could not read: the rows
+// are released and claimed again, as with unconfirmedEndpoint.
+const endpointsUnread = "could not read the endpoint as committed (the database did not answer) while this instance's endpoint cache is not yet confirmed: claimed again"
+
 // replayUnchecked is resolveManaged's answer when it could not read whether a delivery its
 // endpoint's filter or creation time refuses is a replay: the row is released and checked
 // again, rather than dead-lettered for a failed read.
@@ -743,7 +761,7 @@ const unconfirmedDelay = 250 * time.Millisecond
 // refused by an endpoint cache not yet confirmed or for a replay check the database did not
 // answer, released to be claimed again.
 func refusal(reason string) delivery.Outcome {
-	if reason == unconfirmedEndpoint || reason == replayUnchecked {
+	if reason == unconfirmedEndpoint || reason == replayUnchecked || reason == endpointsUnread {
 		return delivery.Outcome{Kind: delivery.Release, Delay: unconfirmedDelay, Error: reason}
 	}
 	return delivery.Outcome{Kind: delivery.Permanent, Reason: reason}
