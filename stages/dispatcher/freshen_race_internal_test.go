@@ -2,8 +2,10 @@ package dispatcher
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -91,6 +93,11 @@ func TestFreshenDoesNotOverwriteANewerConfirmedLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.pool.Close)
+	// Let a paused read go on before the pool closes (cleanups run last first), so that a
+	// failed step fails the test instead of hanging it.
+	var released sync.Once
+	release := func() { released.Do(func() { close(pause.proceed) }) }
+	t.Cleanup(release)
 
 	// An older transaction elsewhere holds xmin back: the cache's first load is not confirmed.
 	hold, err := db.Pool.Begin(ctx)
@@ -138,7 +145,9 @@ func TestFreshenDoesNotOverwriteANewerConfirmedLoad(t *testing.T) {
 	if err := hold.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	d.endpoints.xmin.Store(xmin())
+	// The server's real xmin may still be held back by other databases' transactions (CI runs
+	// packages at once); every transaction that could have bumped this version has ended.
+	d.endpoints.xmin.Store(math.MaxUint64)
 	d.refreshEndpoints(ctx)
 	if !d.endpoints.confirmedFor(nil) {
 		t.Fatal("setup: the cache was not confirmed after every transaction ended")
@@ -147,7 +156,7 @@ func TestFreshenDoesNotOverwriteANewerConfirmedLoad(t *testing.T) {
 		t.Fatalf("setup: the confirming load holds %q, want the new secret", got)
 	}
 
-	close(pause.proceed)
+	release()
 	<-done
 
 	m := d.endpoints.lookup(ep.ID)
