@@ -1,7 +1,6 @@
 package dispatcher_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -14,18 +13,11 @@ import (
 // row addressed to the endpoint once its creation committed (the management API's test
 // event, or a delivery row another instance routed) is resolved by the empty cache.
 func TestEmptyUnconfirmedCacheDoesNotDeadLetterAnAddressedRow(t *testing.T) {
-	// Not parallel: the open transaction holds back every cache confirmation on the server.
+	// Not parallel: holdXmin holds back every cache confirmation on the server.
 	b := setup(t)
 	c := newConsumer(t, nil)
 	ctx := t.Context()
-	hold, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hold.Rollback(context.Background())
-	if _, err := hold.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
-		t.Fatal(err)
-	}
+	b.holdXmin()
 	cipher, err := endpoints.NewCipher(testKey, "")
 	if err != nil {
 		t.Fatal(err)

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
-
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/outbox"
 )
@@ -225,7 +223,7 @@ func TestDisableAfterLeavesAnAlreadyDisabledEndpointAlone(t *testing.T) {
 // be signed with the new secret, not the one the stale cache holds (consumers that already
 // switched would refuse it; after a leak, the old secret must not sign again).
 func TestUnconfirmedCacheSignsWithTheCommittedSecret(t *testing.T) {
-	// Not parallel: the open transaction holds back every cache confirmation on the server.
+	// Not parallel: holdXmin holds back every cache confirmation on the server.
 	b := setup(t)
 	c := newConsumer(t, nil)
 	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Scheme: endpoints.SchemeStandard})
@@ -235,14 +233,7 @@ func TestUnconfirmedCacheSignsWithTheCommittedSecret(t *testing.T) {
 	cfg.PollInterval = 100 * time.Millisecond // idle claims (each reloading what moved) follow the open change
 	d := b.start(cfg)
 	ctx := t.Context()
-	hold, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hold.Rollback(context.Background())
-	if _, err := hold.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil { // an xid: xmin stays behind it
-		t.Fatal(err)
-	}
+	b.holdXmin()
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -264,13 +255,7 @@ func TestUnconfirmedCacheSignsWithTheCommittedSecret(t *testing.T) {
 	}
 	b.enqueue(outbox.Event{})
 	eventually(t, 10*time.Second, "the delivery", func() bool { return c.received() == 1 })
-	verifies := func(a arrival, secret string) bool {
-		wh, err := standardwebhooks.NewWebhook(secret)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return wh.Verify(a.Body, a.Header) == nil
-	}
+	verifies := func(a arrival, secret string) bool { return signedBy(t, a, secret) }
 	if a := c.arrivals()[0]; verifies(a, ep.Secret) || !verifies(a, newSecret) {
 		t.Errorf("after the rotation committed: old secret verifies %v, new verifies %v; want only the new", verifies(a, ep.Secret), verifies(a, newSecret))
 	}

@@ -22,6 +22,16 @@ import (
 // testKey seals the endpoints' secrets in these tests, as WEBHOOK_ENCRYPTION_KEY would.
 const testKey = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
 
+// signedBy reports whether a carries a valid Standard Webhooks signature made with secret.
+func signedBy(t testing.TB, a arrival, secret string) bool {
+	t.Helper()
+	wh, err := standardwebhooks.NewWebhook(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wh.Verify(a.Body, a.Header) == nil
+}
+
 // addEndpoint creates a managed endpoint through the store, sealed with testKey.
 func (b *bundle) addEndpoint(n endpoints.New) endpoints.Endpoint {
 	b.t.Helper()
@@ -180,13 +190,7 @@ func TestEndpointRotationGrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	rotated := time.Now()
-	verifies := func(a arrival, secret string) bool {
-		wh, err := standardwebhooks.NewWebhook(secret)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return wh.Verify(a.Body, a.Header) == nil
-	}
+	verifies := func(a arrival, secret string) bool { return signedBy(t, a, secret) }
 	b.enqueue(outbox.Event{})
 	eventually(t, 10*time.Second, "the delivery during the grace", func() bool { return c.received() == 1 })
 	if a := c.arrivals()[0]; a.At.After(rotated.Add(grace)) {
