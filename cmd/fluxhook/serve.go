@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/fluxora/fluxhook/cmd/fluxhook/internal/procs"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
 	"github.com/fluxora/fluxhook/stages/gate/redisstore"
 )
@@ -36,6 +38,12 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	defer func() { _ = log.Sync() }()
 	cfg.dispatcher.Logger = log
 	redisstore.RouteLogs(log) // the Redis client's own lines too, or they bypass LOG_FORMAT
+	// One processor while the work fits on one, the default when rows wait (package procs
+	// says why); GOMAXPROCS, read from the process's own environment as the runtime reads
+	// it, turns this off.
+	processors := procs.Adapt(ctx, os.Getenv("GOMAXPROCS"), procs.Options{Logger: log})
+	defer processors.Stop()
+	cfg.dispatcher.OnBacklog = processors.Backlog
 	d, buildErr := dispatcher.New(cfg.dispatcher)
 	// Until Start succeeds, every way out closes what New made (the HTTP transport, a Redis
 	// client): serve also runs inside tests' processes, which go on after it returns.
@@ -84,7 +92,6 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	running = true
-
 	var metricsSrv *http.Server
 	if metricsLn != nil {
 		metricsSrv = &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}

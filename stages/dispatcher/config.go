@@ -146,6 +146,10 @@ type Config struct {
 	EndpointRecheck time.Duration
 	// Logger receives structured logs (nil = no logs).
 	Logger *zap.Logger
+	// OnBacklog, when set, is called by the claiming loop after each full claim: rows are
+	// waiting. serve widens the Go runtime to its default processors on it (package procs
+	// in cmd/fluxhook). It runs on the claiming loop and must return at once.
+	OnBacklog func()
 	// AsyncCommit sets synchronous_commit=off on the dispatcher's own connections (default
 	// on: a claim or settle lost in a database crash only causes a redelivery, and it saves
 	// a WAL flush per batch). Set DurableCommit to turn it off.

@@ -651,6 +651,9 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		cursor = claim.Cursor{}
 		if full {
 			cursor = res.Last // more rows probably follow it: start there next time
+			if d.cfg.OnBacklog != nil {
+				d.cfg.OnBacklog()
+			}
 		}
 		// Armed for producers means both: our flag is set and the NOTIFY switch we announced
 		// has not lapsed (it may have while we were at capacity or busy sending).

@@ -1,0 +1,138 @@
+package procs
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestDecision(t *testing.T) {
+	type step struct {
+		cpus    float64
+		backlog bool
+		narrow  bool // the state after the step
+		change  bool
+	}
+	cases := map[string][]step{
+		"narrowed, a busy processor widens": {{cpus: 0.85, narrow: false, change: true}},
+		"narrowed, a backlog widens":        {{cpus: 0.1, backlog: true, narrow: false, change: true}},
+		"narrowed, moderate load stays":     {{cpus: 0.7, narrow: true}, {cpus: 0.2, narrow: true}},
+	}
+	for name, steps := range cases {
+		t.Run(name, func(t *testing.T) {
+			d := decision{narrow: true}
+			for i, s := range steps {
+				narrow, change := d.next(s.cpus, s.backlog)
+				if narrow != s.narrow || change != s.change {
+					t.Fatalf("step %d (cpus %.2f, backlog %v): got narrow %v change %v, want %v %v", i, s.cpus, s.backlog, narrow, change, s.narrow, s.change)
+				}
+			}
+		})
+	}
+	t.Run("wide, narrows only after narrowAfter quiet intervals in a row", func(t *testing.T) {
+		d := decision{}
+		for i := range narrowAfter - 1 {
+			if _, change := d.next(0.1, false); change {
+				t.Fatalf("narrowed after %d quiet intervals, want %d", i+1, narrowAfter)
+			}
+		}
+		// A backlog, or load between the thresholds, starts the count again.
+		for _, interrupt := range []struct {
+			cpus    float64
+			backlog bool
+		}{{0.1, true}, {narrowBelow, false}} {
+			if _, change := d.next(interrupt.cpus, interrupt.backlog); change {
+				t.Fatalf("changed on %+v", interrupt)
+			}
+			for i := range narrowAfter - 1 {
+				if _, change := d.next(0.1, false); change {
+					t.Fatalf("narrowed %d intervals after %+v, want %d", i+1, interrupt, narrowAfter)
+				}
+			}
+		}
+		if narrow, change := d.next(0.1, false); !narrow || !change {
+			t.Fatalf("after %d quiet intervals: narrow %v change %v, want a change to narrow", narrowAfter, narrow, change)
+		}
+	})
+}
+
+// waitFor polls the runtime's GOMAXPROCS until it is want, failing after five seconds.
+func waitFor(t *testing.T, want int, why string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.GOMAXPROCS(0) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: GOMAXPROCS is %d, want %d", why, runtime.GOMAXPROCS(0), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestAdapt(t *testing.T) {
+	runtime.SetDefaultGOMAXPROCS()
+	def := runtime.GOMAXPROCS(0)
+	if def < 2 {
+		t.Skipf("the runtime's default is %d processor: nothing to narrow", def)
+	}
+	if c := Adapt(context.Background(), "3", Options{}); c != nil {
+		c.Stop()
+		t.Fatal("Adapt ran with GOMAXPROCS set in the environment: the operator's number must hold")
+	}
+	if runtime.GOMAXPROCS(0) != def {
+		t.Fatalf("GOMAXPROCS changed to %d with the controller off", runtime.GOMAXPROCS(0))
+	}
+
+	var used atomic.Int64 // the fake process's CPU time, in nanoseconds
+	c := Adapt(context.Background(), "", Options{Interval: 5 * time.Millisecond, CPUTime: func() time.Duration { return time.Duration(used.Load()) }})
+	if c == nil {
+		t.Fatal("Adapt did not start")
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			c.Stop()
+		}
+	}()
+	if Adapt(context.Background(), "", Options{}) != nil {
+		t.Fatal("a second controller started in the same process")
+	}
+	if got := runtime.GOMAXPROCS(0); got != 1 {
+		t.Fatalf("after Adapt: GOMAXPROCS %d, want 1 (a daemon starts narrow)", got)
+	}
+	c.Backlog()
+	if got := runtime.GOMAXPROCS(0); got != def {
+		t.Fatalf("after Backlog: GOMAXPROCS %d, want the default %d at once", got, def)
+	}
+	// No CPU used at all: quiet intervals narrow it again.
+	waitFor(t, 1, "quiet intervals after the backlog")
+	// A process busy on its one processor widens at the next reading.
+	stopBusy := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stopBusy:
+				return
+			case <-time.After(time.Millisecond):
+				used.Add(int64(2 * time.Millisecond)) // twice the wall time: saturated
+			}
+		}
+	}()
+	waitFor(t, def, "a saturated processor")
+	close(stopBusy)
+	waitFor(t, 1, "quiet again")
+	c.Stop()
+	stopped = true
+	if got := runtime.GOMAXPROCS(0); got != def {
+		t.Fatalf("after Stop: GOMAXPROCS %d, want the default %d back", got, def)
+	}
+	if c := Adapt(context.Background(), "", Options{}); c == nil {
+		t.Fatal("Adapt did not start after the first controller stopped")
+	} else {
+		c.Stop()
+	}
+	var none *Controller
+	none.Backlog() // a nil controller (off) is safe to call
+	none.Stop()
+}
