@@ -50,7 +50,7 @@ var settings = []setting{
 	{env: "WEBHOOK_SIGNATURE_SCHEME", def: "fluxora", help: "how requests are signed (docs/wire-format.md)"},
 	{env: "WEBHOOK_POLL_INTERVAL_MS", def: "10000", help: "backstop poll interval"},
 	{env: "WEBHOOK_BATCH_SIZE", def: "100", help: "most rows per claim (the original's default was 10)"},
-	{env: "WEBHOOK_MAX_IN_FLIGHT", def: "256", help: "rows claimed and not yet settled; also the number of send workers"},
+	{env: "WEBHOOK_MAX_IN_FLIGHT", def: "1024", help: "rows claimed and not yet settled; also the number of send workers"},
 	{env: "WEBHOOK_ENDPOINT_CONCURRENCY", def: "64", help: "concurrent requests per endpoint"},
 	{env: "WEBHOOK_TIMEOUT_MS", def: "30000", help: "HTTP request timeout"},
 	{env: "WEBHOOK_LEASE_MS", help: "claim lease", shownDef: "2 × WEBHOOK_TIMEOUT_MS + 30000"},
