@@ -46,11 +46,12 @@ type Config struct {
 	// are further limited by free capacity, so a large batch never means waiting.
 	BatchSize int
 	// MaxInFlight is the pipeline's capacity: rows claimed and not yet settled
-	// (WEBHOOK_MAX_IN_FLIGHT, default 1,024). It is also the number of send workers. A
-	// drain runs in cycles of about this many rows (claims fill it, one settle empties it),
-	// so the default is large: 1,024 drained 20,000 events at 19,900–20,400/s against
-	// 17,400–17,900 with 256, at the same CPU per event (`fluxhook bench --workload drain`,
-	// 2 CPUs). Rows in flight hold their payloads: lower it where payloads are large.
+	// (WEBHOOK_MAX_IN_FLIGHT, default 1,000). It is also the number of send workers. A
+	// drain runs in cycles of about this many rows (claims fill it, a settle of up to 1,000
+	// rows empties it), so the default is large: 1,024 drained 20,000 events at 1.87–1.93×
+	// River tuned's rate against 1.57–1.74× with 256, at the same CPU per event (`fluxhook
+	// bench --workload drain --baseline river`, 2 CPUs). Rows in flight hold their payloads:
+	// lower it where payloads are large.
 	MaxInFlight int
 	// PacingRate is the rate of claimed events per second (one instance's) from which claims
 	// are paced, every 2 ms, instead of following producers' NOTIFYs (see trickleRate):
@@ -150,9 +151,11 @@ type Config struct {
 	EndpointRecheck time.Duration
 	// Logger receives structured logs (nil = no logs).
 	Logger *zap.Logger
-	// OnBacklog, when set, is called by the claiming loop after each full claim: rows are
-	// waiting. serve widens the Go runtime to its default processors on it (package procs
-	// in cmd/fluxhook). It runs on the claiming loop and must return at once.
+	// OnBacklog, when set, is called by the claiming loop after each full claim, once its
+	// rows went on: rows are probably waiting. A claim limited by free capacity is full too
+	// (the dispatcher is busy, if only waiting for slow consumers). serve widens the Go
+	// runtime to its default processors on it (package procs in cmd/fluxhook). It runs on the
+	// claiming loop and must not block.
 	OnBacklog func()
 	// AsyncCommit sets synchronous_commit=off on the dispatcher's own connections (default
 	// on: a claim or settle lost in a database crash only causes a redelivery, and it saves
@@ -183,7 +186,7 @@ func (c Config) WithDefaults() Config {
 		c.BatchSize = 100
 	}
 	if c.MaxInFlight == 0 {
-		c.MaxInFlight = 1024
+		c.MaxInFlight = 1000
 	}
 	if c.EndpointConcurrency == 0 {
 		c.EndpointConcurrency = 64

@@ -651,9 +651,6 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 		cursor = claim.Cursor{}
 		if full {
 			cursor = res.Last // more rows probably follow it: start there next time
-			if d.cfg.OnBacklog != nil {
-				d.cfg.OnBacklog()
-			}
 		}
 		// Armed for producers means both: our flag is set and the NOTIFY switch we announced
 		// has not lapsed (it may have while we were at capacity or busy sending).
@@ -670,6 +667,9 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			d.claimed <- rows
 		}
 		if full {
+			if d.cfg.OnBacklog != nil { // after the rows went on: they must not wait for it
+				d.cfg.OnBacklog()
+			}
 			// Busy: more rows are probably waiting. Claim again without arming; the switch
 			// lapses by itself and producers stop notifying.
 			arming, saturatedSince = false, time.Time{}

@@ -156,7 +156,7 @@ func TestMetricsScrapedFromARunningDispatcher(t *testing.T) {
 		`fluxora_webhook_backlog 0`,
 		`fluxora_webhook_oldest_due_age_seconds 0`,
 		`fluxora_webhook_in_flight 0`,
-		`fluxora_webhook_capacity 256`,
+		`fluxora_webhook_capacity 1000`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)

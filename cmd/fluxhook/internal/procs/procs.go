@@ -6,12 +6,11 @@
 // each hand-off wakes an idle thread that finds nothing to do and sleeps again, and on a
 // virtual machine those wake-ups cost more than the work itself. On one processor the
 // goroutine that is handed the work runs when the one handing it over waits, on the same
-// thread. Measured with `fluxhook bench --workload steady --rate 1000` on 2 CPUs: 14.5 context
-// switches per event on two processors against 8.5 on one, 338 µs of dispatcher CPU per event
-// against 261, and a lower median from commit to arrival (0.58 ms against 0.68). A drain that
-// is what more processors are for (5% more events per second there), so the controller widens
-// at the first full claim or a busy processor, and narrows only after the load has stayed
-// low for a while.
+// thread. Measured with `fluxhook bench --workload steady --rate 1000` on 2 CPUs, with the
+// controller against two processors throughout: 8.5 context switches per event against 14.5,
+// and 272 µs of dispatcher CPU per event against 337. A drain is what more processors are for
+// (a drain on one ran about 5% fewer events per second), so the controller widens at the first
+// full claim or a busy processor, and narrows only after the load has stayed low for a while.
 //
 // Setting GOMAXPROCS in the environment turns the controller off: the operator's number holds.
 package procs
@@ -41,8 +40,8 @@ const (
 	narrowAfter = 3
 )
 
-// Interval is how often the controller reads the process's CPU time: one getrusage call per
-// interval, nothing between, so an idle daemon stays idle.
+// Interval is how often the controller reads the process's CPU time: one getrusage call and
+// one wake-up a second.
 const Interval = time.Second
 
 // Options configure Adapt; the zero value is the production setting.
@@ -60,31 +59,30 @@ type Options struct {
 // one process (tests run serve in theirs) must not fight over it.
 var active sync.Mutex
 
-// Controller adapts GOMAXPROCS to the load; its methods are safe on a nil Controller, which
-// adapts nothing (the environment set GOMAXPROCS, or there is one processor anyway).
+// Controller adapts GOMAXPROCS to the load. Only its own goroutine changes GOMAXPROCS: a
+// change stops the world, which waits for a garbage collection's marking to end, and the
+// claiming loop that reports a backlog must not wait for that. Its methods are safe on a nil
+// Controller, which adapts nothing.
 type Controller struct {
-	log    *zap.Logger
 	cancel context.CancelFunc
 	done   chan struct{}
 	once   sync.Once
+	prev   int // GOMAXPROCS before Adapt, given back by Stop
 
-	narrowed atomic.Bool // read on every Backlog call, which must cost nothing while wide
-	backlog  atomic.Bool // Backlog was called since the last reading
-
-	mu sync.Mutex // serialises changes: Backlog and the readings both make them
-	d  decision
+	narrowed atomic.Bool   // read on every Backlog call, which must cost nothing while wide
+	backlog  atomic.Bool   // Backlog was called since the last reading
+	widen    chan struct{} // Backlog's request to widen now, one pending at most
 }
 
 // Adapt starts a controller unless the environment sets GOMAXPROCS (envGOMAXPROCS is its
-// value), another one runs in this process, or the runtime's default is one processor (a nil
-// Controller then). It narrows at once: a daemon starts with little to do, and a backlog
-// widens it at its first full claim (Backlog).
+// value), another one runs in this process, or GOMAXPROCS is already one (it returns nil
+// then). It narrows at once; a backlog widens it (Backlog).
 func Adapt(ctx context.Context, envGOMAXPROCS string, o Options) *Controller {
 	if envGOMAXPROCS != "" || !active.TryLock() {
 		return nil
 	}
-	runtime.SetDefaultGOMAXPROCS()
-	if runtime.GOMAXPROCS(0) <= 1 {
+	prev := runtime.GOMAXPROCS(0)
+	if prev <= 1 {
 		active.Unlock()
 		return nil
 	}
@@ -97,11 +95,20 @@ func Adapt(ctx context.Context, envGOMAXPROCS string, o Options) *Controller {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	c := &Controller{log: o.Logger, done: make(chan struct{})}
+	c := &Controller{done: make(chan struct{}), prev: prev, widen: make(chan struct{}, 1)}
 	ctx, c.cancel = context.WithCancel(ctx)
-	c.mu.Lock()
-	c.apply(true, 0)
-	c.mu.Unlock()
+	var d decision
+	apply := func(narrow bool, cpus float64) {
+		d.narrow = narrow
+		c.narrowed.Store(narrow)
+		if narrow {
+			runtime.GOMAXPROCS(1)
+		} else {
+			runtime.SetDefaultGOMAXPROCS()
+		}
+		o.Logger.Debug("runtime processors changed", zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)), zap.Float64("cpus_used", cpus))
+	}
+	apply(true, 0)
 	go func() {
 		defer close(c.done)
 		t := time.NewTicker(o.Interval)
@@ -111,15 +118,18 @@ func Adapt(ctx context.Context, envGOMAXPROCS string, o Options) *Controller {
 			select {
 			case <-ctx.Done():
 				return
-			case now := <-t.C:
-				used := o.CPUTime()
+			case <-c.widen:
+				if d.narrow {
+					d.narrow, d.quiet = false, 0
+					apply(false, -1)
+				}
+			case <-t.C:
+				used, now := o.CPUTime(), time.Now()
 				cpus := float64(used-last) / float64(now.Sub(lastAt))
 				last, lastAt = used, now
-				c.mu.Lock()
-				if narrow, change := c.d.next(cpus, c.backlog.Swap(false)); change {
-					c.apply(narrow, cpus)
+				if narrow, change := d.next(cpus, c.backlog.Swap(false)); change {
+					apply(narrow, cpus)
 				}
-				c.mu.Unlock()
 			}
 		}
 	}()
@@ -127,7 +137,8 @@ func Adapt(ctx context.Context, envGOMAXPROCS string, o Options) *Controller {
 }
 
 // Backlog says rows are waiting (a claim came back full): a narrowed process widens at once,
-// since a drain is where more processors pay. Cheap enough to call on every full claim.
+// since a drain is where more processors pay. It never blocks, and costs an atomic load while
+// the process is wide.
 func (c *Controller) Backlog() {
 	if c == nil {
 		return
@@ -136,15 +147,14 @@ func (c *Controller) Backlog() {
 	if !c.narrowed.Load() {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.d.narrow {
-		c.d.narrow, c.d.quiet = false, 0
-		c.apply(false, -1)
+	select {
+	case c.widen <- struct{}{}:
+	default: // a request is pending already
 	}
 }
 
-// Stop ends the controller and gives the runtime its default back.
+// Stop ends the controller and gives GOMAXPROCS back as Adapt found it. Serve calls it when
+// it starts draining, on whatever number of processors the drain then needs.
 func (c *Controller) Stop() {
 	if c == nil {
 		return
@@ -153,6 +163,9 @@ func (c *Controller) Stop() {
 		c.cancel()
 		<-c.done
 		runtime.SetDefaultGOMAXPROCS()
+		if runtime.GOMAXPROCS(0) != c.prev {
+			runtime.GOMAXPROCS(c.prev)
+		}
 		c.narrowed.Store(false)
 		active.Unlock()
 	})
@@ -186,18 +199,6 @@ func (d *decision) next(cpus float64, backlog bool) (narrow, change bool) {
 	}
 	d.narrow, d.quiet = true, 0
 	return true, true
-}
-
-// apply sets the runtime to one processor or to its default; c.mu is held.
-func (c *Controller) apply(narrow bool, cpus float64) {
-	c.d.narrow = narrow
-	c.narrowed.Store(narrow)
-	if narrow {
-		runtime.GOMAXPROCS(1)
-	} else {
-		runtime.SetDefaultGOMAXPROCS()
-	}
-	c.log.Debug("runtime processors changed", zap.Int("gomaxprocs", runtime.GOMAXPROCS(0)), zap.Float64("cpus_used", cpus))
 }
 
 // cpuTime is the process's user and system CPU time so far.

@@ -3,7 +3,7 @@ package procs
 import (
 	"context"
 	"runtime"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 )
@@ -84,8 +84,27 @@ func TestAdapt(t *testing.T) {
 		t.Fatalf("GOMAXPROCS changed to %d with the controller off", runtime.GOMAXPROCS(0))
 	}
 
-	var used atomic.Int64 // the fake process's CPU time, in nanoseconds
-	c := Adapt(context.Background(), "", Options{Interval: 5 * time.Millisecond, CPUTime: func() time.Duration { return time.Duration(used.Load()) }})
+	// The fake process's CPU time, growing at rate thousandths of a CPU.
+	var mu sync.Mutex
+	var used time.Duration
+	var rate int64
+	at := time.Now()
+	cpu := func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now()
+		used += time.Duration(int64(now.Sub(at)) * rate / 1000)
+		at = now
+		return used
+	}
+	setRate := func(r int64) {
+		cpu() // what was used so far, at the old rate
+		mu.Lock()
+		rate = r
+		mu.Unlock()
+	}
+	setRate(500) // between the thresholds: neither narrowed nor widened by it
+	c := Adapt(context.Background(), "", Options{Interval: 5 * time.Millisecond, CPUTime: cpu})
 	if c == nil {
 		t.Fatal("Adapt did not start")
 	}
@@ -101,31 +120,22 @@ func TestAdapt(t *testing.T) {
 	if got := runtime.GOMAXPROCS(0); got != 1 {
 		t.Fatalf("after Adapt: GOMAXPROCS %d, want 1 (a daemon starts narrow)", got)
 	}
-	c.Backlog()
-	if got := runtime.GOMAXPROCS(0); got != def {
-		t.Fatalf("after Backlog: GOMAXPROCS %d, want the default %d at once", got, def)
+	// Backlog widens, and is called on every full claim: it must return while the change is
+	// still to be made, many times over.
+	for range 1000 {
+		c.Backlog()
 	}
-	// No CPU used at all: quiet intervals narrow it again.
+	waitFor(t, def, "a backlog")
+	setRate(0) // quiet intervals narrow it again
 	waitFor(t, 1, "quiet intervals after the backlog")
-	// A process busy on its one processor widens at the next reading.
-	stopBusy := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-stopBusy:
-				return
-			case <-time.After(time.Millisecond):
-				used.Add(int64(2 * time.Millisecond)) // twice the wall time: saturated
-			}
-		}
-	}()
+	setRate(2000) // a process busy on its one processor widens at the next reading
 	waitFor(t, def, "a saturated processor")
-	close(stopBusy)
+	setRate(0)
 	waitFor(t, 1, "quiet again")
 	c.Stop()
 	stopped = true
 	if got := runtime.GOMAXPROCS(0); got != def {
-		t.Fatalf("after Stop: GOMAXPROCS %d, want the default %d back", got, def)
+		t.Fatalf("after Stop: GOMAXPROCS %d, want %d back, as Adapt found it", got, def)
 	}
 	if c := Adapt(context.Background(), "", Options{}); c == nil {
 		t.Fatal("Adapt did not start after the first controller stopped")
