@@ -57,7 +57,7 @@ var settings = []setting{
 	{env: "WEBHOOK_DRAIN_TIMEOUT_MS", help: "how long SIGTERM waits for in-flight requests", shownDef: "WEBHOOK_TIMEOUT_MS + 5000"},
 	{env: "WEBHOOK_RETRY_SCHEDULE", def: "5s,1m,5m,30m,2h,6h,12h,24h", help: "waits before each retry; its length sets the attempts"},
 	{env: "WEBHOOK_MAX_PAYLOAD_BYTES", def: "1048576", help: "larger payloads are dead-lettered"},
-	{env: "WEBHOOK_RESPONSE_EXCERPT_BYTES", def: "1000", help: "how much of each consumer answer is stored with the attempt (delivery log, dead letters); 0 = none, at most 65536"},
+	{env: "WEBHOOK_RESPONSE_EXCERPT_BYTES", def: "1024", help: "how much of each consumer answer is stored with the attempt (delivery log, dead letters); 0 = none, at most 65536"},
 	{env: "WEBHOOK_PERMANENT_STATUSES", def: "413", help: "consumer answers dead-lettered at once besides 410 (comma-separated, or none); every other non-2xx answer is retried on the schedule"},
 	{env: "WEBHOOK_409_DELIVERED", help: "a consumer's 409 Conflict means it already has the event (settled delivered, not dead-lettered)", shownDef: "true under the fluxora scheme, false under standard"},
 	{env: "WEBHOOK_ORDERING", def: "none", help: "stream delivers each stream_id's rows for WEBHOOK_URL and endpoint_url one at a time, in id order (docs/ordering.md); none keeps no order"},
