@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -39,11 +38,6 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	defer func() { _ = log.Sync() }()
 	cfg.dispatcher.Logger = log
 	redisstore.RouteLogs(log) // the Redis client's own lines too, or they bypass LOG_FORMAT
-	// One processor while the work fits on one, the default when rows wait (package procs
-	// says why), from a successful start to the drain; GOMAXPROCS, read from the process's
-	// own environment as the runtime reads it, turns this off.
-	var processors atomic.Pointer[procs.Controller]
-	cfg.dispatcher.OnBacklog = func() { processors.Load().Backlog() }
 	d, buildErr := dispatcher.New(cfg.dispatcher)
 	// Until Start succeeds, every way out closes what New made (the HTTP transport, a Redis
 	// client): serve also runs inside tests' processes, which go on after it returns.
@@ -92,8 +86,11 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	running = true
-	processors.Store(procs.Adapt(ctx, os.Getenv("GOMAXPROCS"), procs.Options{Logger: log}))
-	defer processors.Load().Stop()
+	// One processor while the work fits on one (package procs says why), from a successful
+	// start to the drain; GOMAXPROCS, read from the process's own environment as the runtime
+	// reads it, turns this off.
+	processors := procs.Adapt(ctx, os.Getenv("GOMAXPROCS"), procs.Options{Logger: log})
+	defer processors.Stop()
 	var metricsSrv *http.Server
 	if metricsLn != nil {
 		metricsSrv = &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
@@ -112,7 +109,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	}
 
 	<-ctx.Done()
-	processors.Load().Stop() // the drain gets the processors it needs
+	processors.Stop() // the drain gets the processors it needs
 	log.Info("shutting down: draining in-flight deliveries", zap.Int64("drain_timeout_ms", cfg.drainTimeout.Milliseconds()))
 	signalled, cancelSignalled := context.WithCancelCause(context.Background())
 	defer cancelSignalled(nil)

@@ -151,12 +151,6 @@ type Config struct {
 	EndpointRecheck time.Duration
 	// Logger receives structured logs (nil = no logs).
 	Logger *zap.Logger
-	// OnBacklog, when set, is called by the claiming loop after each full claim, once its
-	// rows went on: rows are probably waiting. A claim limited by free capacity is full too
-	// (the dispatcher is busy, if only waiting for slow consumers). serve widens the Go
-	// runtime to its default processors on it (package procs in cmd/fluxhook). It runs on the
-	// claiming loop and must not block.
-	OnBacklog func()
 	// AsyncCommit sets synchronous_commit=off on the dispatcher's own connections (default
 	// on: a claim or settle lost in a database crash only causes a redelivery, and it saves
 	// a WAL flush per batch). Set DurableCommit to turn it off.

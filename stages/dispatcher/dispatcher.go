@@ -667,9 +667,6 @@ func (d *Dispatcher) claimLoop(ctx context.Context) {
 			d.claimed <- rows
 		}
 		if full {
-			if d.cfg.OnBacklog != nil { // after the rows went on: they must not wait for it
-				d.cfg.OnBacklog()
-			}
 			// Busy: more rows are probably waiting. Claim again without arming; the switch
 			// lapses by itself and producers stop notifying.
 			arming, saturatedSince = false, time.Time{}

@@ -10,23 +10,21 @@ import (
 
 func TestDecision(t *testing.T) {
 	type step struct {
-		cpus    float64
-		backlog bool
-		narrow  bool // the state after the step
-		change  bool
+		cpus   float64
+		narrow bool // the state after the step
+		change bool
 	}
 	cases := map[string][]step{
 		"narrowed, a busy processor widens": {{cpus: 0.85, narrow: false, change: true}},
-		"narrowed, a backlog widens":        {{cpus: 0.1, backlog: true, narrow: false, change: true}},
 		"narrowed, moderate load stays":     {{cpus: 0.7, narrow: true}, {cpus: 0.2, narrow: true}},
 	}
 	for name, steps := range cases {
 		t.Run(name, func(t *testing.T) {
 			d := decision{narrow: true}
 			for i, s := range steps {
-				narrow, change := d.next(s.cpus, s.backlog)
+				narrow, change := d.next(s.cpus)
 				if narrow != s.narrow || change != s.change {
-					t.Fatalf("step %d (cpus %.2f, backlog %v): got narrow %v change %v, want %v %v", i, s.cpus, s.backlog, narrow, change, s.narrow, s.change)
+					t.Fatalf("step %d (cpus %.2f): got narrow %v change %v, want %v %v", i, s.cpus, narrow, change, s.narrow, s.change)
 				}
 			}
 		})
@@ -34,25 +32,20 @@ func TestDecision(t *testing.T) {
 	t.Run("wide, narrows only after narrowAfter quiet intervals in a row", func(t *testing.T) {
 		d := decision{}
 		for i := range narrowAfter - 1 {
-			if _, change := d.next(0.1, false); change {
+			if _, change := d.next(0.1); change {
 				t.Fatalf("narrowed after %d quiet intervals, want %d", i+1, narrowAfter)
 			}
 		}
-		// A backlog, or load between the thresholds, starts the count again.
-		for _, interrupt := range []struct {
-			cpus    float64
-			backlog bool
-		}{{0.1, true}, {narrowBelow, false}} {
-			if _, change := d.next(interrupt.cpus, interrupt.backlog); change {
-				t.Fatalf("changed on %+v", interrupt)
-			}
-			for i := range narrowAfter - 1 {
-				if _, change := d.next(0.1, false); change {
-					t.Fatalf("narrowed %d intervals after %+v, want %d", i+1, interrupt, narrowAfter)
-				}
+		// Load between the thresholds starts the count again.
+		if _, change := d.next(narrowBelow); change {
+			t.Fatal("changed on load between the thresholds")
+		}
+		for i := range narrowAfter - 1 {
+			if _, change := d.next(0.1); change {
+				t.Fatalf("narrowed %d intervals after load between the thresholds, want %d", i+1, narrowAfter)
 			}
 		}
-		if narrow, change := d.next(0.1, false); !narrow || !change {
+		if narrow, change := d.next(0.1); !narrow || !change {
 			t.Fatalf("after %d quiet intervals: narrow %v change %v, want a change to narrow", narrowAfter, narrow, change)
 		}
 	})
@@ -103,7 +96,6 @@ func TestAdapt(t *testing.T) {
 		rate = r
 		mu.Unlock()
 	}
-	setRate(500) // between the thresholds: neither narrowed nor widened by it
 	c := Adapt(context.Background(), "", Options{Interval: 5 * time.Millisecond, CPUTime: cpu})
 	if c == nil {
 		t.Fatal("Adapt did not start")
@@ -120,16 +112,12 @@ func TestAdapt(t *testing.T) {
 	if got := runtime.GOMAXPROCS(0); got != 1 {
 		t.Fatalf("after Adapt: GOMAXPROCS %d, want 1 (a daemon starts narrow)", got)
 	}
-	// Backlog widens, and is called on every full claim: it must return while the change is
-	// still to be made, many times over.
-	for range 1000 {
-		c.Backlog()
-	}
-	waitFor(t, def, "a backlog")
-	setRate(0) // quiet intervals narrow it again
-	waitFor(t, 1, "quiet intervals after the backlog")
 	setRate(2000) // a process busy on its one processor widens at the next reading
 	waitFor(t, def, "a saturated processor")
+	setRate(0) // quiet intervals narrow it again
+	waitFor(t, 1, "quiet intervals")
+	setRate(2000)
+	waitFor(t, def, "a saturated processor again")
 	setRate(0)
 	waitFor(t, 1, "quiet again")
 	c.Stop()
@@ -143,6 +131,5 @@ func TestAdapt(t *testing.T) {
 		c.Stop()
 	}
 	var none *Controller
-	none.Backlog() // a nil controller (off) is safe to call
 	none.Stop()
 }
