@@ -40,6 +40,8 @@ import (
 var (
 	//go:embed settle.sql
 	settleSQL string
+	//go:embed settle_delivered.sql
+	settleDeliveredSQL string
 	//go:embed dead_letter.sql
 	deadLetterSQL string
 	//go:embed resume.sql
@@ -127,7 +129,8 @@ func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Resul
 	}
 	var r Result
 	var written []int64
-	err := s.pool.QueryRow(ctx, settleSQL, s.args(batch)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written)
+	sql, args := s.statement(batch)
+	err := s.pool.QueryRow(ctx, sql, args...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written)
 	if err == nil {
 		r.Stale = markStale(batch, written)
 		return r, nil
@@ -146,7 +149,8 @@ func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Resul
 // one implicit transaction, and a failure undoes them all (BenchmarkSettleThenClaim in
 // stages/claim measures what sharing the round trip would save).
 func (s *Settler) Queue(b *pgx.Batch, batch []*delivery.Delivery, r *Result) {
-	b.Queue(settleSQL, s.args(batch)...).QueryRow(func(row pgx.Row) error {
+	sql, args := s.statement(batch)
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
 		var written []int64
 		if err := row.Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
 			return err
@@ -161,7 +165,8 @@ func (s *Settler) Queue(b *pgx.Batch, batch []*delivery.Delivery, r *Result) {
 // that sends it in a pipeline of its own. There is no row-by-row fallback there: after an error
 // the caller settles the batch again with Settle, which has one.
 func (s *Settler) Statement(batch []*delivery.Delivery) (string, []any, func(pgx.Rows) (Result, error)) {
-	return settleSQL, s.args(batch), func(rows pgx.Rows) (Result, error) {
+	sql, args := s.statement(batch)
+	return sql, args, func(rows pgx.Rows) (Result, error) {
 		defer rows.Close()
 		var r Result
 		var written []int64
@@ -207,6 +212,19 @@ func markStale(batch []*delivery.Delivery, written []int64) int {
 		}
 	}
 	return n
+}
+
+// statement decides each row's outcome and returns the batch statement and its arguments:
+// settle_delivered.sql when every row was delivered (the common case, at a fraction of the
+// server's work), settle.sql otherwise.
+func (s *Settler) statement(batch []*delivery.Delivery) (string, []any) {
+	args := s.args(batch)
+	for _, d := range batch {
+		if d.Outcome.Kind != delivery.Delivered {
+			return settleSQL, args
+		}
+	}
+	return settleDeliveredSQL, args
 }
 
 // args decides each row's outcome and returns the batch statement's arguments: one array per
@@ -660,10 +678,12 @@ func (s *Settler) Warm(ctx context.Context, anchored bool) error {
 			errs = append(errs, fmt.Errorf("settle of events routed in memory: %w", err))
 		}
 	}
-	var r Result
-	var written []int64
-	if err := s.pool.QueryRow(ctx, settleSQL, s.columns(nil)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
-		errs = append(errs, fmt.Errorf("settle: %w", err))
+	for _, sql := range []string{settleSQL, settleDeliveredSQL} {
+		var r Result
+		var written []int64
+		if err := s.pool.QueryRow(ctx, sql, s.columns(nil)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
+			errs = append(errs, fmt.Errorf("settle: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }

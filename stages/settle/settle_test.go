@@ -582,3 +582,61 @@ func TestSettledRowsLeaveTheQueue(t *testing.T) {
 		t.Fatalf("webhook_deliveries shows %d processed rows, want the 3 settled", n)
 	}
 }
+
+// TestDeliveredBatchTakesTheSmallStatement: a batch of deliveries alone goes through the
+// statement made for them (settle_delivered.sql), which writes the same log rows and is fenced
+// the same way; a batch with any other outcome goes through the whole one, and a row of
+// another kind can never be settled by the small one.
+func TestDeliveredBatchTakesTheSmallStatement(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	rows := leased(t, db, "e", 3)
+	for _, d := range rows {
+		d.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200, Duration: 3 * time.Millisecond, Excerpt: "ok", Excerpted: true}
+	}
+	small, _, _ := s.Statement(rows)
+	mixed := []*delivery.Delivery{rows[0], {ID: 1, Attempt: 1, Outcome: delivery.Outcome{Kind: delivery.Retry, Status: 503}}}
+	whole, _, _ := s.Statement(mixed)
+	if small == whole || strings.Contains(small, "requeued") || !strings.Contains(whole, "requeued") {
+		t.Fatal("a delivered batch and a mixed one got the same statement, or the delivered one has the retries' part")
+	}
+	// Row 2 was claimed again by another instance meanwhile: fenced.
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET leased_by = 'peer' WHERE id = $1`, rows[2].ID); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Settle(ctx, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (settle.Result{Settled: 2, Stale: 1}); res != want {
+		t.Fatalf("result %+v, want %+v", res, want)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_delivery_log WHERE id = ANY ($1) AND status_code = 200
+		AND duration_ms = 3 AND response_excerpt = 'ok' AND leased_by = 'me' AND lease_token = $2`,
+		[]int64{rows[0].ID, rows[1].ID}, myToken); n != 2 {
+		t.Fatalf("%d of 2 delivered rows logged with their answer", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND leased_by = 'peer'`, rows[2].ID); n != 1 {
+		t.Fatal("the row another instance holds was settled by the stale holder")
+	}
+
+	// The small statement given a retry by mistake (its arguments, its kind 2): the row is
+	// reported stale and stays, never deleted without its retry row.
+	retry := leased(t, db, "r", 1)
+	retry[0].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503}
+	_, args, _ := s.Statement(retry)
+	var settled int64
+	var written []int64
+	var z1, z2, z3, z4 int64
+	if err := db.Pool.QueryRow(ctx, small, args...).Scan(&settled, &z1, &z2, &z3, &z4, &written); err != nil {
+		t.Fatal(err)
+	}
+	if settled != 0 || len(written) != 0 {
+		t.Fatalf("the delivered-only statement wrote a retry: settled %d, written %v", settled, written)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1`, retry[0].ID); n != 1 {
+		t.Fatal("the retry's row was deleted by the delivered-only statement")
+	}
+}
