@@ -328,9 +328,10 @@ func TestFaultIdleInTransaction(t *testing.T) {
 		tally, xid, dead, live, upd, hot, released)
 }
 
-// TestFaultSettleFails revokes UPDATE on the outbox from the role fluxhook connects as, under
-// load: settling fails (and so does claiming) until it is granted again; the rows in flight
-// are re-delivered after their lease, and nothing is lost.
+// TestFaultSettleFails revokes UPDATE and DELETE on the outbox from the role fluxhook connects
+// as, under load: settling fails (and so does claiming) until they are granted again; the rows
+// in flight are re-delivered after their lease, and nothing is lost. (DELETE too: a batch of
+// deliveries alone settles with a statement that deletes and updates nothing else.)
 func TestFaultSettleFails(t *testing.T) {
 	t.Parallel()
 	const events = 4 * faultRate
@@ -354,7 +355,7 @@ func TestFaultSettleFails(t *testing.T) {
 		_, _, ok := c.counts()
 		return ok >= 100
 	})
-	if _, err := db.Pool.Exec(ctx, `REVOKE UPDATE ON webhook_outbox FROM `+role); err != nil {
+	if _, err := db.Pool.Exec(ctx, `REVOKE UPDATE, DELETE ON webhook_outbox FROM `+role); err != nil {
 		t.Fatal(err)
 	}
 	p.waitLog(faultWait, `"msg":"settle failed; rows will be delivered again after their lease"`)
@@ -374,7 +375,7 @@ func TestFaultSettleFails(t *testing.T) {
 	// those claimed before the revoke and not settled: the ones that may come twice.
 	inFlight := idSet(queryStrings(t, db, `SELECT DISTINCT delivery_id::text FROM webhook_deliveries
 		WHERE NOT processed AND lease_until IS NOT NULL`))
-	if _, err := db.Pool.Exec(ctx, `GRANT UPDATE ON webhook_outbox TO `+role); err != nil {
+	if _, err := db.Pool.Exec(ctx, `GRANT UPDATE, DELETE ON webhook_outbox TO `+role); err != nil {
 		t.Fatal(err)
 	}
 

@@ -658,8 +658,8 @@ func (s *Settler) settleAnchored(ctx context.Context, batch []Anchored, lease ti
 	return nil
 }
 
-// Warm runs the settle statement, and with anchored the statement that settles events routed
-// in memory, with nothing to settle. That writes nothing and takes no grant a settle does not
+// Warm runs the settle statements (settle.sql and settle_delivered.sql), and with anchored the
+// statement that settles events routed in memory, with nothing to settle. That writes nothing and takes no grant a settle does not
 // (an empty run calls no nextval), and leaves on one of the pool's connections the statements
 // parsed and described (pgx keeps them) and the backend's catalog caches filled: what the
 // first settle after a start otherwise pays for while every slot of the pipeline waits for
@@ -678,11 +678,11 @@ func (s *Settler) Warm(ctx context.Context, anchored bool) error {
 			errs = append(errs, fmt.Errorf("settle of events routed in memory: %w", err))
 		}
 	}
-	for _, sql := range []string{settleSQL, settleDeliveredSQL} {
+	for _, st := range []struct{ name, sql string }{{"settle", settleSQL}, {"settle of deliveries alone", settleDeliveredSQL}} {
 		var r Result
 		var written []int64
-		if err := s.pool.QueryRow(ctx, sql, s.columns(nil)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
-			errs = append(errs, fmt.Errorf("settle: %w", err))
+		if err := s.pool.QueryRow(ctx, st.sql, s.columns(nil)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", st.name, err))
 		}
 	}
 	return errors.Join(errs...)
