@@ -40,8 +40,6 @@ import (
 var (
 	//go:embed settle.sql
 	settleSQL string
-	//go:embed settle_delivered.sql
-	settleDeliveredSQL string
 	//go:embed dead_letter.sql
 	deadLetterSQL string
 	//go:embed resume.sql
@@ -213,6 +211,25 @@ func markStale(batch []*delivery.Delivery, written []int64) int {
 	}
 	return n
 }
+
+// settleDeliveredSQL is settle.sql up to its delivered:end marker (the fenced DELETE and the
+// log row) with the other kinds' counts 0, for a batch whose every outcome is a delivery, the
+// common case. PostgreSQL sets up every data-modifying CTE of a statement on each execution,
+// whether or not a row reaches it, and under live traffic a batch is one or two delivered
+// rows: with this statement for them, PostgreSQL's CPU per event at 1,000 events/s went from
+// 583–603 µs to 535–539 (`fluxhook bench --workload steady --rate 1000`). Only kind 1 is
+// written: a row of another kind sent here by mistake is reported stale and comes back with
+// its lease, never deleted without its retry or dead letter.
+var settleDeliveredSQL = func() string {
+	const marker = "-- delivered:end"
+	end := strings.Index(settleSQL, marker)
+	const kinds = "i.kind IN (1, 2, 3)"
+	if end < 0 || strings.Count(settleSQL[:end], kinds) != 1 {
+		panic("fluxhook: settle.sql lost its delivered:end marker or its settled kinds")
+	}
+	return strings.Replace(settleSQL[:end], kinds, "i.kind = 1", 1) +
+		")\nSELECT (SELECT count(*) FROM settled), 0::bigint, 0::bigint, 0::bigint, 0::bigint, ARRAY(SELECT id FROM settled)\n"
+}()
 
 // statement decides each row's outcome and returns the batch statement and its arguments:
 // settle_delivered.sql when every row was delivered (the common case, at a fraction of the

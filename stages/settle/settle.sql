@@ -54,6 +54,8 @@ WITH input AS (
            endpoint_url, now(), nullif(status, 0), nullif(error, ''), duration_ms, tenant, endpoint_id,
            routed_at, order_key, excerpt
     FROM settled
+-- delivered:end (settleDeliveredSQL in settle.go is this statement up to here, for batches of
+-- deliveries alone)
 ), stopped AS (
     UPDATE webhook_outbox o
     SET created_at = 'infinity',
