@@ -29,14 +29,7 @@ func TestEveryColumnTheDispatcherUsesBumpsTheVersion(t *testing.T) {
 		RETURNING id::text`).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	version := func() int64 {
-		t.Helper()
-		var v int64
-		if err := db.Pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&v); err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
+	version := func() int64 { return db.EndpointsVersion(t) }
 	cases := []struct {
 		column string
 		set    string // the SET clause: this column alone, to a value other than its current one

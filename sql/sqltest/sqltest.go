@@ -191,3 +191,14 @@ func RefuseSettles(t testing.TB, db *DB, condition string) {
 		t.Fatalf("sqltest: installing the refusing trigger: %v", err)
 	}
 }
+
+// EndpointsVersion reads the sequence webhook_endpoints_version, which every change to what
+// dispatchers use of webhook_endpoints moves (0 when none was ever made).
+func (db *DB) EndpointsVersion(t testing.TB) int64 {
+	t.Helper()
+	var v int64
+	if err := db.Pool.QueryRow(context.Background(), `SELECT coalesce(pg_sequence_last_value('webhook_endpoints_version'), 0)`).Scan(&v); err != nil {
+		t.Fatalf("sqltest: reading webhook_endpoints_version: %v", err)
+	}
+	return v
+}

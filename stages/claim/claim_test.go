@@ -605,13 +605,7 @@ func TestUnorderedClaimLeavesOrderedRowsToAConfirmedCache(t *testing.T) {
 		RETURNING id::text`).Scan(&ep); err != nil {
 		t.Fatal(err)
 	}
-	version := func() int64 {
-		var v int64
-		if err := db.Pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&v); err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
+	version := func() int64 { return db.EndpointsVersion(t) }
 	stale := version() // the cache loaded (and confirmed) before ordering was turned on
 	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_endpoints SET ordering = 'stream'`); err != nil {
 		t.Fatal(err)

@@ -50,11 +50,7 @@ func (b *bundle) addEndpoint(n endpoints.New) endpoints.Endpoint {
 // change to the endpoints moves: what a dispatcher's endpoint cache compares with.
 func (b *bundle) endpointsVersion() int64 {
 	b.t.Helper()
-	var v int64
-	if err := b.pool.QueryRow(context.Background(), `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&v); err != nil {
-		b.t.Fatal(err)
-	}
-	return v
+	return b.db.EndpointsVersion(b.t)
 }
 
 // execInTx runs the statements in one transaction and commits it: a change made under a

@@ -62,13 +62,7 @@ func TestFreshenDoesNotOverwriteANewerConfirmedLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	version := func() int64 {
-		var v int64
-		if err := db.Pool.QueryRow(ctx, `SELECT pg_sequence_last_value('webhook_endpoints_version')`).Scan(&v); err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
+	version := func() int64 { return db.EndpointsVersion(t) }
 	xmin := func() uint64 {
 		var x uint64
 		if err := db.Pool.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).Scan(&x); err != nil {

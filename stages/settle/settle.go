@@ -232,7 +232,7 @@ var settleDeliveredSQL = func() string {
 }()
 
 // statement decides each row's outcome and returns the batch statement and its arguments:
-// settle_delivered.sql when every row was delivered (the common case, at a fraction of the
+// settleDeliveredSQL when every row was delivered (the common case, at a fraction of the
 // server's work), settle.sql otherwise.
 func (s *Settler) statement(batch []*delivery.Delivery) (string, []any) {
 	args := s.args(batch)
@@ -675,12 +675,13 @@ func (s *Settler) settleAnchored(ctx context.Context, batch []Anchored, lease ti
 	return nil
 }
 
-// Warm runs the settle statements (settle.sql and settle_delivered.sql), and with anchored the
-// statement that settles events routed in memory, with nothing to settle. That writes nothing and takes no grant a settle does not
-// (an empty run calls no nextval), and leaves on one of the pool's connections the statements
-// parsed and described (pgx keeps them) and the backend's catalog caches filled: what the
-// first settle after a start otherwise pays for while every slot of the pipeline waits for
-// it, on a machine busy with the first batch's requests. PostgreSQL plans a prepared
+// Warm runs the settle statements (settle.sql and settleDeliveredSQL), and with anchored the
+// statement that settles events routed in memory, with nothing to settle. That writes nothing
+// and takes no grant a settle does not (an empty run calls no nextval), and leaves on one of
+// the pool's connections the statements parsed and described (pgx keeps them) and the
+// backend's catalog caches filled: what the first settle after a start otherwise pays for
+// while every slot of the pipeline waits for it, on a machine busy with the first batch's
+// requests. PostgreSQL plans a prepared
 // statement afresh on each of its first runs either way.
 func (s *Settler) Warm(ctx context.Context, anchored bool) error {
 	var errs []error

@@ -584,7 +584,7 @@ func TestSettledRowsLeaveTheQueue(t *testing.T) {
 }
 
 // TestDeliveredBatchTakesTheSmallStatement: a batch of deliveries alone goes through the
-// statement made for them (settle_delivered.sql), which writes the same log rows and is fenced
+// statement made for them (settle.sql up to its delivered:end marker), which writes the same log rows and is fenced
 // the same way; a batch with any other outcome goes through the whole one, and a row of
 // another kind can never be settled by the small one.
 func TestDeliveredBatchTakesTheSmallStatement(t *testing.T) {

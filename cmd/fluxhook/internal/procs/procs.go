@@ -68,7 +68,6 @@ type Controller struct {
 	done   chan struct{}
 	once   sync.Once
 	prev   int // GOMAXPROCS before Adapt, given back by Stop
-
 }
 
 // Adapt starts a controller unless the environment sets GOMAXPROCS (envGOMAXPROCS is its
@@ -94,9 +93,8 @@ func Adapt(ctx context.Context, envGOMAXPROCS string, o Options) *Controller {
 	}
 	c := &Controller{done: make(chan struct{}), prev: prev}
 	ctx, c.cancel = context.WithCancel(ctx)
-	var d decision
+	d := decision{narrow: true}
 	apply := func(narrow bool, cpus float64) {
-		d.narrow = narrow
 		if narrow {
 			runtime.GOMAXPROCS(1)
 		} else {
