@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/fluxora/fluxhook/stages/delivery"
 )
@@ -60,6 +61,9 @@ func ValidateURL(raw string) error {
 	if u.Opaque != "" || u.Host == "" || u.Hostname() == "" {
 		return fmt.Errorf("%w: it has no host; use the form https://host/path", ErrInvalidURL)
 	}
+	if err := checkHostName(u.Hostname()); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidURL, err)
+	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
 			return fmt.Errorf("%w: port %q is out of range; use a port from 1 to 65535", ErrInvalidURL, truncate(p, 16))
@@ -68,6 +72,23 @@ func ValidateURL(raw string) error {
 	if u.Scheme == "http" && !isLoopback(u.Hostname()) {
 		return fmt.Errorf("%w: http:// is allowed only for loopback hosts (localhost, 127.0.0.0/8, ::1); use https://",
 			ErrInvalidURL)
+	}
+	return nil
+}
+
+// checkHostName refuses a URL host that no connection could be made to, which url.Parse
+// accepts (a comma, a space, a '$'): retried, such a row would fail its lookup for the retry
+// schedule's days. An IP literal passes; a name must be letters, digits, '-', '_' and '.', or
+// hold non-ASCII letters (an internationalized name, which the transport sends in its
+// punycode form).
+func checkHostName(host string) error {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return nil
+	}
+	if i := strings.IndexFunc(host, func(r rune) bool {
+		return r < utf8.RuneSelf && !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-' || r == '_' || r == '.')
+	}); i >= 0 {
+		return fmt.Errorf("host %q has %q, which a host name cannot have; use a DNS name or an IP address", truncate(host, 64), host[i])
 	}
 	return nil
 }

@@ -1,7 +1,9 @@
 package send
 
 import (
+	"errors"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -30,5 +32,22 @@ func TestEndpointCacheIsBounded(t *testing.T) {
 	again, err := s.Endpoint("https://example.com/hook/" + strconv.Itoa(maxCachedEndpoints+49))
 	if err != nil || again != s.endpoints["https://example.com/hook/"+strconv.Itoa(maxCachedEndpoints+49)] {
 		t.Errorf("an endpoint cached after the reset is not shared: %v", err)
+	}
+}
+
+// A host url.Parse accepts but no connection could be made to is refused when the URL is
+// validated, not retried for the schedule's days; names, IP literals and internationalized
+// names pass.
+func TestHostNames(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{"https://a.example,b.example/hook", "https://a%20b.example/", "https://exa$mple.com/"} {
+		if err := ValidateURL(raw); !errors.Is(err, ErrInvalidURL) || !strings.Contains(err.Error(), "host") {
+			t.Errorf("ValidateURL(%q) = %v, want an invalid URL error about its host", raw, err)
+		}
+	}
+	for _, raw := range []string{"https://hooks.example.com/a", "https://my_service:8443/", "https://[2001:db8::1]/", "https://bücher.example/x?y=1", "http://localhost:8080/"} {
+		if err := ValidateURL(raw); err != nil {
+			t.Errorf("ValidateURL(%q) = %v, want it accepted", raw, err)
+		}
 	}
 }
