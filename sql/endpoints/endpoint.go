@@ -148,11 +148,6 @@ var reservedHeaders = []string{
 	"webhook-id", "webhook-timestamp", "webhook-signature",
 }
 
-// framingHeaders change how a request is framed or handled on the way (a trailer after a
-// chunked body, an interim answer awaited, a protocol switch) rather than what it says: the
-// HTTP client decides those, or drops them.
-var framingHeaders = []string{"trailer", "te", "expect", "upgrade", "keep-alive", "proxy-connection"}
-
 // ValidateHeaders returns an error naming the first custom header that is reserved or not a
 // valid HTTP header, or whose value starts like a sealed value ("enc:v1:", "enc:v2:"): stored
 // in clear, without a key, it would be taken for one and fail to open. The error never repeats
@@ -162,9 +157,6 @@ func ValidateHeaders(h map[string]string) error {
 		name := strings.ToLower(k)
 		if slices.Contains(reservedHeaders, name) {
 			return fmt.Errorf("header %q is reserved: fluxhook sets it itself", k)
-		}
-		if slices.Contains(framingHeaders, name) {
-			return fmt.Errorf("header %q is reserved: it would change how the request travels, not what it says", k)
 		}
 		if k == "" || strings.ContainsFunc(k, func(r rune) bool { return r <= ' ' || r >= 0x7f || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", r) }) {
 			return fmt.Errorf("header name %q is not a valid HTTP header name", k)
