@@ -292,6 +292,7 @@ func TestAddValidation(t *testing.T) {
 		{"blank filter", with(func(n *endpoints.New) { n.EventTypes = []string{""} }), "event_types", "empty"},
 		{"reserved header", with(func(n *endpoints.New) { n.Headers = map[string]string{"Webhook-Signature": "x"} }), "headers", "reserved"},
 		{"bad header name", with(func(n *endpoints.New) { n.Headers = map[string]string{"X Team": "x"} }), "headers", "not a valid"},
+		{"host with a comma", with(func(n *endpoints.New) { n.URL = "https://a.example,b.example/" }), "url", "host"},
 		{"header newline", with(func(n *endpoints.New) { n.Headers = map[string]string{"X-Team": "a\nb"} }), "headers", "control"},
 		{"headers differing in case", with(func(n *endpoints.New) { n.Headers = map[string]string{"X-Team": "a", "x-team": "b"} }), "headers", "case-insensitive"},
 		{"scheme", with(func(n *endpoints.New) { n.Scheme = "hmac" }), "scheme", "fluxora"},

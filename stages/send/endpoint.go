@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/fluxora/fluxhook/stages/delivery"
@@ -77,20 +78,35 @@ func ValidateURL(raw string) error {
 }
 
 // checkHostName refuses a URL host that no connection could be made to, which url.Parse
-// accepts (a comma, a space, a '$'): retried, such a row would fail its lookup for the retry
-// schedule's days. An IP literal passes; a name must be letters, digits, '-', '_' and '.', or
-// hold non-ASCII letters (an internationalized name, which the transport sends in its
-// punycode form).
+// accepts (a comma, a space, a '$', a fullwidth '/'): retried, such a row would fail its lookup
+// for the retry schedule's days. An IP literal passes; a name is letters, digits, '-', '_' and
+// '.', and in an internationalized name (which the transport sends in its punycode form) also
+// other scripts' letters, digits and marks and the full stops IDNA reads as '.'.
 func checkHostName(host string) error {
 	if _, err := netip.ParseAddr(host); err == nil {
 		return nil
 	}
-	if i := strings.IndexFunc(host, func(r rune) bool {
-		return r < utf8.RuneSelf && !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-' || r == '_' || r == '.')
-	}); i >= 0 {
-		return fmt.Errorf("host %q has %q, which a host name cannot have; use a DNS name or an IP address", truncate(host, 64), host[i])
+	if !utf8.ValidString(host) {
+		return fmt.Errorf("host %q is not valid UTF-8; use a DNS name or an IP address", truncate(host, 64))
+	}
+	if i := strings.IndexFunc(host, func(r rune) bool { return !hostNameRune(r) }); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(host[i:])
+		return fmt.Errorf("host %q has %q, which a host name cannot have; use a DNS name or an IP address", truncate(host, 64), r)
 	}
 	return nil
+}
+
+// hostNameRune says whether r may appear in a host name (see checkHostName).
+func hostNameRune(r rune) bool {
+	switch {
+	case 'a' <= r && r <= 'z', 'A' <= r && r <= 'Z', '0' <= r && r <= '9', r == '-', r == '_', r == '.':
+		return true
+	case r < utf8.RuneSelf:
+		return false
+	case r == '\u3002', r == '\uff0e', r == '\uff61': // ideographic, fullwidth and halfwidth full stops
+		return true
+	}
+	return unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r)
 }
 
 // isLoopback reports whether host names this machine without a DNS lookup: the name

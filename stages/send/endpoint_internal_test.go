@@ -40,12 +40,14 @@ func TestEndpointCacheIsBounded(t *testing.T) {
 // names pass.
 func TestHostNames(t *testing.T) {
 	t.Parallel()
-	for _, raw := range []string{"https://a.example,b.example/hook", "https://a%20b.example/", "https://exa$mple.com/"} {
+	for _, raw := range []string{"https://a.example,b.example/hook", "https://a%20b.example/", "https://exa$mple.com/",
+		"https://a\u00a0b.example/", "https://a\u3000b.example/", "https://example.com\uff0fx/", "https://a%ffb.example/"} {
 		if err := ValidateURL(raw); !errors.Is(err, ErrInvalidURL) || !strings.Contains(err.Error(), "host") {
 			t.Errorf("ValidateURL(%q) = %v, want an invalid URL error about its host", raw, err)
 		}
 	}
-	for _, raw := range []string{"https://hooks.example.com/a", "https://my_service:8443/", "https://[2001:db8::1]/", "https://bücher.example/x?y=1", "http://localhost:8080/"} {
+	for _, raw := range []string{"https://hooks.example.com/a", "https://my_service:8443/", "https://[2001:db8::1]/", "https://[fe80::1%25eth0]:8443/",
+		"https://example.com./", "https://xn--bcher-kva.example/", "https://bücher.example/x?y=1", "https://例え。jp/", "http://localhost:8080/"} {
 		if err := ValidateURL(raw); err != nil {
 			t.Errorf("ValidateURL(%q) = %v, want it accepted", raw, err)
 		}
