@@ -3,11 +3,13 @@ package bench
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -428,6 +430,7 @@ func (b *bench) run(ctx context.Context, env Env) (_ *benchReport, err error) {
 			return nil, fmt.Errorf("%s: %w", w, err)
 		}
 	}
+	rep.Machine.ReferenceEnd = referenceWork()
 	rep.compare()
 	rep.judge(b.opts.noBudget)
 	return rep, nil
@@ -450,10 +453,51 @@ type machineInfo struct {
 	Go      string `json:"go"`
 	Load    string `json:"load_average"`
 	CPUName string `json:"cpu,omitempty"`
+	// ReferenceStart and ReferenceEnd are how long one fixed piece of work (referenceWork)
+	// took on one core when the run started and when it ended, in milliseconds: a virtual
+	// machine whose host gets busy slows down with nothing inside it to show for it (no load,
+	// no steal time reported), and its absolute figures then compare with no other run's.
+	ReferenceStart float64 `json:"reference_ms_start"`
+	ReferenceEnd   float64 `json:"reference_ms_end"`
+}
+
+// referenceMiB is how much data referenceWork hashes: about 20-50 ms of one core.
+const referenceMiB = 64
+
+// referenceWork times SHA-256 over referenceMiB MiB on the calling goroutine, in milliseconds.
+func referenceWork() float64 {
+	buf := make([]byte, 1<<20)
+	h := sha256.New()
+	start := time.Now()
+	for range referenceMiB {
+		h.Write(buf)
+	}
+	_ = h.Sum(nil)
+	return float64(time.Since(start).Microseconds()) / 1000
+}
+
+// referenceChangeWarn is the change of referenceWork's time between a run's start and end
+// beyond which the report says the machine's speed changed under the run.
+const referenceChangeWarn = 0.2
+
+// referenceText is the report's line on referenceWork: both times and, past
+// referenceChangeWarn, what the change means for the figures.
+func (m machineInfo) referenceText() string {
+	if m.ReferenceStart <= 0 || m.ReferenceEnd <= 0 {
+		return ""
+	}
+	change := m.ReferenceEnd/m.ReferenceStart - 1
+	text := fmt.Sprintf("reference work (SHA-256 of %d MiB, one core): %s ms at the start, %s at the end (%+.0f%%)",
+		referenceMiB, ms(m.ReferenceStart), ms(m.ReferenceEnd), 100*change)
+	if math.Abs(change) > referenceChangeWarn {
+		text += ": the machine's speed changed during the run; compare its ratios (both sides measured at the same moments), not its absolute figures, with another run's"
+	}
+	return text
 }
 
 func currentMachine() machineInfo {
-	m := machineInfo{CPUs: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version()}
+	m := machineInfo{CPUs: runtime.NumCPU(), OS: runtime.GOOS + "/" + runtime.GOARCH, Go: runtime.Version(),
+		ReferenceStart: referenceWork()}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		f := strings.Fields(string(b))
 		if len(f) >= 3 {

@@ -665,6 +665,9 @@ func (r *benchReport) writeTable(w io.Writer, statements bool) {
 	fmt.Fprintf(w, "PostgreSQL %s, %s: fsync=%s synchronous_commit=%s shared_buffers=%s autovacuum_naptime=%s; statements: %s\n",
 		r.Postgres.Version, where, r.Postgres.Fsync, r.Postgres.SynchronousCommit, r.Postgres.SharedBuffers,
 		r.Postgres.AutovacuumNaptime, r.Postgres.StatementStats)
+	if text := r.Machine.referenceText(); text != "" {
+		fmt.Fprintln(w, text)
+	}
 	fmt.Fprintf(w, "Redis: %s\ndispatcher: %s; consumer: verifying receiver in its own process\n\n", r.Redis, r.Dispatcher)
 
 	budget := map[string]budgetCheck{}

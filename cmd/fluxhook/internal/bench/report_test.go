@@ -219,3 +219,32 @@ func TestBenchVerdict(t *testing.T) {
 		})
 	}
 }
+
+// The reference work's line says when the machine's speed changed during a run, either way, and
+// stays quiet about a change within referenceChangeWarn or a reading that is missing.
+func TestBenchReferenceWork(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		start, end float64
+		warn       bool
+	}{
+		{40, 44, false},
+		{40, 34, false},
+		{40, 52, true},
+		{40, 30, true},
+	} {
+		text := machineInfo{ReferenceStart: tc.start, ReferenceEnd: tc.end}.referenceText()
+		if !strings.HasPrefix(text, "reference work (SHA-256 of 64 MiB, one core): ") {
+			t.Errorf("%v → %v: %q, want the reference line", tc.start, tc.end, text)
+		}
+		if got := strings.Contains(text, "speed changed"); got != tc.warn {
+			t.Errorf("%v → %v: %q; warning %v, want %v", tc.start, tc.end, text, got, tc.warn)
+		}
+	}
+	if text := (machineInfo{ReferenceStart: 40}).referenceText(); text != "" {
+		t.Errorf("without an end reading: %q, want no line", text)
+	}
+	if ms := referenceWork(); ms <= 0 {
+		t.Errorf("referenceWork() = %v ms, want a positive time", ms)
+	}
+}
