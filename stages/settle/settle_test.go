@@ -346,13 +346,7 @@ func TestStaleSettleIsRefused(t *testing.T) {
 				lease_until = now() + interval '1 minute' WHERE id = ANY ($1)`, ids, holder.by, holder.token); err != nil {
 				t.Fatal(err)
 			}
-			res, err := s.Settle(ctx, rows)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := (settle.Result{Settled: 1, Stale: 5}); res != want {
-				t.Fatalf("result %+v, want %+v", res, want)
-			}
+			settleWant(ctx, t, s, rows, settle.Result{Settled: 1, Stale: 5})
 			for i, d := range rows {
 				if d.Outcome.Stale != (i < 5) {
 					t.Fatalf("row %d (%v): Stale = %v", i, d.Outcome.Kind, d.Outcome.Stale)
@@ -606,13 +600,7 @@ func TestDeliveredBatchTakesTheSmallStatement(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET leased_by = 'peer' WHERE id = $1`, rows[2].ID); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Settle(ctx, rows)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := (settle.Result{Settled: 2, Stale: 1}); res != want {
-		t.Fatalf("result %+v, want %+v", res, want)
-	}
+	settleWant(ctx, t, s, rows, settle.Result{Settled: 2, Stale: 1})
 	if n := count(t, db, `SELECT count(*) FROM webhook_delivery_log WHERE id = ANY ($1) AND status_code = 200
 		AND duration_ms = 3 AND response_excerpt = 'ok' AND leased_by = 'me' AND lease_token = $2`,
 		[]int64{rows[0].ID, rows[1].ID}, myToken); n != 2 {
@@ -638,5 +626,17 @@ func TestDeliveredBatchTakesTheSmallStatement(t *testing.T) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1`, retry[0].ID); n != 1 {
 		t.Fatal("the retry's row was deleted by the delivered-only statement")
+	}
+}
+
+// settleWant settles rows and fails the test unless Settle reports exactly want.
+func settleWant(ctx context.Context, t *testing.T, s *settle.Settler, rows []*delivery.Delivery, want settle.Result) {
+	t.Helper()
+	res, err := s.Settle(ctx, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res != want {
+		t.Fatalf("result %+v, want %+v", res, want)
 	}
 }
