@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fluxora/fluxhook/stages/send"
 )
 
 // Schemes an endpoint signs with (the values of webhook_endpoints.scheme).
@@ -154,19 +157,70 @@ var reservedHeaders = []string{
 // the value, which is often a credential.
 func ValidateHeaders(h map[string]string) error {
 	for k, v := range h {
-		name := strings.ToLower(k)
-		if slices.Contains(reservedHeaders, name) {
-			return fmt.Errorf("header %q is reserved: fluxhook sets it itself", k)
-		}
-		if k == "" || strings.ContainsFunc(k, func(r rune) bool { return r <= ' ' || r >= 0x7f || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", r) }) {
-			return fmt.Errorf("header name %q is not a valid HTTP header name", k)
-		}
-		if strings.ContainsFunc(v, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
-			return fmt.Errorf("header %q: the value has a control character", k)
+		if err := checkHeader(k, v); err != nil {
+			return err
 		}
 		if IsSealed(v) {
 			return fmt.Errorf("header %q: the value starts with %q, which marks an encrypted value; give the value itself", k, v[:len(sealedPrefix)])
 		}
+	}
+	return nil
+}
+
+// Sendable returns why the dispatcher cannot deliver to e as it is stored and opened, naming
+// the field (an *InvalidError), or nil. The CLI and the API validate what they write, but SQL
+// may write anything, and the dispatcher checks each endpoint with this as it loads it
+// (`endpoints show` reports the same problem): a URL it refuses would fail every attempt; a
+// reserved header name would replace a header fluxhook sets, its signature among them; a header
+// HTTP cannot carry would fail every attempt for the retry schedule's days; and of two names
+// that differ only in case one would replace the other at random.
+func Sendable(e *Endpoint) error {
+	if err := send.ValidateURL(e.URL); err != nil {
+		return &InvalidError{Field: "url", Err: errors.New(strings.TrimPrefix(err.Error(), send.ErrInvalidURL.Error()+": "))}
+	}
+	if err := sendableHeaders(e.Headers); err != nil {
+		return &InvalidError{Field: "headers", Err: err}
+	}
+	return nil
+}
+
+// sendableHeaders is Sendable's check of the custom headers, in the order of their names, so
+// that the reason is the same at every load.
+func sendableHeaders(h map[string]string) error {
+	names := slices.Sorted(maps.Keys(h))
+	for _, k := range names {
+		if err := checkHeader(k, h[k]); err != nil {
+			return err
+		}
+	}
+	return sameNames(names)
+}
+
+// checkHeader refuses a reserved name, a name that is not an HTTP token, and a value with a
+// control character other than tab (what net/http refuses to send).
+func checkHeader(k, v string) error {
+	if slices.Contains(reservedHeaders, strings.ToLower(k)) {
+		return fmt.Errorf("header %q is reserved: fluxhook sets it itself", k)
+	}
+	if k == "" || strings.ContainsFunc(k, func(r rune) bool { return r <= ' ' || r >= 0x7f || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", r) }) {
+		return fmt.Errorf("header name %q is not a valid HTTP header name", k)
+	}
+	if strings.ContainsFunc(v, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+		return fmt.Errorf("header %q: the value has a control character", k)
+	}
+	return nil
+}
+
+// sameNames refuses two header names that differ only in case: HTTP names are
+// case-insensitive, so one would silently replace the other when the request is built.
+func sameNames(names []string) error {
+	seen := make(map[string]string, len(names))
+	for _, k := range names {
+		lower := strings.ToLower(k)
+		if other, dup := seen[lower]; dup {
+			return fmt.Errorf("%q and %q are the same header (names are case-insensitive); keep one", other, k)
+		}
+		seen[lower] = k
 	}
 	return nil
 }

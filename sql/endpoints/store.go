@@ -352,7 +352,8 @@ type Details struct {
 	// replayed or purged. Their parked heads are among PendingDeliveries.
 	StoppedStreams int64 `json:"stopped_streams"`
 	// LoadError says why the dispatcher cannot use the row (a secret that does not open with
-	// the key given, headers that are not strings); empty when it can.
+	// the key given, headers that are not strings, what Sendable refuses in a row written by
+	// SQL); empty when it can.
 	LoadError string `json:"load_error,omitempty"`
 }
 
@@ -369,6 +370,10 @@ func Describe(ctx context.Context, q Querier, c *Cipher, id string) (Details, er
 		return d, err
 	case err != nil:
 		d.LoadError = err.Error()
+	default:
+		if err := Sendable(&e); err != nil {
+			d.LoadError = err.Error()
+		}
 	}
 	d.Endpoint = e
 	var secret string

@@ -1065,3 +1065,29 @@ func TestPermanentStatuses(t *testing.T) {
 }
 
 func ptrTo(s string) *string { return &s }
+
+// TestDescribeSQLWrittenProblems: `endpoints show` reports what the dispatcher refuses in a row
+// written by SQL (a URL it will not call, a header it will not send), the field first and
+// without the header's value, and nothing for a sound row.
+func TestDescribeSQLWrittenProblems(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := t.Context()
+	for _, c := range []struct{ set, want string }{
+		{``, ``},
+		{`url = 'http://example.com/hook'`, `url: http:// is allowed only for loopback hosts`},
+		{`headers = '{"Webhook-Signature": "v1,forged"}'`, `headers: header "Webhook-Signature" is reserved`},
+		{`headers = '{"X-Token": "forged\r\nX-Other: 1"}'`, `headers: header "X-Token": the value has a control character`},
+	} {
+		e := mustAdd(t, db, nil, endpoints.New{URL: "https://sound.example/"})
+		if c.set != "" {
+			if _, err := db.Pool.Exec(ctx, `UPDATE webhook_endpoints SET `+c.set+` WHERE id = $1::uuid`, e.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := endpoints.Describe(ctx, db.Pool, nil, e.ID)
+		if err != nil || !strings.HasPrefix(d.LoadError, c.want) || c.want == "" && d.LoadError != "" || strings.Contains(d.LoadError, "forged") {
+			t.Errorf("after SET %s: Describe problem %q, %v; want it to start %q, with no value", c.set, d.LoadError, err, c.want)
+		}
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -209,9 +211,8 @@ func validateFilter(filter []string) error {
 	return nil
 }
 
-// validateHeaders is ValidateHeaders plus a check that no two names differ only in case:
-// HTTP names are case-insensitive, so one would silently replace the other when the request
-// is built; and the bounds, MaxHeaders of them and MaxHeaderBytes together.
+// validateHeaders is ValidateHeaders plus a check that no two names differ only in case
+// (sameNames), and the bounds, MaxHeaders of them and MaxHeaderBytes together.
 func validateHeaders(h map[string]string) error {
 	if err := ValidateHeaders(h); err != nil {
 		return &InvalidError{Field: "headers", Err: err}
@@ -226,13 +227,8 @@ func validateHeaders(h map[string]string) error {
 	if size > MaxHeaderBytes {
 		return invalid("headers", "%d bytes of names and values; at most %d", size, MaxHeaderBytes)
 	}
-	seen := make(map[string]string, len(h))
-	for k := range h {
-		lower := strings.ToLower(k)
-		if other, dup := seen[lower]; dup {
-			return invalid("headers", "%q and %q are the same header (names are case-insensitive); keep one", other, k)
-		}
-		seen[lower] = k
+	if err := sameNames(slices.Sorted(maps.Keys(h))); err != nil {
+		return &InvalidError{Field: "headers", Err: err}
 	}
 	return nil
 }

@@ -88,13 +88,16 @@ type endpointCache struct {
 func newManaged(ep endpoints.Endpoint, loadErr error, now time.Time) *managed {
 	m := &managed{ep: ep, header: ep.Header()}
 	if loadErr != nil {
-		m.invalid = loadErr.Error()
+		m.invalid = misconfigured(ep.ID, loadErr)
+		return m
+	}
+	if err := endpoints.Sendable(&m.ep); err != nil {
+		m.invalid = misconfigured(ep.ID, err)
 		return m
 	}
 	var err error
-	m.target, err = send.ManagedEndpoint(m.ep.URL, "ep:"+m.ep.ID, m.ep.MaxConcurrency)
-	if err != nil {
-		m.invalid = fmt.Sprintf("endpoint %s: %v", m.ep.ID, err)
+	if m.target, err = send.ManagedEndpoint(m.ep.URL, "ep:"+m.ep.ID, m.ep.MaxConcurrency); err != nil {
+		m.invalid = misconfigured(ep.ID, err)
 		return m
 	}
 	m.target.RetryRPS, m.target.PermanentStatuses = m.ep.RetryRPS, m.ep.PermanentStatuses
@@ -109,9 +112,33 @@ func newManaged(ep endpoints.Endpoint, loadErr error, now time.Time) *managed {
 		m.signerUntil = m.ep.PreviousUntil
 	}
 	if m.signer, err = sign.New(cfg); err != nil {
-		m.invalid = fmt.Sprintf("endpoint %s: %v", m.ep.ID, err)
+		m.invalid = misconfigured(ep.ID, fmt.Errorf("secret: %w", err))
 	}
 	return m
+}
+
+// misconfiguredText marks the dead-letter reason of a delivery whose managed endpoint cannot
+// be delivered to as it is stored (deadLetterClass counts it as endpoint_invalid).
+const misconfiguredText = " is misconfigured: "
+
+// misconfigured is the reason for an endpoint that cannot be delivered to: its id and why,
+// without the "endpoint <id>: " that the load's errors start with.
+func misconfigured(id string, err error) string {
+	return "endpoint " + id + misconfiguredText + strings.TrimPrefix(err.Error(), "endpoint "+id+": ")
+}
+
+// warnMisconfigured logs, once per instance and reason, each endpoint of byID that cannot be
+// delivered to while it could, or for another reason, in previous: written by SQL, such an
+// endpoint would otherwise show itself only in its dead letters. The reason names no value
+// and, for a URL, at most its host.
+func (d *Dispatcher) warnMisconfigured(previous, byID map[string]*managed) {
+	for id, m := range byID {
+		if m.invalid == "" || previous[id] != nil && previous[id].invalid == m.invalid {
+			continue
+		}
+		d.log.Warn("endpoint cannot be delivered to",
+			zap.String("endpoint_id", id), zap.Bool("enabled", m.ep.Enabled), zap.String("reason", m.invalid))
+	}
 }
 
 // freshen reads again, by id, the endpoints of batch's managed deliveries when the cache is
@@ -172,6 +199,7 @@ func (d *Dispatcher) freshen(ctx context.Context, batch []*delivery.Delivery) {
 			c.reload = m.signerUntil
 		}
 	}
+	d.warnMisconfigured(c.byID, byID)
 	c.byID = byID
 }
 
@@ -289,6 +317,7 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool, then []f
 		}
 	}
 	slices.SortFunc(routable, func(a, b *managed) int { return strings.Compare(a.ep.ID, b.ep.ID) })
+	d.warnMisconfigured(previous, byID)
 	c.mu.Lock()
 	c.byID, c.loaded, c.reload, c.ordered, c.enabled, c.checked = byID, want, reload, ordered, routable, time.Now()
 	c.stored++

@@ -66,7 +66,7 @@ func newMetrics(d *Dispatcher) *metrics {
 	m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "retries_scheduled_total",
 		Help: "Retry rows inserted after a retryable failure."})
 	m.deadLetters = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dead_letters_total",
-		Help: "Events moved to webhook_dead_letter, by reason class: permanent, exhausted, invalid, settle_failed."}, []string{"reason"})
+		Help: "Events moved to webhook_dead_letter, by reason class: permanent, exhausted, invalid, settle_failed, endpoint_disabled, endpoint_invalid."}, []string{"reason"})
 	m.deferrals = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "deferrals_total",
 		Help: "Rows held back by the gate without an attempt, by reason: circuit_open, rate_limited, other."}, []string{"reason"})
 	m.released = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "released_total",
@@ -119,7 +119,7 @@ func newMetrics(d *Dispatcher) *metrics {
 var (
 	outcomes        = []string{"delivered", "retry", "dead_letter", "deferred", "released"}
 	attemptOutcomes = []string{"delivered", "retry", "dead_letter"}
-	deadLetterKinds = []string{"permanent", "exhausted", "invalid", "settle_failed", "endpoint_disabled"}
+	deadLetterKinds = []string{"permanent", "exhausted", "invalid", "settle_failed", "endpoint_disabled", "endpoint_invalid"}
 	deferralReasons = []string{"circuit_open", "rate_limited", "other"}
 	breakerMoves    = [][2]gate.State{{gate.Closed, gate.Open}, {gate.Open, gate.HalfOpen}, {gate.HalfOpen, gate.Closed}, {gate.HalfOpen, gate.Open}}
 	wakeSources     = []wake.Source{wake.Notify, wake.Poll, wake.Timer, wake.Backlog, wake.Watch}
@@ -226,6 +226,8 @@ func deadLetterClass(reason string) string {
 	switch {
 	case strings.HasPrefix(reason, "attempts exhausted"):
 		return "exhausted"
+	case strings.HasPrefix(reason, "endpoint ") && strings.Contains(reason, misconfiguredText):
+		return "endpoint_invalid"
 	case strings.HasPrefix(reason, "invalid"):
 		return "invalid"
 	case strings.HasPrefix(reason, "settle failed"):
