@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/fluxora/fluxhook/stages/send"
 )
@@ -270,18 +271,43 @@ func LoadIDs(ctx context.Context, q Querier, c *Cipher, ids []string) ([]Endpoin
 	return collect(rows, c)
 }
 
-// scan reads one row of load.sql.
+// Times an endpoint's timestamps stand for when SQL stored '-infinity' or 'infinity' in them,
+// which time.Time cannot hold: a row scanned into one would fail the whole load, every other
+// endpoint with it. They keep the order SQL gives the infinities: an endpoint created at
+// '-infinity' receives every event, as route.sql reads it, and a grace until 'infinity' never
+// ends. Not time.Time{}, which this package reads as NULL. page.sql orders by the same times.
+var (
+	beforeAll = time.Date(1, time.January, 1, 0, 0, 1, 0, time.UTC)
+	afterAll  = time.Date(9999, time.December, 31, 23, 59, 59, 0, time.UTC)
+)
+
+// finite is t as a time.Time (see beforeAll), the zero time for NULL.
+func finite(t pgtype.Timestamptz) time.Time {
+	switch {
+	case !t.Valid:
+		return time.Time{}
+	case t.InfinityModifier == pgtype.Infinity:
+		return afterAll
+	case t.InfinityModifier == pgtype.NegativeInfinity:
+		return beforeAll
+	}
+	return t.Time
+}
+
+// scan reads one row of load.sql. Whatever SQL stored that the schema allows reads without
+// error: a failed scan ends the whole load, every endpoint with it.
 func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
 	var e Endpoint
 	var tenant, prev, disabledReason *string
-	var prevUntil, disabledAt, lastSuccess, failingSince *time.Time
+	var prevUntil, disabledAt, lastSuccess, failingSince, createdAt, updatedAt pgtype.Timestamptz
 	var retryRPS, maxConc *int32
 	var headers []byte
 	var permanent *[]int32
 	var secret string
-	if err := row.Scan(&e.ID, &e.URL, &e.Description, &tenant, &e.EventTypes, &e.Scheme, &secret, &prev, &prevUntil,
+	var filter []pgtype.Text
+	if err := row.Scan(&e.ID, &e.URL, &e.Description, &tenant, &filter, &e.Scheme, &secret, &prev, &prevUntil,
 		&e.Enabled, &disabledAt, &disabledReason, &retryRPS, &maxConc, &headers, &lastSuccess, &failingSince,
-		&e.CreatedAt, &e.UpdatedAt, &e.Ordering, &e.OrderingFailure, &permanent, &e.Restricted); err != nil {
+		&createdAt, &updatedAt, &e.Ordering, &e.OrderingFailure, &permanent, &e.Restricted); err != nil {
 		return e, fmt.Errorf("reading webhook_endpoints: %w", err)
 	}
 	deref := func(s *string) string {
@@ -290,15 +316,16 @@ func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
 		}
 		return *s
 	}
-	derefT := func(t *time.Time) time.Time {
-		if t == nil {
-			return time.Time{}
-		}
-		return *t
-	}
 	e.Tenant, e.DisabledReason = deref(tenant), deref(disabledReason)
 	e.EmptyTenant = tenant != nil && *tenant == ""
-	e.PreviousUntil, e.DisabledAt, e.LastSuccessAt, e.FailingSince = derefT(prevUntil), derefT(disabledAt), derefT(lastSuccess), derefT(failingSince)
+	e.PreviousUntil, e.DisabledAt, e.LastSuccessAt, e.FailingSince = finite(prevUntil), finite(disabledAt), finite(lastSuccess), finite(failingSince)
+	e.CreatedAt, e.UpdatedAt = finite(createdAt), finite(updatedAt)
+	// A NULL entry of the filter matches no event type in route.sql (NULL = x is not true),
+	// nor does "" here: an event type is never empty.
+	e.EventTypes = make([]string, len(filter))
+	for i, f := range filter {
+		e.EventTypes[i] = f.String
+	}
 	if retryRPS != nil {
 		e.RetryRPS = int(*retryRPS)
 	}
@@ -310,9 +337,6 @@ func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
 		for _, n := range *permanent {
 			e.PermanentStatuses = append(e.PermanentStatuses, int(n))
 		}
-	}
-	if e.EventTypes == nil {
-		e.EventTypes = []string{}
 	}
 	stored := map[string]string{}
 	if err := json.Unmarshal(headers, &stored); err != nil {

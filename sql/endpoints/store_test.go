@@ -1091,3 +1091,72 @@ func TestDescribeSQLWrittenProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadOddRows: values SQL may store that Go's types do not hold as they are load without
+// failing the other endpoints: a NULL entry of the filter as "" (which, as NULL in route.sql,
+// matches no event type), and timestamps at ±infinity as the first and last times a
+// time.Time here stands for, in SQL's order.
+func TestLoadOddRows(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := t.Context()
+	sound := mustAdd(t, db, nil, endpoints.New{URL: "https://sound.example/"})
+	odd := mustAdd(t, db, nil, endpoints.New{URL: "https://odd.example/", EventTypes: []string{"a.b"}})
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_endpoints SET event_types = array_append(event_types, NULL),
+		created_at = '-infinity', previous_secret = 'old', previous_secret_expires_at = 'infinity', disabled_at = 'infinity'
+		WHERE id = $1::uuid`, odd.ID); err != nil {
+		t.Fatal(err)
+	}
+	list, errs, err := endpoints.LoadAll(ctx, db.Pool, nil)
+	if err != nil || len(list) != 2 || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("LoadAll = %d endpoints, %v, %v; want both, without errors", len(list), errs, err)
+	}
+	e := list[0] // created at -infinity: first
+	if e.ID != odd.ID || list[1].ID != sound.ID {
+		t.Fatalf("LoadAll's order: %s, %s; want the one created at -infinity first", e.ID, list[1].ID)
+	}
+	if !slices.Equal(e.EventTypes, []string{"a.b", ""}) || endpoints.Matches(e.EventTypes, "c.d") || !endpoints.Matches(e.EventTypes, "a.b") {
+		t.Errorf("filter %q: want [a.b \"\"], matching a.b only", e.EventTypes)
+	}
+	if e.CreatedAt.IsZero() || !e.CreatedAt.Before(sound.CreatedAt) || !e.PreviousUntil.After(time.Now().AddDate(1000, 0, 0)) ||
+		!e.DisabledAt.After(time.Now().AddDate(1000, 0, 0)) {
+		t.Errorf("created %v, previous until %v, disabled %v: want the first time and the last two, none zero", e.CreatedAt, e.PreviousUntil, e.DisabledAt)
+	}
+}
+
+// TestPageOddCreatedAt: endpoints created at ±infinity by SQL are each paged once: a cursor
+// at 'infinity' returned its own row again, a client paging forever.
+func TestPageOddCreatedAt(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := t.Context()
+	want := map[string]bool{}
+	for _, at := range []string{"-infinity", "infinity", ""} {
+		e := mustAdd(t, db, nil, endpoints.New{URL: "https://sound.example/"})
+		want[e.ID] = true
+		if at != "" {
+			if _, err := db.Pool.Exec(ctx, `UPDATE webhook_endpoints SET created_at = $2::timestamptz WHERE id = $1::uuid`, e.ID, at); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	pq := endpoints.PageQuery{Limit: 1}
+	for page := 0; ; page++ {
+		list, err := endpoints.Page(ctx, db.Pool, nil, pq)
+		if err != nil || page > len(want) {
+			t.Fatalf("page %d: %d endpoints, %v; seen %d of %d", page, len(list), err, len(seen), len(want))
+		}
+		if len(list) == 0 {
+			break
+		}
+		if seen[list[0].ID] {
+			t.Fatalf("endpoint %s (created %v) paged twice", list[0].ID, list[0].CreatedAt)
+		}
+		seen[list[0].ID] = true
+		pq.AfterCreated, pq.AfterID = list[0].CreatedAt, list[0].ID
+	}
+	if len(seen) != len(want) {
+		t.Errorf("paged %d endpoints, want %d", len(seen), len(want))
+	}
+}

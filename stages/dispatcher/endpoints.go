@@ -234,7 +234,9 @@ func (d *Dispatcher) refreshOnce(ctx context.Context) (confirmNow bool, then []f
 	c.mu.Lock()
 	moved := want != c.loaded
 	confirming := !moved && !c.confirmed && c.confirmAfter != 0 && c.xmin.Load() >= c.confirmAfter
-	recheck := c.forceCheck.Swap(false) || !c.checked.IsZero() && time.Since(c.checked) >= d.cfg.EndpointRecheck
+	// Never read (version 0, as after a restore with triggers disabled, which bumps nothing):
+	// read now, or endpoints that no version announces would never be loaded.
+	recheck := c.forceCheck.Swap(false) || c.checked.IsZero() || time.Since(c.checked) >= d.cfg.EndpointRecheck
 	stale := moved || confirming || recheck || !c.reload.IsZero() && time.Now().After(c.reload)
 	previous := c.byID
 	c.mu.Unlock()
@@ -383,12 +385,15 @@ func (c *endpointCache) lookup(id string) *managed {
 	return c.byID[id]
 }
 
-// any reports whether some endpoint exists, enabled or not: only then are events routed.
-// Without one, events go to WEBHOOK_URL as they always did, at no routing cost.
+// any reports whether events must be routed: some endpoint exists, enabled or not, or the
+// cache may not know (it is not confirmed at the endpoints' current version: a load failed or
+// is behind), and route.sql, which reads the table, decides. Otherwise events go to
+// WEBHOOK_URL as they always did, at no routing cost. An empty cache taken for "no endpoints"
+// while its load failed sent a tenant's events to WEBHOOK_URL.
 func (c *endpointCache) any() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.byID) > 0
+	return len(c.byID) > 0 || !c.confirmed || c.loaded != c.version.Load()
 }
 
 // confirmedAt is the version the cache is confirmed at (it holds every change up to it), -1
