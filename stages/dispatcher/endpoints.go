@@ -45,6 +45,9 @@ type managed struct {
 	invalid string
 	// signerUntil is when the previous secret stops signing: the cache is reloaded then.
 	signerUntil time.Time
+	// previousRefused, when set, is why the previous secret (in its grace) does not sign
+	// beside the current one, which still does.
+	previousRefused string
 }
 
 // endpointCache holds the managed endpoints, loaded at the version of webhook_endpoints the
@@ -106,13 +109,21 @@ func newManaged(ep endpoints.Endpoint, loadErr error, now time.Time) *managed {
 	// as a producer's endpoint_url is, not the operator's, so that a tenant's endpoint
 	// cannot reach this host's or the private network's services.
 	m.target.RowURL = m.ep.Restricted
-	cfg := sign.Config{Secret: m.ep.Secret, Scheme: sign.Scheme(m.ep.Scheme)}
+	cfg := sign.Config{Secret: m.ep.Secret, Scheme: sign.Scheme(m.ep.Scheme), Names: [2]string{"secret", "previous_secret"}}
 	if m.ep.PreviousSecret != "" && now.Before(m.ep.PreviousUntil) {
 		cfg.PreviousSecret = m.ep.PreviousSecret
 		m.signerUntil = m.ep.PreviousUntil
 	}
-	if m.signer, err = sign.New(cfg); err != nil {
-		m.invalid = misconfigured(ep.ID, fmt.Errorf("secret: %w", err))
+	m.signer, err = sign.New(cfg)
+	if prev := (*sign.PreviousError)(nil); errors.As(err, &prev) {
+		// The previous secret only adds a signature for consumers not yet moved to the
+		// current one: the current one still signs, and the previous one's fault is logged.
+		m.previousRefused = strings.TrimPrefix(err.Error(), "sign: ")
+		cfg.PreviousSecret = ""
+		m.signer, err = sign.New(cfg)
+	}
+	if err != nil {
+		m.invalid = misconfigured(ep.ID, errors.New(strings.TrimPrefix(err.Error(), "sign: ")))
 	}
 	return m
 }
@@ -128,16 +139,20 @@ func misconfigured(id string, err error) string {
 }
 
 // warnMisconfigured logs, once per instance and reason, each endpoint of byID that cannot be
-// delivered to while it could, or for another reason, in previous: written by SQL, such an
-// endpoint would otherwise show itself only in its dead letters. The reason names no value
-// and, for a URL, at most its host.
+// delivered to (or whose previous secret cannot sign) while it could, or for another reason,
+// in previous: written by SQL, such an endpoint would otherwise show itself only in its dead
+// letters. The reason names no value and, for a URL, at most its host.
 func (d *Dispatcher) warnMisconfigured(previous, byID map[string]*managed) {
 	for id, m := range byID {
-		if m.invalid == "" || previous[id] != nil && previous[id].invalid == m.invalid {
-			continue
+		was := previous[id]
+		if m.invalid != "" && (was == nil || was.invalid != m.invalid) {
+			d.log.Warn("endpoint cannot be delivered to",
+				zap.String("endpoint_id", id), zap.Bool("enabled", m.ep.Enabled), zap.String("reason", m.invalid))
 		}
-		d.log.Warn("endpoint cannot be delivered to",
-			zap.String("endpoint_id", id), zap.Bool("enabled", m.ep.Enabled), zap.String("reason", m.invalid))
+		if m.previousRefused != "" && (was == nil || was.previousRefused != m.previousRefused) {
+			d.log.Warn("endpoint signs with its current secret only",
+				zap.String("endpoint_id", id), zap.String("reason", m.previousRefused))
+		}
 	}
 }
 

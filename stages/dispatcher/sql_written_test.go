@@ -1,6 +1,9 @@
 package dispatcher_test
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"strings"
 	"testing"
@@ -78,4 +81,63 @@ func TestEndpointWrittenBySQLIsChecked(t *testing.T) {
 		v, _ := metricValue(t, d.Registry(), "fluxora_webhook_dead_letters_total", map[string]string{"reason": "endpoint_invalid"})
 		return v == float64(len(cases))
 	})
+}
+
+// TestEndpointPreviousSecretRefused: a previous secret SQL wrote that cannot sign (not a
+// Standard Webhooks secret) leaves the endpoint signing with its current secret, logged once,
+// instead of dead-lettering every delivery the current secret could sign; an endpoint whose
+// current secret is empty is dead-lettered with a reason that names its column, not a variable
+// of the dispatcher's.
+func TestEndpointPreviousSecretRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	graced, empty := newConsumer(t, nil), newConsumer(t, nil)
+	gracedEP := b.addEndpoint(endpoints.New{URL: graced.URL(), Scheme: endpoints.SchemeStandard})
+	emptyEP := b.addEndpoint(endpoints.New{URL: empty.URL()})
+	for _, q := range []string{
+		`UPDATE webhook_endpoints SET previous_secret = 'not-base64!', previous_secret_expires_at = now() + interval '1 hour' WHERE id = '` + gracedEP.ID + `'`,
+		`UPDATE webhook_endpoints SET secret = '' WHERE id = '` + emptyEP.ID + `'`,
+	} {
+		if _, err := b.pool.Exec(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, logs := b.observedConfig("", zapcore.WarnLevel)
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+
+	id := b.enqueue(outbox.Event{})
+	b.waitSettled(15 * time.Second)
+	got := graced.arrivals()
+	if len(got) != 1 {
+		t.Fatalf("the endpoint with a refused previous secret got %d requests, want 1", len(got))
+	}
+	if sigs := strings.Fields(got[0].Header.Get("Webhook-Signature")); len(sigs) != 1 || sigs[0] != standardSignature(t, got[0], gracedEP.Secret) {
+		t.Errorf("signatures %q; want the current secret's alone", sigs)
+	}
+	if n := logs.FilterMessage("endpoint signs with its current secret only").FilterField(zap.String("endpoint_id", gracedEP.ID)).Len(); n != 1 {
+		t.Errorf("%d warnings about the previous secret, want 1", n)
+	}
+	_, _, reason := b.deadLetter(id)
+	if want := "endpoint " + emptyEP.ID + " is misconfigured: secret is empty"; !strings.HasPrefix(reason, want) {
+		t.Errorf("the endpoint without a secret: dead-lettered with %q, want it to start %q", reason, want)
+	}
+	if n := empty.received(); n != 0 {
+		t.Errorf("the endpoint without a secret got %d requests", n)
+	}
+}
+
+// standardSignature is the Standard Webhooks signature of a with secret ("whsec_" and base64),
+// as a consumer's library computes it.
+func standardSignature(t *testing.T, a arrival, secret string) string {
+	t.Helper()
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte(a.Header.Get("Webhook-Id") + "." + a.Header.Get("Webhook-Timestamp") + "."))
+	mac.Write(a.Body)
+	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
 }

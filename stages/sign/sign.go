@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash"
 	"net/http"
@@ -78,6 +77,9 @@ type Config struct {
 	Scheme Scheme
 	// UserAgent is sent on every request; empty means DefaultUserAgent.
 	UserAgent string
+	// Names, when set, are what New's errors call Secret and PreviousSecret (a managed
+	// endpoint's columns); empty: the variables, WEBHOOK_SECRET and WEBHOOK_SECRET_PREVIOUS.
+	Names [2]string
 }
 
 // String keeps secrets out of logs and error messages that print a Config with %v.
@@ -148,8 +150,12 @@ func New(cfg Config) (*Signer, error) {
 	if s.userAgent == "" {
 		s.userAgent = DefaultUserAgent
 	}
+	names := cfg.Names
+	if names[0] == "" {
+		names = [2]string{"WEBHOOK_SECRET", "WEBHOOK_SECRET_PREVIOUS"}
+	}
 	if cfg.Secret == "" {
-		return nil, errors.New("sign: WEBHOOK_SECRET is empty: deliveries cannot be signed without a secret")
+		return nil, fmt.Errorf("sign: %s is empty: deliveries cannot be signed without a secret", names[0])
 	}
 	switch s.scheme {
 	case Fluxora:
@@ -157,13 +163,13 @@ func New(cfg Config) (*Signer, error) {
 	case Standard:
 		key, err := standardKey(cfg.Secret)
 		if err != nil {
-			return nil, fmt.Errorf("sign: WEBHOOK_SECRET: %w", err)
+			return nil, fmt.Errorf("sign: %s: %w", names[0], err)
 		}
 		s.keys = []*keyPool{newKeyPool(key)}
 		if cfg.PreviousSecret != "" {
 			prev, err := standardKey(cfg.PreviousSecret)
 			if err != nil {
-				return nil, fmt.Errorf("sign: WEBHOOK_SECRET_PREVIOUS: %w", err)
+				return nil, &PreviousError{fmt.Errorf("sign: %s: %w", names[1], err)}
 			}
 			// The same key twice would only send a duplicate signature.
 			if !bytes.Equal(prev, key) {
@@ -176,6 +182,12 @@ func New(cfg Config) (*Signer, error) {
 	}
 	return s, nil
 }
+
+// PreviousError is New's refusal of the previous secret alone: the current one would sign.
+type PreviousError struct{ error }
+
+// Unwrap returns the reason.
+func (e *PreviousError) Unwrap() error { return e.error }
 
 // standardKey decodes a Standard Webhooks secret the way the reference libraries do: an
 // optional "whsec_" prefix, then standard padded base64.
