@@ -187,7 +187,7 @@ func Add(ctx context.Context, q Querier, c *Cipher, n New) (Endpoint, error) {
 	}
 	err := errors.Join(validateURL(n.URL), validateDescription(n.Description), validateScheme(n.Scheme), validateTenant(n.Tenant),
 		validateFilter(n.EventTypes), validateLimit("retry_rps", n.RetryRPS),
-		validateLimit("max_concurrency", n.MaxConcurrency), validateHeaders(n.Headers),
+		validateLimit("max_concurrency", n.MaxConcurrency), validateHeaders(n.Headers), validateNewHeaders(n.Headers, nil),
 		validateOrdering(n.Ordering), validateOrderingFailure(n.OrderingFailure),
 		validatePermanentStatuses(n.PermanentStatuses))
 	if err != nil {
@@ -628,6 +628,11 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 	}
 	if p.Headers != nil {
 		if err := validateHeaders(*p.Headers); err != nil {
+			return w, err
+		}
+		var had map[string]string
+		_ = json.Unmarshal(s.headers, &had) // not an object: no header is kept, all are new
+		if err := validateNewHeaders(*p.Headers, had); err != nil {
 			return w, err
 		}
 		// h holds the headers as stored: the ones kept by a merge as they are (a sealed value

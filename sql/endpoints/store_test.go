@@ -292,6 +292,7 @@ func TestAddValidation(t *testing.T) {
 		{"blank filter", with(func(n *endpoints.New) { n.EventTypes = []string{""} }), "event_types", "empty"},
 		{"reserved header", with(func(n *endpoints.New) { n.Headers = map[string]string{"Webhook-Signature": "x"} }), "headers", "reserved"},
 		{"bad header name", with(func(n *endpoints.New) { n.Headers = map[string]string{"X Team": "x"} }), "headers", "not a valid"},
+		{"framing header", with(func(n *endpoints.New) { n.Headers = map[string]string{"Trailer": "X-Sum"} }), "headers", "travels"},
 		{"host with a comma", with(func(n *endpoints.New) { n.URL = "https://a.example,b.example/" }), "url", "host"},
 		{"header newline", with(func(n *endpoints.New) { n.Headers = map[string]string{"X-Team": "a\nb"} }), "headers", "control"},
 		{"headers differing in case", with(func(n *endpoints.New) { n.Headers = map[string]string{"X-Team": "a", "x-team": "b"} }), "headers", "case-insensitive"},
@@ -1158,5 +1159,35 @@ func TestPageOddCreatedAt(t *testing.T) {
 	}
 	if len(seen) != len(want) {
 		t.Errorf("paged %d endpoints, want %d", len(seen), len(want))
+	}
+}
+
+// TestFramingHeadersKeptNotAdded: a header that changes how a request travels (Trailer, TE,
+// Expect, Upgrade, Keep-Alive, Proxy-Connection) cannot be added, but an endpoint that stores
+// one from before keeps it through every edit of its headers: refusing it there would refuse
+// every change, a PATCH of GET's own output included.
+func TestFramingHeadersKeptNotAdded(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := t.Context()
+	e := mustAdd(t, db, nil, endpoints.New{URL: "https://sound.example/", Headers: map[string]string{"X-Team": "a"}})
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_endpoints SET headers = '{"X-Team": "a", "Keep-Alive": "timeout=5"}' WHERE id = $1::uuid`, e.ID); err != nil {
+		t.Fatal(err)
+	}
+	merge := map[string]string{"X-Other": "b"}
+	if _, err := endpoints.Update(ctx, db.Pool, nil, e.ID, endpoints.Patch{Headers: &merge, MergeHeaders: true}); err != nil {
+		t.Errorf("a merge beside a stored Keep-Alive: %v", err)
+	}
+	all := map[string]string{"X-Team": "a", "keep-alive": "timeout=9", "X-Other": "b"}
+	if _, err := endpoints.Update(ctx, db.Pool, nil, e.ID, endpoints.Patch{Headers: &all}); err != nil {
+		t.Errorf("a replacement that keeps Keep-Alive (in another case): %v", err)
+	}
+	for _, name := range []string{"TE", "expect", "Upgrade", "Proxy-Connection", "Trailer"} {
+		add := map[string]string{name: "x"}
+		_, err := endpoints.Update(ctx, db.Pool, nil, e.ID, endpoints.Patch{Headers: &add, MergeHeaders: true})
+		var ie *endpoints.InvalidError
+		if !errors.As(err, &ie) || ie.Field != "headers" || !strings.Contains(err.Error(), name) {
+			t.Errorf("adding %s: %v; want the headers field refused, naming it", name, err)
+		}
 	}
 }

@@ -233,6 +233,31 @@ func validateHeaders(h map[string]string) error {
 	return nil
 }
 
+// framingHeaders change how a request travels rather than what it says, and net/http drops
+// (Trailer) or passes on (the others) what an operator writes in them, which is never what
+// was meant: a new custom header may not be one. An endpoint that stores one from before keeps
+// it, as it was sent, so that its headers can still be edited (refusing it would refuse every
+// change that keeps it).
+var framingHeaders = []string{"trailer", "te", "expect", "upgrade", "keep-alive", "proxy-connection"}
+
+// validateNewHeaders refuses, among the names of h, a framing header the endpoint does not
+// have already (stored: its headers as stored, nil for a new endpoint).
+func validateNewHeaders(h map[string]string, stored map[string]string) error {
+	for _, name := range slices.Sorted(maps.Keys(h)) {
+		if !slices.Contains(framingHeaders, strings.ToLower(name)) {
+			continue
+		}
+		had := false
+		for old := range stored {
+			had = had || strings.EqualFold(old, name)
+		}
+		if !had {
+			return invalid("headers", "header %q changes how the request travels, and would not be sent as written; remove it", name)
+		}
+	}
+	return nil
+}
+
 // validateTenant refuses tenants that can never match a producer's tenant by accident of
 // typing: surrounding spaces and control characters. "" means no tenant.
 func validateTenant(t string) error {
