@@ -61,7 +61,11 @@ WITH claimed AS (
           AND created_at <= now()
           AND (created_at, id) > ($6::timestamptz, $7::bigint)
           AND (lease_until IS NULL OR lease_until < now())
-          AND NOT (coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($3::text[]))
+          -- An event not routed yet has WEBHOOK_URL's key ('') but is not its delivery while
+          -- endpoints route it ($13): skipped with WEBHOOK_URL, a slow or gated WEBHOOK_URL held
+          -- back every tenant's events to their healthy endpoints.
+          AND (NOT (coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($3::text[]))
+               OR ($13::boolean AND endpoint_id IS NULL AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1))
           AND NOT (attempt > 1 AND coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($9::text[]))
           -- ordering:begin (Claimer drops these lines from the statement it runs while nothing is
           -- ordered: the correlated head check, even never evaluated, made the claim's plan
@@ -110,7 +114,8 @@ WITH claimed AS (
     FROM webhook_outbox
     WHERE $5::boolean AND (SELECT count(*) FROM claimed) < $1
       AND NOT processed AND created_at <= now()
-      AND NOT (coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($3::text[]))
+      AND (NOT (coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($3::text[]))
+           OR ($13::boolean AND endpoint_id IS NULL AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1))
       AND NOT (attempt > 1 AND coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($9::text[]))
       AND id <> ALL (ARRAY(SELECT id FROM claimed))
     ORDER BY created_at, id

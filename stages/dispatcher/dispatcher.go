@@ -1137,7 +1137,7 @@ func (d *Dispatcher) maintainLog(ctx context.Context) {
 // held back by the gate) go straight to settle without an HTTP request.
 func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
 	d.refreshEndpoints(ctx)
-	if d.endpoints.any() {
+	if d.routes(ctx) {
 		batch = d.route(ctx, batch)
 	}
 	// Even with no endpoint in the cache: one loaded while the first was being created is

@@ -400,15 +400,34 @@ func (c *endpointCache) lookup(id string) *managed {
 	return c.byID[id]
 }
 
-// any reports whether events must be routed: some endpoint exists, enabled or not, or the
-// cache may not know (it is not confirmed at the endpoints' current version: a load failed or
-// is behind), and route.sql, which reads the table, decides. Otherwise events go to
-// WEBHOOK_URL as they always did, at no routing cost. An empty cache taken for "no endpoints"
-// while its load failed sent a tenant's events to WEBHOOK_URL.
+// any reports whether some endpoint exists, enabled or not, as far as the cache knows: only
+// then are events routed (see routes). Without one, events go to WEBHOOK_URL as they always
+// did, at no routing cost.
 func (c *endpointCache) any() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.byID) > 0 || !c.confirmed || c.loaded != c.version.Load()
+	return len(c.byID) > 0
+}
+
+// routes reports whether a batch's events must be routed: the cache holds an endpoint, or,
+// empty, it cannot be sure the table is (its load for the current version failed, or is not
+// confirmed yet) and the table has a row. An empty cache taken for "no endpoints" while the
+// table had some sent a tenant's events to WEBHOOK_URL; an empty table routes nothing, as
+// ever, whatever the cache's state (route.sql would record a tenant's event as matching no
+// endpoint instead of sending it to WEBHOOK_URL).
+func (d *Dispatcher) routes(ctx context.Context) bool {
+	c := &d.endpoints
+	c.mu.Lock()
+	holds, sure := len(c.byID) > 0, c.confirmed && c.loaded == c.version.Load()
+	c.mu.Unlock()
+	if holds || sure {
+		return holds
+	}
+	var exists bool
+	if err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM webhook_endpoints)`).Scan(&exists); err != nil {
+		return true // route.sql decides, or fails and the events come back after their lease
+	}
+	return exists
 }
 
 // confirmedAt is the version the cache is confirmed at (it holds every change up to it), -1

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/outbox"
 )
 
@@ -132,5 +133,30 @@ func TestEndpointsRestoredWithoutTriggers(t *testing.T) {
 	}
 	if got := acme.byDelivery(); len(got[id]) != 1 {
 		t.Errorf("the acme endpoint got %d requests for its event, want 1", len(got[id]))
+	}
+}
+
+// TestEmptyTableRoutesNothing: with no row in webhook_endpoints nothing is routed, every event
+// going to WEBHOOK_URL, whatever the state of the cache: here not confirmed (an endpoint added
+// and removed moved the version, and a long transaction holds the confirmation back), when a
+// tenant's event was recorded as matching no endpoint instead.
+func TestEmptyTableRoutesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := newConsumer(t, nil)
+	ep := b.addEndpoint(endpoints.New{URL: c.URL()})
+	if _, err := b.pool.Exec(t.Context(), `DELETE FROM webhook_endpoints WHERE id = $1::uuid`, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	b.holdXmin()
+	cfg := b.config(c.URL())
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+	plain := b.enqueue(outbox.Event{})
+	acme := b.enqueue(outbox.Event{Tenant: "acme"})
+	b.waitSettled(15 * time.Second)
+	got := c.byDelivery()
+	if len(got[plain]) != 1 || len(got[acme]) != 1 {
+		t.Errorf("WEBHOOK_URL got the event without a tenant %d times and acme's %d times, want each once", len(got[plain]), len(got[acme]))
 	}
 }
