@@ -111,6 +111,9 @@ func Matches(filter []string, eventType string) bool {
 		return true
 	}
 	for _, f := range filter {
+		if f == "" {
+			continue // a NULL entry, as scan reads it: matches nothing, as in route.sql
+		}
 		if prefix, ok := strings.CutSuffix(f, "*"); ok && strings.HasSuffix(prefix, ".") {
 			if strings.HasPrefix(eventType, prefix) {
 				return true
@@ -281,14 +284,16 @@ var (
 	afterAll  = time.Date(9999, time.December, 31, 23, 59, 59, 0, time.UTC)
 )
 
-// finite is t as a time.Time (see beforeAll), the zero time for NULL.
+// finite is t as a time.Time (see beforeAll), the zero time for NULL. A finite time outside
+// [beforeAll, afterAll] is clamped too, as page.sql orders it: a cursor that is not the time a
+// page is ordered by would page a row twice, or stop early.
 func finite(t pgtype.Timestamptz) time.Time {
 	switch {
 	case !t.Valid:
 		return time.Time{}
-	case t.InfinityModifier == pgtype.Infinity:
+	case t.InfinityModifier == pgtype.Infinity || t.Time.After(afterAll):
 		return afterAll
-	case t.InfinityModifier == pgtype.NegativeInfinity:
+	case t.InfinityModifier == pgtype.NegativeInfinity || t.Time.Before(beforeAll):
 		return beforeAll
 	}
 	return t.Time
@@ -321,7 +326,7 @@ func scan(row pgx.CollectableRow, c *Cipher) (Endpoint, error) {
 	e.PreviousUntil, e.DisabledAt, e.LastSuccessAt, e.FailingSince = finite(prevUntil), finite(disabledAt), finite(lastSuccess), finite(failingSince)
 	e.CreatedAt, e.UpdatedAt = finite(createdAt), finite(updatedAt)
 	// A NULL entry of the filter matches no event type in route.sql (NULL = x is not true),
-	// nor does "" here: an event type is never empty.
+	// nor does "" in Matches, not even an empty one.
 	e.EventTypes = make([]string, len(filter))
 	for i, f := range filter {
 		e.EventTypes[i] = f.String

@@ -34,6 +34,9 @@ func TestMatches(t *testing.T) {
 		{[]string{"user.deleted", "stream.*"}, "user.deleted", true},
 		{[]string{"user.deleted", "stream.*"}, "stream.ended", true},
 		{[]string{"user.deleted", "stream.*"}, "user.created", false},
+		// An empty entry is a NULL SQL wrote into the filter: it matches nothing, as in route.sql.
+		{[]string{""}, "", false},
+		{[]string{"", "a.b"}, "a.b", true},
 	}
 	for _, tc := range cases {
 		if got := endpoints.Matches(tc.filter, tc.eventType); got != tc.want {

@@ -1125,14 +1125,15 @@ func TestLoadOddRows(t *testing.T) {
 	}
 }
 
-// TestPageOddCreatedAt: endpoints created at ±infinity by SQL are each paged once: a cursor
-// at 'infinity' returned its own row again, a client paging forever.
+// TestPageOddCreatedAt: endpoints created by SQL at ±infinity, or at a time outside the years
+// 1 to 9999, are each paged once: a cursor at 'infinity' returned its own row again, a client
+// paging forever.
 func TestPageOddCreatedAt(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 	ctx := t.Context()
 	want := map[string]bool{}
-	for _, at := range []string{"-infinity", "infinity", ""} {
+	for _, at := range []string{"-infinity", "infinity", "", "0001-01-01 00:00:00.5+00", "0044-03-15 BC", "10000-01-01"} {
 		e := mustAdd(t, db, nil, endpoints.New{URL: "https://sound.example/"})
 		want[e.ID] = true
 		if at != "" {

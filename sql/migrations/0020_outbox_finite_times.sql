@@ -13,6 +13,27 @@
 -- pending rows already written so are made due now, which is what '-infinity' asked for; a
 -- processed one is no claim's concern. Producers pay two comparisons per row.
 
+-- An UPDATE of an endpoint's id moves the endpoints' version too: it is another endpoint to a
+-- dispatcher's cache, which otherwise kept routing by the old id until its periodic re-read.
+-- The trigger is schema 18's with id added, and stays ENABLE ALWAYS (schema 10). First: its
+-- ACCESS EXCLUSIVE lock on webhook_endpoints may wait behind a reader of that table, and
+-- waiting there before the outbox's lock is taken holds back claims, not producers.
+DROP TRIGGER IF EXISTS webhook_endpoints_changed_update ON webhook_endpoints;
+CREATE TRIGGER webhook_endpoints_changed_update
+    AFTER UPDATE ON webhook_endpoints
+    FOR EACH ROW
+    WHEN ((OLD.id, OLD.url, OLD.tenant, OLD.event_types, OLD.scheme, OLD.secret, OLD.previous_secret,
+           OLD.previous_secret_expires_at, OLD.enabled, OLD.disabled_reason, OLD.retry_rps,
+           OLD.max_concurrency, OLD.headers, OLD.created_at, OLD.ordering, OLD.ordering_failure,
+           OLD.permanent_statuses, OLD.restricted)
+          IS DISTINCT FROM
+          (NEW.id, NEW.url, NEW.tenant, NEW.event_types, NEW.scheme, NEW.secret, NEW.previous_secret,
+           NEW.previous_secret_expires_at, NEW.enabled, NEW.disabled_reason, NEW.retry_rps,
+           NEW.max_concurrency, NEW.headers, NEW.created_at, NEW.ordering, NEW.ordering_failure,
+           NEW.permanent_statuses, NEW.restricted))
+    EXECUTE FUNCTION webhook_endpoints_changed();
+ALTER TABLE webhook_endpoints ENABLE ALWAYS TRIGGER webhook_endpoints_changed_update;
+
 UPDATE webhook_outbox SET created_at = now()
 WHERE NOT processed AND created_at = '-infinity';
 
@@ -31,24 +52,5 @@ $do$;
 
 COMMENT ON CONSTRAINT webhook_outbox_times_finite ON webhook_outbox IS
     'created_at and enqueued_at may not be -infinity, which no client time type holds: write the time the event is due (created_at defaults to now()), and leave enqueued_at to its default.';
-
--- An UPDATE of an endpoint's id moves the endpoints' version too: it is another endpoint to a
--- dispatcher's cache, which otherwise kept routing by the old id until its periodic re-read.
--- The trigger is schema 18's with id added, and stays ENABLE ALWAYS (schema 10).
-DROP TRIGGER IF EXISTS webhook_endpoints_changed_update ON webhook_endpoints;
-CREATE TRIGGER webhook_endpoints_changed_update
-    AFTER UPDATE ON webhook_endpoints
-    FOR EACH ROW
-    WHEN ((OLD.id, OLD.url, OLD.tenant, OLD.event_types, OLD.scheme, OLD.secret, OLD.previous_secret,
-           OLD.previous_secret_expires_at, OLD.enabled, OLD.disabled_reason, OLD.retry_rps,
-           OLD.max_concurrency, OLD.headers, OLD.created_at, OLD.ordering, OLD.ordering_failure,
-           OLD.permanent_statuses, OLD.restricted)
-          IS DISTINCT FROM
-          (NEW.id, NEW.url, NEW.tenant, NEW.event_types, NEW.scheme, NEW.secret, NEW.previous_secret,
-           NEW.previous_secret_expires_at, NEW.enabled, NEW.disabled_reason, NEW.retry_rps,
-           NEW.max_concurrency, NEW.headers, NEW.created_at, NEW.ordering, NEW.ordering_failure,
-           NEW.permanent_statuses, NEW.restricted))
-    EXECUTE FUNCTION webhook_endpoints_changed();
-ALTER TABLE webhook_endpoints ENABLE ALWAYS TRIGGER webhook_endpoints_changed_update;
 
 INSERT INTO webhook_schema_version (version) VALUES (20) ON CONFLICT (version) DO NOTHING;

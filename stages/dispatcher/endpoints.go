@@ -132,6 +132,14 @@ func newManaged(ep endpoints.Endpoint, loadErr error, now time.Time) *managed {
 // be delivered to as it is stored (deadLetterClass counts it as endpoint_invalid).
 const misconfiguredText = " is misconfigured: "
 
+// misconfiguredReason reports whether reason is misconfigured's: "endpoint <uuid>" and the
+// marker, where the id is, so that no text an operator wrote (a disable reason) reads as one.
+func misconfiguredReason(reason string) bool {
+	const idLen = 36
+	rest, ok := strings.CutPrefix(reason, "endpoint ")
+	return ok && len(rest) > idLen && strings.HasPrefix(rest[idLen:], misconfiguredText)
+}
+
 // misconfigured is the reason for an endpoint that cannot be delivered to: its id and why,
 // without the "endpoint <id>: " that the load's errors start with.
 func misconfigured(id string, err error) string {

@@ -226,14 +226,14 @@ func deadLetterClass(reason string) string {
 	switch {
 	case strings.HasPrefix(reason, "attempts exhausted"):
 		return "exhausted"
-	case strings.HasPrefix(reason, "endpoint ") && strings.Contains(reason, misconfiguredText):
-		return "endpoint_invalid"
 	case strings.HasPrefix(reason, "invalid"):
 		return "invalid"
 	case strings.HasPrefix(reason, "settle failed"):
 		return "settle_failed"
 	case strings.HasPrefix(reason, "endpoint disabled"), strings.HasSuffix(reason, "was removed"):
 		return "endpoint_disabled"
+	case misconfiguredReason(reason):
+		return "endpoint_invalid"
 	default:
 		return "permanent"
 	}
