@@ -62,10 +62,12 @@ WITH claimed AS (
           AND (created_at, id) > ($6::timestamptz, $7::bigint)
           AND (lease_until IS NULL OR lease_until < now())
           -- An event not routed yet has WEBHOOK_URL's key ('') but is not its delivery while
-          -- endpoints route it ($13): skipped with WEBHOOK_URL, a slow or gated WEBHOOK_URL held
-          -- back every tenant's events to their healthy endpoints.
+          -- endpoints route it ($13, or the table has one that the cache does not hold yet):
+          -- skipped with WEBHOOK_URL, a slow or gated WEBHOOK_URL held back every tenant's
+          -- events to their healthy endpoints.
           AND (NOT (coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($3::text[]))
-               OR ($13::boolean AND endpoint_id IS NULL AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1))
+               OR (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND endpoint_id IS NULL AND endpoint_url IS NULL
+                   AND routed_at IS NULL AND attempt = 1))
           AND NOT (attempt > 1 AND coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($9::text[]))
           -- ordering:begin (Claimer drops these lines from the statement it runs while nothing is
           -- ordered: the correlated head check, even never evaluated, made the claim's plan
@@ -115,7 +117,8 @@ WITH claimed AS (
     WHERE $5::boolean AND (SELECT count(*) FROM claimed) < $1
       AND NOT processed AND created_at <= now()
       AND (NOT (coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($3::text[]))
-           OR ($13::boolean AND endpoint_id IS NULL AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1))
+           OR (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND endpoint_id IS NULL AND endpoint_url IS NULL
+                   AND routed_at IS NULL AND attempt = 1))
       AND NOT (attempt > 1 AND coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($9::text[]))
       AND id <> ALL (ARRAY(SELECT id FROM claimed))
     ORDER BY created_at, id

@@ -76,3 +76,51 @@ func TestUnroutedEventsPassAHeldDefault(t *testing.T) {
 		})
 	}
 }
+
+// TestUnroutedEventsPassWithAnUnconfirmedCache: the claim tells unrouted events from WEBHOOK_URL's
+// by the table as well as by the cache: a cache loaded while the first endpoint's creation was
+// committing is empty, and stays unconfirmed while a long transaction holds the server's xmin,
+// and a tenant's events were skipped with a saturated WEBHOOK_URL meanwhile, though routing
+// (which asks the table then) would have sent them. (Found by an outside review.)
+func TestUnroutedEventsPassWithAnUnconfirmedCache(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	def := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		select { // hangs while the test runs
+		case <-release:
+		case <-a.Ctx.Done():
+		}
+	})
+	good := newConsumer(t, nil)
+	b.holdXmin()
+	// The endpoint's commit takes a second: the version moves first, and a claim's load in
+	// between sees no row.
+	if _, err := b.pool.Exec(ctx, `CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+		$$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER zz_slow_commit AFTER INSERT ON webhook_endpoints
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config(def.URL())
+	cfg.EncryptionKey = testKey
+	cfg.Timeout = 30 * time.Second
+	cfg.EndpointConcurrency = 2
+	cfg.PollInterval = 50 * time.Millisecond
+	d := b.start(cfg)
+	b.addEndpoint(endpoints.New{URL: good.URL(), Tenant: "t1"})
+	from := d.Stats().Claims.Load()
+	eventually(t, 10*time.Second, "claims after the endpoint's commit", func() bool { return d.Stats().Claims.Load() >= from+2 })
+	for i := range 6 {
+		b.enqueue(outbox.Event{Payload: map[string]int{"default": i}})
+	}
+	eventually(t, 15*time.Second, "WEBHOOK_URL saturated", func() bool { return d.Stats().Released.Load() > 0 })
+	for i := range 3 {
+		b.enqueue(outbox.Event{Payload: map[string]int{"t1": i}, Tenant: "t1"})
+	}
+	eventually(t, 10*time.Second, "tenant t1's 3 events at their endpoint while WEBHOOK_URL is saturated", func() bool {
+		return len(good.arrivals()) == 3
+	})
+}
