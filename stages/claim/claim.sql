@@ -82,8 +82,12 @@ WITH claimed AS (
                        SELECT 1 FROM webhook_outbox p
                        WHERE p.stream_id = webhook_outbox.stream_id AND NOT p.processed
                          AND coalesce(p.order_key, p.id) < coalesce(webhook_outbox.order_key, webhook_outbox.id)
-                         AND (coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '')
-                                = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')
+                         AND ((coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '')
+                                 = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')
+                               -- A first attempt its producer scheduled for later takes its place
+                               -- when it comes due (as an unrouted event does, below): no retry,
+                               -- deferral or stop moved it there, each of which keeps its place.
+                               AND NOT (p.attempt = 1 AND p.deferred_reason IS NULL AND p.created_at > now()))
                               OR (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND p.endpoint_id IS NULL AND p.endpoint_url IS NULL
                                   AND p.routed_at IS NULL AND p.attempt = 1 AND p.created_at <= now())))))
           -- ordering:end

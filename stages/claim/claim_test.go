@@ -761,3 +761,42 @@ func TestOrderedClaimWaitsForTheStreamsUnroutedEvents(t *testing.T) {
 		t.Fatalf("a claim took key %d while the stream's head (key %d) is in flight", more[0].OrderKey, first)
 	}
 }
+
+// TestOrderedClaimPassesAScheduledFirstAttempt: under WEBHOOK_ORDERING=stream, a stream's
+// earlier row its producer scheduled for later does not hold the stream back (it takes its
+// place when due), while an earlier row that a retry, a deferral or a stop moved ahead does,
+// each keeping its place.
+func TestOrderedClaimPassesAScheduledFirstAttempt(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, earlier string // the stream's earlier row: attempt, created_at, deferred_reason
+		passes        bool
+	}{
+		{"scheduled by its producer", `1, now() + interval '1 hour', NULL`, true},
+		{"a retry", `2, now() + interval '1 hour', NULL`, false},
+		{"deferred by the gate", `1, now() + interval '1 hour', 'circuit open'`, false},
+		{"a stopped stream's parked row", `1, 'infinity', 'stream stopped: status 500'`, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			db, a := newRegistered(t, "a")
+			ctx := deadline(t)
+			if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload, attempt, created_at, deferred_reason)
+				VALUES ('s', 'e.one', '{}', `+c.earlier+`)`); err != nil {
+				t.Fatal(err)
+			}
+			var later int64
+			if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload) VALUES ('s', 'e.two', '{}') RETURNING id`).Scan(&later); err != nil {
+				t.Fatal(err)
+			}
+			a.SetOrdering(claim.Ordering{Active: true, Default: true, Horizon: 1 << 62})
+			res, err := a.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(res.Rows) == 1 && res.Rows[0].ID == later; got != c.passes || len(res.Rows) > 1 {
+				t.Errorf("claimed %d rows; want the stream's later row claimed: %v", len(res.Rows), c.passes)
+			}
+		})
+	}
+}

@@ -648,3 +648,36 @@ func startOrderedBeside(t *testing.T) (b *bundle, oep endpoints.Endpoint, ordere
 	b.start(cfg)
 	return b, oep, ordered, plain
 }
+
+// TestScheduledEventTakesItsPlaceWhenDue: an event its producer scheduled for later (created_at
+// ahead) takes its place in its stream when it comes due, whichever consumer orders it: a
+// managed endpoint's, or WEBHOOK_URL's under WEBHOOK_ORDERING=stream, where it held the whole
+// stream back until it was due. The stream's event due now arrives meanwhile.
+func TestScheduledEventTakesItsPlaceWhenDue(t *testing.T) {
+	t.Parallel()
+	for _, managed := range []bool{true, false} {
+		t.Run(map[bool]string{true: "managed endpoint", false: "WEBHOOK_URL"}[managed], func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			c := newConsumer(t, nil)
+			cfg := b.config(c.URL())
+			cfg.Ordering = true
+			if managed {
+				b.addEndpoint(endpoints.New{URL: c.URL(), Ordering: endpoints.OrderingStream})
+				cfg = b.config("")
+				cfg.Secret = ""
+				cfg.EncryptionKey = testKey
+			}
+			b.start(cfg)
+			if _, err := b.pool.Exec(t.Context(), `INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at)
+				VALUES ('sch', 'stream.updated', '{"stream": "sch", "seq": 0}', now() + interval '1 hour')`); err != nil {
+				t.Fatal(err)
+			}
+			due := b.enqueue(outbox.Event{StreamID: "sch", EventType: "stream.updated", Payload: streamEvent{Stream: "sch", Seq: 1}})
+			eventually(t, 10*time.Second, "the stream's event due now", func() bool { return len(c.byDelivery()[due]) == 1 })
+			if n := len(c.arrivals()); n != 1 {
+				t.Errorf("%d requests, want only the event due now", n)
+			}
+		})
+	}
+}
