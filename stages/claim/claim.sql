@@ -89,7 +89,17 @@ WITH claimed AS (
                                -- deferral or stop moved it there, each of which keeps its place.
                                AND NOT (p.attempt = 1 AND p.deferred_reason IS NULL AND p.created_at > now()))
                               OR (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND p.endpoint_id IS NULL AND p.endpoint_url IS NULL
-                                  AND p.routed_at IS NULL AND p.attempt = 1 AND p.created_at <= now())))))
+                                  AND p.routed_at IS NULL AND p.attempt = 1 AND p.created_at <= now())))
+                   -- A replayed row (replay.sql marks it) goes back to its place, which may be
+                   -- before a request of its stream already in flight (the stream went on past
+                   -- its dead letter): it waits for that request to settle, so that the stream's
+                   -- requests stay one at a time. Only such a row pays for this look.
+                   AND (webhook_outbox.deferred_reason IS DISTINCT FROM 'replayed' OR NOT EXISTS (
+                       SELECT 1 FROM webhook_outbox q
+                       WHERE q.stream_id = webhook_outbox.stream_id AND NOT q.processed AND q.id <> webhook_outbox.id
+                         AND q.lease_until > now()
+                         AND coalesce('ep:' || q.endpoint_id::text, q.endpoint_url, '')
+                               = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')))))
           -- ordering:end
         ORDER BY created_at, id
         LIMIT $1

@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/fluxora/fluxhook/sql/deadletters"
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/outbox"
 	"github.com/fluxora/fluxhook/stages/dispatcher"
@@ -679,5 +682,75 @@ func TestScheduledEventTakesItsPlaceWhenDue(t *testing.T) {
 				t.Errorf("%d requests, want only the event due now", n)
 			}
 		})
+	}
+}
+
+// TestReplayWaitsForTheStreamInFlight: a stream went on past its dead letter (ordering_failure
+// skip), and the dead letter is replayed while the stream's next request is still out: the
+// replay takes its place back, but waits for that request to settle, so that the stream's
+// requests stay one at a time (it was sent at once, beside it). Then it goes before the
+// events still waiting.
+func TestReplayWaitsForTheStreamInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	w := &streamWatch{inFlight: map[string]int{}}
+	release := make(chan struct{})
+	var once sync.Once
+	var refused atomic.Bool
+	c := newConsumer(t, w.wrap(func(a arrival, ev streamEvent, rw http.ResponseWriter) {
+		switch ev.Seq {
+		case 0:
+			once.Do(func() { refused.Store(true); rw.WriteHeader(http.StatusRequestEntityTooLarge) }) // dead-lettered at once
+		case 1:
+			select { // out until the test lets it answer
+			case <-release:
+			case <-a.Ctx.Done():
+			}
+		}
+	}))
+	ep := b.addEndpoint(endpoints.New{URL: c.URL(), Ordering: endpoints.OrderingStream})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	cfg.Timeout = 30 * time.Second
+	d := b.start(cfg)
+	b.insertStreams("rp", 1, 3)
+	eventually(t, 20*time.Second, "event 1 out after the head's dead letter", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.inFlight["rp0"] == 1 && b.count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1`, ep.ID) == 1
+	})
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := deadletters.Replay(ctx, tx, deadletters.Selection{Matching: &deadletters.Filter{EndpointID: ep.ID}}, deadletters.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The replay's NOTIFY wakes the claims; a few of them pass the replayed row by.
+	claims := d.Stats().Claims.Load()
+	eventually(t, 10*time.Second, "claims after the replay", func() bool { return d.Stats().Claims.Load() >= claims+2 })
+	if n := len(c.arrivals()); n != 2 {
+		t.Errorf("%d requests while event 1 is out, want 2 (the refused head, event 1)", n)
+	}
+	close(release)
+	b.waitSettled(30 * time.Second)
+	var seqs []int
+	for _, a := range c.arrivals() {
+		var ev streamEvent
+		_ = json.Unmarshal(a.Body, &ev)
+		seqs = append(seqs, ev.Seq)
+	}
+	if !refused.Load() || !slices.Equal(seqs, []int{0, 1, 0, 2}) {
+		t.Errorf("arrivals %v, want [0 1 0 2]: the head refused, event 1, the replayed head, event 2", seqs)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.overlaps) > 0 {
+		t.Errorf("requests of one stream overlapped: %v", w.overlaps)
 	}
 }
