@@ -87,14 +87,20 @@ WITH claimed AS (
                                -- A first attempt its producer scheduled for later takes its place
                                -- when it comes due (as an unrouted event does, below): no retry,
                                -- deferral or stop moved it there, each of which keeps its place.
-                               AND NOT (p.attempt = 1 AND p.deferred_reason IS NULL AND p.created_at > now()))
+                               -- The clock, not now(): a head a deferral's resumption made due
+                               -- after this claim's transaction began is not a schedule.
+                               AND NOT (p.attempt = 1 AND p.deferred_reason IS NULL AND p.created_at > clock_timestamp()))
                               OR (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND p.endpoint_id IS NULL AND p.endpoint_url IS NULL
                                   AND p.routed_at IS NULL AND p.attempt = 1 AND p.created_at <= now())))
-                   -- A replayed row (replay.sql marks it) goes back to its place, which may be
+                   -- A replayed row (replay.sql marks it), or a first attempt scheduled for
+                   -- later (due after it was enqueued), goes back to its place, which may be
                    -- before a request of its stream already in flight (the stream went on past
-                   -- its dead letter): it waits for that request to settle, so that the stream's
-                   -- requests stay one at a time. Only such a row pays for this look.
-                   AND (webhook_outbox.deferred_reason IS DISTINCT FROM 'replayed' OR NOT EXISTS (
+                   -- its dead letter, or past the schedule): it waits for that request to
+                   -- settle, so that the stream's requests stay one at a time. Only such rows
+                   -- pay for this look.
+                   AND (webhook_outbox.deferred_reason IS DISTINCT FROM 'replayed'
+                        AND NOT (webhook_outbox.attempt = 1 AND webhook_outbox.created_at > webhook_outbox.enqueued_at)
+                        OR NOT EXISTS (
                        SELECT 1 FROM webhook_outbox q
                        WHERE q.stream_id = webhook_outbox.stream_id AND NOT q.processed AND q.id <> webhook_outbox.id
                          AND q.lease_until > now()

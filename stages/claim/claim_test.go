@@ -15,6 +15,7 @@ import (
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/claim"
 	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/settle"
 )
 
 func TestClaimLeasesArmsAndSkips(t *testing.T) {
@@ -798,5 +799,64 @@ func TestOrderedClaimPassesAScheduledFirstAttempt(t *testing.T) {
 				t.Errorf("claimed %d rows; want the stream's later row claimed: %v", len(res.Rows), c.passes)
 			}
 		})
+	}
+}
+
+// TestOrderedClaimKeepsAResumedHead: a stream's head deferred behind an open circuit and made
+// due again (settle.Resume, a probe succeeded) after a claim's transaction began is not taken
+// for a first attempt scheduled for later: the claim does not pass it by to take the stream's
+// next row. (The claim's hold-back reading waits here on an ALTER SEQUENCE in an open
+// transaction, which widens a window a loaded machine opens by itself.)
+func TestOrderedClaimKeepsAResumedHead(t *testing.T) {
+	t.Parallel()
+	db, a := newRegistered(t, "a")
+	ctx := deadline(t)
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload, attempt, created_at, deferred_reason)
+		VALUES ('s', 'e.one', '{}', 1, now() + interval '1 hour', 'circuit breaker open')`); err != nil {
+		t.Fatal(err)
+	}
+	var later int64
+	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_outbox (stream_id, event_type, payload) VALUES ('s', 'e.two', '{}') RETURNING id`).Scan(&later); err != nil {
+		t.Fatal(err)
+	}
+	a.SetOrdering(claim.Ordering{Active: true, Default: true, Horizon: 1 << 62})
+	lock, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(ctx) //nolint:errcheck // committed below
+	if _, err := lock.Exec(ctx, `ALTER SEQUENCE webhook_outbox_id_seq CACHE 1`); err != nil {
+		t.Fatal(err)
+	}
+	type out struct {
+		res claim.Result
+		err error
+	}
+	done := make(chan out, 1)
+	go func() {
+		res, err := a.Claim(ctx, 10, claim.Skip{}, true, claim.Cursor{}) // arming: reads the horizon first
+		done <- out{res, err}
+	}()
+	for waiting := 0; waiting == 0; {
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'webhook_outbox_id_seq'::regclass`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // polling for the claim to wait on the lock
+	}
+	s := settle.New(db.Pool, settle.Config{InstanceID: "a", Jitter: -1})
+	if n, err := s.Resume(ctx, settle.Resumption{Keys: []string{""}, Reasons: []string{"circuit breaker open"}}); err != nil || n != 1 {
+		t.Fatalf("resume: %d, %v", n, err)
+	}
+	if err := lock.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	for _, r := range o.res.Rows {
+		if r.ID == later {
+			t.Errorf("the claim took the stream's later row (id %d) before its head, resumed after the claim began", later)
+		}
 	}
 }

@@ -655,14 +655,24 @@ func startOrderedBeside(t *testing.T) (b *bundle, oep endpoints.Endpoint, ordere
 // TestScheduledEventTakesItsPlaceWhenDue: an event its producer scheduled for later (created_at
 // ahead) takes its place in its stream when it comes due, whichever consumer orders it: a
 // managed endpoint's, or WEBHOOK_URL's under WEBHOOK_ORDERING=stream, where it held the whole
-// stream back until it was due. The stream's event due now arrives meanwhile.
+// stream back until it was due. The stream's event due now goes meanwhile; and the scheduled
+// one, due while that request is still out, waits for it (it was sent beside it).
 func TestScheduledEventTakesItsPlaceWhenDue(t *testing.T) {
 	t.Parallel()
 	for _, managed := range []bool{true, false} {
 		t.Run(map[bool]string{true: "managed endpoint", false: "WEBHOOK_URL"}[managed], func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			c := newConsumer(t, nil)
+			w := &streamWatch{inFlight: map[string]int{}}
+			release := make(chan struct{})
+			c := newConsumer(t, w.wrap(func(a arrival, ev streamEvent, rw http.ResponseWriter) {
+				if ev.Seq == 1 {
+					select { // out until the test lets it answer
+					case <-release:
+					case <-a.Ctx.Done():
+					}
+				}
+			}))
 			cfg := b.config(c.URL())
 			cfg.Ordering = true
 			if managed {
@@ -671,15 +681,39 @@ func TestScheduledEventTakesItsPlaceWhenDue(t *testing.T) {
 				cfg.Secret = ""
 				cfg.EncryptionKey = testKey
 			}
-			b.start(cfg)
+			cfg.Timeout = 30 * time.Second
+			cfg.PollInterval = 50 * time.Millisecond // claims keep coming while the test watches
+			d := b.start(cfg)
 			if _, err := b.pool.Exec(t.Context(), `INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at)
-				VALUES ('sch', 'stream.updated', '{"stream": "sch", "seq": 0}', now() + interval '1 hour')`); err != nil {
+				VALUES ('sch', 'stream.updated', '{"stream": "sch", "seq": 0}', now() + interval '1 second')`); err != nil {
 				t.Fatal(err)
 			}
-			due := b.enqueue(outbox.Event{StreamID: "sch", EventType: "stream.updated", Payload: streamEvent{Stream: "sch", Seq: 1}})
-			eventually(t, 10*time.Second, "the stream's event due now", func() bool { return len(c.byDelivery()[due]) == 1 })
-			if n := len(c.arrivals()); n != 1 {
-				t.Errorf("%d requests, want only the event due now", n)
+			b.enqueue(outbox.Event{StreamID: "sch", EventType: "stream.updated", Payload: streamEvent{Stream: "sch", Seq: 1}})
+			eventually(t, 10*time.Second, "the stream's event due now out, before the scheduled one", func() bool {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				return w.inFlight["sch"] == 1
+			})
+			eventually(t, 10*time.Second, "the scheduled event due", func() bool {
+				return b.count(`SELECT count(*) FROM webhook_outbox WHERE stream_id = 'sch' AND payload->>'seq' = '0' AND created_at <= now()`) > 0
+			})
+			claims := d.Stats().Claims.Load()
+			eventually(t, 10*time.Second, "claims after it came due", func() bool { return d.Stats().Claims.Load() >= claims+2 })
+			close(release)
+			b.waitSettled(30 * time.Second)
+			var seqs []int
+			for _, a := range c.arrivals() {
+				var ev streamEvent
+				_ = json.Unmarshal(a.Body, &ev)
+				seqs = append(seqs, ev.Seq)
+			}
+			if !slices.Equal(seqs, []int{1, 0}) {
+				t.Errorf("arrivals %v, want [1 0]: the event due now, then the scheduled one when due", seqs)
+			}
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if len(w.overlaps) > 0 {
+				t.Errorf("requests of one stream overlapped: %v", w.overlaps)
 			}
 		})
 	}
