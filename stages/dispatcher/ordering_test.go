@@ -536,14 +536,7 @@ func TestRetriedHeadKeepsItsPlace(t *testing.T) {
 					w.WriteHeader(http.StatusServiceUnavailable)
 				}
 			})
-			cfg := b.config(c.URL())
-			cfg.Ordering = true
-			if managed {
-				b.addEndpoint(endpoints.New{URL: c.URL(), Ordering: endpoints.OrderingStream})
-				cfg = b.config("")
-				cfg.Secret = ""
-				cfg.EncryptionKey = testKey
-			}
+			cfg := b.orderedConfig(c, managed)
 			cfg.RetrySchedule = []time.Duration{20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}
 			b.start(cfg)
 			// The head and three later events, committed together: the later ones wait.
@@ -673,14 +666,7 @@ func TestScheduledEventTakesItsPlaceWhenDue(t *testing.T) {
 					}
 				}
 			}))
-			cfg := b.config(c.URL())
-			cfg.Ordering = true
-			if managed {
-				b.addEndpoint(endpoints.New{URL: c.URL(), Ordering: endpoints.OrderingStream})
-				cfg = b.config("")
-				cfg.Secret = ""
-				cfg.EncryptionKey = testKey
-			}
+			cfg := b.orderedConfig(c, managed)
 			cfg.Timeout = 30 * time.Second
 			cfg.PollInterval = 50 * time.Millisecond // claims keep coming while the test watches
 			d := b.start(cfg)
@@ -787,4 +773,20 @@ func TestReplayWaitsForTheStreamInFlight(t *testing.T) {
 	if len(w.overlaps) > 0 {
 		t.Errorf("requests of one stream overlapped: %v", w.overlaps)
 	}
+}
+
+// orderedConfig is a config under which consumer c orders streams: as a managed endpoint's
+// (added here, signing with its own secret), or as WEBHOOK_URL's under WEBHOOK_ORDERING=stream.
+func (b *bundle) orderedConfig(c *consumer, managed bool) dispatcher.Config {
+	b.t.Helper()
+	if !managed {
+		cfg := b.config(c.URL())
+		cfg.Ordering = true
+		return cfg
+	}
+	b.addEndpoint(endpoints.New{URL: c.URL(), Ordering: endpoints.OrderingStream})
+	cfg := b.config("")
+	cfg.Secret = ""
+	cfg.EncryptionKey = testKey
+	return cfg
 }
