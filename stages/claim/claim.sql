@@ -82,37 +82,21 @@ WITH claimed AS (
                        SELECT 1 FROM webhook_outbox p
                        WHERE p.stream_id = webhook_outbox.stream_id AND NOT p.processed
                          AND coalesce(p.order_key, p.id) < coalesce(webhook_outbox.order_key, webhook_outbox.id)
-                         AND ((coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '')
-                                 = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')
-                               -- A first attempt its producer scheduled for later takes its place
-                               -- when it comes due (as an unrouted event does, below): no retry,
-                               -- deferral or stop moved it there, each of which keeps its place.
-                               -- The clock, not now(): a head a deferral's resumption made due
-                               -- after this claim's transaction began is not a schedule.
-                               AND NOT (p.attempt = 1 AND p.deferred_reason IS NULL AND p.created_at > clock_timestamp()))
+                         AND (coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '')
+                                = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')
                               OR (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND p.endpoint_id IS NULL AND p.endpoint_url IS NULL
                                   AND p.routed_at IS NULL AND p.attempt = 1 AND p.created_at <= now())))
-                   -- A replayed row (replay.sql marks it), or a first attempt scheduled for
-                   -- later (due after it was enqueued), goes back to its place, which may be
-                   -- before a request of its stream already in flight (the stream went on past
-                   -- its dead letter, or past the schedule): it waits for that request to
-                   -- settle, so that the stream's requests stay one at a time. The request in
-                   -- flight is the stream's next row for the endpoint (the rows between were
-                   -- delivered one at a time), so one step of the stream index finds it: a look
-                   -- at every later row would read a long stream's backlog at each claim of its
-                   -- head, as producers whose ORM sets created_at would make of every row.
-                   AND (webhook_outbox.deferred_reason IS DISTINCT FROM 'replayed'
-                        AND NOT (webhook_outbox.attempt = 1 AND webhook_outbox.created_at > webhook_outbox.enqueued_at)
-                        OR NOT EXISTS (
-                       SELECT 1 FROM (
-                           SELECT q.lease_until FROM webhook_outbox q
-                           WHERE q.stream_id = webhook_outbox.stream_id AND NOT q.processed
-                             AND coalesce(q.order_key, q.id) > coalesce(webhook_outbox.order_key, webhook_outbox.id)
-                             AND coalesce('ep:' || q.endpoint_id::text, q.endpoint_url, '')
-                                   = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')
-                           ORDER BY coalesce(q.order_key, q.id)
-                           LIMIT 1) next_row
-                       WHERE next_row.lease_until > now()))))
+                   -- A replayed row (replay.sql marks it) goes back to its place, which may be
+                   -- before requests of its stream already sent (the stream went on past its
+                   -- dead letter): it waits while one of them is in flight, so that the stream's
+                   -- requests stay one at a time. Only such a row pays for this look.
+                   AND (webhook_outbox.deferred_reason IS DISTINCT FROM 'replayed' OR NOT EXISTS (
+                       SELECT 1 FROM webhook_outbox q
+                       WHERE q.stream_id = webhook_outbox.stream_id AND NOT q.processed
+                         AND coalesce(q.order_key, q.id) > coalesce(webhook_outbox.order_key, webhook_outbox.id)
+                         AND q.lease_until > now()
+                         AND coalesce('ep:' || q.endpoint_id::text, q.endpoint_url, '')
+                               = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')))))
           -- ordering:end
         ORDER BY created_at, id
         LIMIT $1

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -646,10 +645,9 @@ func startOrderedBeside(t *testing.T) (b *bundle, oep endpoints.Endpoint, ordere
 }
 
 // TestScheduledEventTakesItsPlaceWhenDue: an event its producer scheduled for later (created_at
-// ahead) takes its place in its stream when it comes due, whichever consumer orders it: a
-// managed endpoint's, or WEBHOOK_URL's under WEBHOOK_ORDERING=stream, where it held the whole
-// stream back until it was due. The stream's event due now goes meanwhile; and the scheduled
-// one, due while that request is still out, waits for it (it was sent beside it).
+// ahead) does not hold a managed endpoint's stream back: it is routed, and takes its place in
+// the stream, when it comes due, and the stream's event due now goes meanwhile. Under
+// WEBHOOK_ORDERING=stream it is already in its place: it holds the stream until then.
 func TestScheduledEventTakesItsPlaceWhenDue(t *testing.T) {
 	t.Parallel()
 	for _, managed := range []bool{true, false} {
@@ -657,44 +655,22 @@ func TestScheduledEventTakesItsPlaceWhenDue(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			w := &streamWatch{inFlight: map[string]int{}}
-			release := make(chan struct{})
-			c := newConsumer(t, w.wrap(func(a arrival, ev streamEvent, rw http.ResponseWriter) {
-				if ev.Seq == 1 {
-					select { // out until the test lets it answer
-					case <-release:
-					case <-a.Ctx.Done():
-					}
-				}
-			}))
-			cfg := b.orderedConfig(c, managed)
-			cfg.Timeout = 30 * time.Second
-			cfg.PollInterval = 50 * time.Millisecond // claims keep coming while the test watches
-			d := b.start(cfg)
+			c := newConsumer(t, w.wrap(func(arrival, streamEvent, http.ResponseWriter) {}))
+			b.start(b.orderedConfig(c, managed))
 			if _, err := b.pool.Exec(t.Context(), `INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at)
 				VALUES ('sch', 'stream.updated', '{"stream": "sch", "seq": 0}', now() + interval '1 second')`); err != nil {
 				t.Fatal(err)
 			}
 			b.enqueue(outbox.Event{StreamID: "sch", EventType: "stream.updated", Payload: streamEvent{Stream: "sch", Seq: 1}})
-			eventually(t, 10*time.Second, "the stream's event due now out, before the scheduled one", func() bool {
-				w.mu.Lock()
-				defer w.mu.Unlock()
-				return w.inFlight["sch"] == 1
-			})
-			eventually(t, 10*time.Second, "the scheduled event due", func() bool {
-				return b.count(`SELECT count(*) FROM webhook_outbox WHERE stream_id = 'sch' AND payload->>'seq' = '0' AND created_at <= now()`) > 0
-			})
-			claims := d.Stats().Claims.Load()
-			eventually(t, 10*time.Second, "claims after it came due", func() bool { return d.Stats().Claims.Load() >= claims+2 })
-			close(release)
-			b.waitSettled(30 * time.Second)
+			eventually(t, 15*time.Second, "both events", func() bool { return len(c.arrivals()) == 2 })
 			var seqs []int
 			for _, a := range c.arrivals() {
 				var ev streamEvent
 				_ = json.Unmarshal(a.Body, &ev)
 				seqs = append(seqs, ev.Seq)
 			}
-			if !slices.Equal(seqs, []int{1, 0}) {
-				t.Errorf("arrivals %v, want [1 0]: the event due now, then the scheduled one when due", seqs)
+			if want := map[bool][]int{true: {1, 0}, false: {0, 1}}[managed]; !slices.Equal(seqs, want) {
+				t.Errorf("arrivals %v, want %v", seqs, want)
 			}
 			w.mu.Lock()
 			defer w.mu.Unlock()
@@ -705,24 +681,30 @@ func TestScheduledEventTakesItsPlaceWhenDue(t *testing.T) {
 	}
 }
 
-// TestReplayWaitsForTheStreamInFlight: a stream went on past its dead letter (ordering_failure
-// skip), and the dead letter is replayed while the stream's next request is still out: the
-// replay takes its place back, but waits for that request to settle, so that the stream's
-// requests stay one at a time (it was sent at once, beside it). Then it goes before the
-// events still waiting.
+// TestReplayWaitsForTheStreamInFlight: a stream went on past two dead letters (ordering_failure
+// skip), and both are replayed together while the stream's next request is still out: they
+// take their places back, but wait for that request to settle, so that the stream's requests
+// stay one at a time (the first was sent at once, beside it). Then they go, in order, before
+// the events still waiting.
 func TestReplayWaitsForTheStreamInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := t.Context()
 	w := &streamWatch{inFlight: map[string]int{}}
 	release := make(chan struct{})
-	var once sync.Once
-	var refused atomic.Bool
+	var refusedMu sync.Mutex
+	refused := map[int]bool{}
 	c := newConsumer(t, w.wrap(func(a arrival, ev streamEvent, rw http.ResponseWriter) {
 		switch ev.Seq {
-		case 0:
-			once.Do(func() { refused.Store(true); rw.WriteHeader(http.StatusRequestEntityTooLarge) }) // dead-lettered at once
-		case 1:
+		case 0, 1:
+			refusedMu.Lock()
+			first := !refused[ev.Seq]
+			refused[ev.Seq] = true
+			refusedMu.Unlock()
+			if first {
+				rw.WriteHeader(http.StatusRequestEntityTooLarge) // dead-lettered at once
+			}
+		case 2:
 			select { // out until the test lets it answer
 			case <-release:
 			case <-a.Ctx.Done():
@@ -735,11 +717,11 @@ func TestReplayWaitsForTheStreamInFlight(t *testing.T) {
 	cfg.EncryptionKey = testKey
 	cfg.Timeout = 30 * time.Second
 	d := b.start(cfg)
-	b.insertStreams("rp", 1, 3)
-	eventually(t, 20*time.Second, "event 1 out after the head's dead letter", func() bool {
+	b.insertStreams("rp", 1, 4)
+	eventually(t, 20*time.Second, "event 2 out after two dead letters", func() bool {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		return w.inFlight["rp0"] == 1 && b.count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1`, ep.ID) == 1
+		return w.inFlight["rp0"] == 1 && b.count(`SELECT count(*) FROM webhook_dead_letter WHERE endpoint_id = $1`, ep.ID) == 2
 	})
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
@@ -751,11 +733,11 @@ func TestReplayWaitsForTheStreamInFlight(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The replay's NOTIFY wakes the claims; a few of them pass the replayed row by.
+	// The replay's NOTIFY wakes the claims; a few of them pass the replayed rows by.
 	claims := d.Stats().Claims.Load()
 	eventually(t, 10*time.Second, "claims after the replay", func() bool { return d.Stats().Claims.Load() >= claims+2 })
-	if n := len(c.arrivals()); n != 2 {
-		t.Errorf("%d requests while event 1 is out, want 2 (the refused head, event 1)", n)
+	if n := len(c.arrivals()); n != 3 {
+		t.Errorf("%d requests while event 2 is out, want 3 (the refused 0 and 1, event 2)", n)
 	}
 	close(release)
 	b.waitSettled(30 * time.Second)
@@ -765,8 +747,8 @@ func TestReplayWaitsForTheStreamInFlight(t *testing.T) {
 		_ = json.Unmarshal(a.Body, &ev)
 		seqs = append(seqs, ev.Seq)
 	}
-	if !refused.Load() || !slices.Equal(seqs, []int{0, 1, 0, 2}) {
-		t.Errorf("arrivals %v, want [0 1 0 2]: the head refused, event 1, the replayed head, event 2", seqs)
+	if !slices.Equal(seqs, []int{0, 1, 2, 0, 1, 3}) {
+		t.Errorf("arrivals %v, want [0 1 2 0 1 3]: two refused, event 2, the replayed two, event 3", seqs)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
