@@ -86,11 +86,12 @@ WITH claimed AS (
                                 = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')
                               OR (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND p.endpoint_id IS NULL AND p.endpoint_url IS NULL
                                   AND p.routed_at IS NULL AND p.attempt = 1 AND p.created_at <= now())))
-                   -- A replayed row (replay.sql marks it) goes back to its place, which may be
-                   -- before requests of its stream already sent (the stream went on past its
-                   -- dead letter): it waits while one of them is in flight, so that the stream's
-                   -- requests stay one at a time. Only such a row pays for this look.
-                   AND (webhook_outbox.deferred_reason IS DISTINCT FROM 'replayed' OR NOT EXISTS (
+                   -- A row that rejoined its stream behind requests already sent (replay.sql
+                   -- marks a replayed one, route.sql the delivery of an event routed after
+                   -- later ones of its stream, as one scheduled for later is) waits while one
+                   -- of them is in flight, so that the stream's requests stay one at a time.
+                   -- Only such a row pays for this look.
+                   AND (webhook_outbox.deferred_reason IS DISTINCT FROM 'rejoined' OR NOT EXISTS (
                        SELECT 1 FROM webhook_outbox q
                        WHERE q.stream_id = webhook_outbox.stream_id AND NOT q.processed
                          AND coalesce(q.order_key, q.id) > coalesce(webhook_outbox.order_key, webhook_outbox.id)

@@ -800,7 +800,7 @@ func TestOrderedClaimHeadsKeepTheirPlace(t *testing.T) {
 		ctx := deadline(t)
 		// Keys 1 and 2 replayed; key 5 out (leased by another instance).
 		if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_outbox (id, stream_id, event_type, payload, order_key, deferred_reason, lease_until, leased_by, lease_token)
-			VALUES (11, 's', 'e', '{}', 1, 'replayed', NULL, NULL, NULL), (12, 's', 'e', '{}', 2, 'replayed', NULL, NULL, NULL),
+			VALUES (11, 's', 'e', '{}', 1, 'rejoined', NULL, NULL, NULL), (12, 's', 'e', '{}', 2, 'rejoined', NULL, NULL, NULL),
 			       (15, 's', 'e', '{}', 5, NULL, now() + interval '1 minute', 'b', 7)`); err != nil {
 			t.Fatal(err)
 		}

@@ -681,6 +681,53 @@ func TestScheduledEventTakesItsPlaceWhenDue(t *testing.T) {
 	}
 }
 
+// TestScheduledEventWaitsForTheStreamInFlight: a managed endpoint's event scheduled for later
+// comes due while a later event of its stream, sent meanwhile, is still out: routed then, its
+// delivery waits for that request to settle (it was sent beside it).
+func TestScheduledEventWaitsForTheStreamInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w := &streamWatch{inFlight: map[string]int{}}
+	release := make(chan struct{})
+	c := newConsumer(t, w.wrap(func(a arrival, ev streamEvent, rw http.ResponseWriter) {
+		if ev.Seq == 1 {
+			select { // out until the test lets it answer
+			case <-release:
+			case <-a.Ctx.Done():
+			}
+		}
+	}))
+	cfg := b.orderedConfig(c, true)
+	cfg.Timeout = 30 * time.Second
+	cfg.PollInterval = 50 * time.Millisecond // claims keep coming while the test watches
+	d := b.start(cfg)
+	if _, err := b.pool.Exec(t.Context(), `INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at)
+		VALUES ('sch', 'stream.updated', '{"stream": "sch", "seq": 0}', now() + interval '2 seconds')`); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(outbox.Event{StreamID: "sch", EventType: "stream.updated", Payload: streamEvent{Stream: "sch", Seq: 1}})
+	eventually(t, 10*time.Second, "the event due now out", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.inFlight["sch"] == 1
+	})
+	eventually(t, 10*time.Second, "the scheduled event routed", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE stream_id = 'sch' AND endpoint_id IS NOT NULL AND payload->>'seq' = '0'`) == 1
+	})
+	claims := d.Stats().Claims.Load()
+	eventually(t, 10*time.Second, "claims after it was routed", func() bool { return d.Stats().Claims.Load() >= claims+2 })
+	if n := len(c.arrivals()); n != 1 {
+		t.Errorf("%d requests while event 1 is out, want 1", n)
+	}
+	close(release)
+	eventually(t, 15*time.Second, "both events", func() bool { return len(c.arrivals()) == 2 })
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.overlaps) > 0 {
+		t.Errorf("requests of one stream overlapped: %v", w.overlaps)
+	}
+}
+
 // TestReplayWaitsForTheStreamInFlight: a stream went on past two dead letters (ordering_failure
 // skip), and both are replayed together while the stream's next request is still out: they
 // take their places back, but wait for that request to settle, so that the stream's requests

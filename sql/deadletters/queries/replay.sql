@@ -23,7 +23,7 @@
 -- parked row keeps created_at 'infinity', which tells it apart in the delivery log. outbox_id
 -- is no foreign key (dead letters outlive their rows, and SQL may write anything there), so
 -- the delivery_id must match too: only the dead letter's own row is ever settled.
--- A row that keeps its key is marked deferred_reason 'replayed': back in its place, which may
+-- A row that keeps its key is marked deferred_reason 'rejoined': back in its place, which may
 -- be before a request of its stream already in flight (a stream that went on past its dead
 -- letter), it waits for that request to settle (claim.sql), so that the stream's requests
 -- stay one at a time.
@@ -59,8 +59,8 @@ WITH replayed AS (
            enqueued_at, 1, now(), tenant, coalesce($2::uuid, endpoint_id),
            CASE WHEN $2::uuid IS NOT NULL OR endpoint_id IS NOT NULL OR endpoint_url IS NULL THEN now() END,
            CASE WHEN order_key IS NOT NULL AND ($2::uuid IS NULL OR $3::boolean) THEN order_key END,
-           -- 'replayed': back in its place, it waits for a request of its stream in flight (claim.sql).
-           CASE WHEN order_key IS NOT NULL AND ($2::uuid IS NULL OR $3::boolean) THEN 'replayed' END
+           -- 'rejoined': back in its place, it waits for a request of its stream in flight (claim.sql).
+           CASE WHEN order_key IS NOT NULL AND ($2::uuid IS NULL OR $3::boolean) THEN 'rejoined' END
     -- Rows are numbered in the order of the events' enqueue times (then of their dead letters):
     -- several events of one stream replayed together keep that order when their ids become
     -- their keys (below).
