@@ -34,6 +34,8 @@ var (
 	replaySQL string
 	//go:embed queries/key_joined.sql
 	keyJoinedSQL string
+	//go:embed queries/wait_streams.sql
+	waitStreamsSQL string
 )
 
 // templates are the statements written for the shape of their filter: list.sql, lock.sql and

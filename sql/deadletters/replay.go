@@ -316,6 +316,9 @@ func replay(ctx context.Context, tx pgx.Tx, sel Selection, opts Options, candida
 	}
 	var n int64
 	var keyless []int64
+	if err := tx.QueryRow(ctx, waitStreamsSQL, replayIDs, targetID).Scan(&n); err != nil {
+		return Outcome{}, fmt.Errorf("replaying: waiting for the claims of the streams the events rejoin: %w", err)
+	}
 	if err := tx.QueryRow(ctx, replaySQL, replayIDs, targetID, ordered).Scan(&n, &keyless); err != nil {
 		return Outcome{}, fmt.Errorf("replaying: %w", err)
 	}
