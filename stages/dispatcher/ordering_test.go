@@ -663,20 +663,11 @@ func TestScheduledEventTakesItsPlaceWhenDue(t *testing.T) {
 			}
 			b.enqueue(outbox.Event{StreamID: "sch", EventType: "stream.updated", Payload: streamEvent{Stream: "sch", Seq: 1}})
 			eventually(t, 15*time.Second, "both events", func() bool { return len(c.arrivals()) == 2 })
-			var seqs []int
-			for _, a := range c.arrivals() {
-				var ev streamEvent
-				_ = json.Unmarshal(a.Body, &ev)
-				seqs = append(seqs, ev.Seq)
-			}
+			seqs := arrivalSeqs(c)
 			if want := map[bool][]int{true: {1, 0}, false: {0, 1}}[managed]; !slices.Equal(seqs, want) {
 				t.Errorf("arrivals %v, want %v", seqs, want)
 			}
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			if len(w.overlaps) > 0 {
-				t.Errorf("requests of one stream overlapped: %v", w.overlaps)
-			}
+			w.checkOverlaps(t)
 		})
 	}
 }
@@ -721,11 +712,7 @@ func TestScheduledEventWaitsForTheStreamInFlight(t *testing.T) {
 	}
 	close(release)
 	eventually(t, 15*time.Second, "both events", func() bool { return len(c.arrivals()) == 2 })
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.overlaps) > 0 {
-		t.Errorf("requests of one stream overlapped: %v", w.overlaps)
-	}
+	w.checkOverlaps(t)
 }
 
 // TestReplayWaitsForTheStreamInFlight: a stream went on past two dead letters (ordering_failure
@@ -788,20 +775,11 @@ func TestReplayWaitsForTheStreamInFlight(t *testing.T) {
 	}
 	close(release)
 	b.waitSettled(30 * time.Second)
-	var seqs []int
-	for _, a := range c.arrivals() {
-		var ev streamEvent
-		_ = json.Unmarshal(a.Body, &ev)
-		seqs = append(seqs, ev.Seq)
-	}
+	seqs := arrivalSeqs(c)
 	if !slices.Equal(seqs, []int{0, 1, 2, 0, 1, 3}) {
 		t.Errorf("arrivals %v, want [0 1 2 0 1 3]: two refused, event 2, the replayed two, event 3", seqs)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.overlaps) > 0 {
-		t.Errorf("requests of one stream overlapped: %v", w.overlaps)
-	}
+	w.checkOverlaps(t)
 }
 
 // orderedConfig is a config under which consumer c orders streams: as a managed endpoint's
@@ -818,4 +796,25 @@ func (b *bundle) orderedConfig(c *consumer, managed bool) dispatcher.Config {
 	cfg.Secret = ""
 	cfg.EncryptionKey = testKey
 	return cfg
+}
+
+// checkOverlaps fails t if two requests of one stream were ever out at once.
+func (w *streamWatch) checkOverlaps(t *testing.T) {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.overlaps) > 0 {
+		t.Errorf("requests of one stream overlapped: %v", w.overlaps)
+	}
+}
+
+// arrivalSeqs is the place in its stream of each request c received, in arrival order.
+func arrivalSeqs(c *consumer) []int {
+	var seqs []int
+	for _, a := range c.arrivals() {
+		var ev streamEvent
+		_ = json.Unmarshal(a.Body, &ev)
+		seqs = append(seqs, ev.Seq)
+	}
+	return seqs
 }
