@@ -424,11 +424,7 @@ func (c *endpointCache) any() bool {
 // ever, whatever the cache's state (route.sql would record a tenant's event as matching no
 // endpoint instead of sending it to WEBHOOK_URL).
 func (d *Dispatcher) routes(ctx context.Context) bool {
-	c := &d.endpoints
-	c.mu.Lock()
-	holds, sure := len(c.byID) > 0, c.confirmed && c.loaded == c.version.Load()
-	c.mu.Unlock()
-	if holds || sure {
+	if holds := d.endpoints.any(); holds || d.endpoints.confirmedFor(nil) {
 		return holds
 	}
 	var exists bool
