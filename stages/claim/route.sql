@@ -98,23 +98,40 @@ WITH input AS (
     INSERT INTO webhook_outbox (stream_id, event_type, payload, created_at, delivery_id, attempt, enqueued_at,
                                 tenant, endpoint_id, routed_at, lease_until, leased_by, lease_token, order_key,
                                 deferred_reason)
-    SELECT stream_id, event_type, payload, created_at, delivery_id, 1, enqueued_at,
-           tenant, endpoint_id, now(),
+    SELECT stream_id, event_type, payload,
+           CASE WHEN behind THEN greatest(created_at, head_due) ELSE created_at END,
+           delivery_id, 1, enqueued_at, tenant, endpoint_id, now(),
            CASE WHEN order_key IS NULL THEN now() + $6::bigint * interval '1 millisecond' END,
            CASE WHEN order_key IS NULL THEN $3 END, CASE WHEN order_key IS NULL THEN $5::bigint END, order_key,
-           -- An ordered delivery routed after later ones of its stream (its event was scheduled
-           -- for later, and they went meanwhile) rejoins its stream behind them: it waits while
-           -- one is in flight (claim.sql). Looked for only when the event was due a second or
-           -- more after it was enqueued: the look reads the stream's later rows, unrouted ones
-           -- included, and done for every event it would read a one-stream backlog again for
-           -- each of its events (a producer's ORM setting created_at puts it a few milliseconds
-           -- after enqueued_at).
-           CASE WHEN order_key IS NOT NULL AND created_at > enqueued_at + interval '1 second' AND EXISTS (
-                    SELECT 1 FROM webhook_outbox l
-                    WHERE l.stream_id = matched.stream_id AND NOT l.processed
-                      AND coalesce(l.order_key, l.id) > matched.order_key AND l.endpoint_id = matched.endpoint_id)
-                THEN 'rejoined' END
-    FROM matched
+           CASE WHEN rejoined THEN 'rejoined' WHEN behind THEN 'behind its stream' END
+    FROM (
+        SELECT matched.*, hd.due AS head_due,
+               -- An ordered delivery routed after later ones of its stream (its event was
+               -- scheduled for later, and they went meanwhile) rejoins its stream behind them:
+               -- it waits while one is in flight (claim.sql). Looked for only when the event was
+               -- due a second or more after it was enqueued: the look reads the stream's later
+               -- rows, unrouted ones included, and done for every event it would read a
+               -- one-stream backlog again for each of its events (a producer's ORM setting
+               -- created_at puts it a few milliseconds after enqueued_at).
+               CASE WHEN order_key IS NOT NULL AND created_at > enqueued_at + interval '1 second' THEN EXISTS (
+                   SELECT 1 FROM webhook_outbox l
+                   WHERE l.stream_id = matched.stream_id AND NOT l.processed
+                     AND coalesce(l.order_key, l.id) > matched.order_key AND l.endpoint_id = matched.endpoint_id)
+                    ELSE false END AS rejoined,
+               -- An ordered delivery whose stream's head for its endpoint is not due for a second
+               -- or more (waiting for a retry, or deferred by the gate) is due when its head is,
+               -- marked as settle.sql marks the rows it parks there: left due, every claim would
+               -- read it and look its head up until then.
+               coalesce(hd.due > now() + interval '1 second' AND hd.due < 'infinity', false) AS behind
+        FROM matched
+        LEFT JOIN LATERAL (
+            SELECT h.created_at AS due
+            FROM webhook_outbox h
+            WHERE matched.order_key IS NOT NULL AND h.stream_id = matched.stream_id AND NOT h.processed
+              AND coalesce(h.order_key, h.id) < matched.order_key AND h.endpoint_id = matched.endpoint_id
+            ORDER BY coalesce(h.order_key, h.id)
+            LIMIT 1) hd ON true
+    ) m
     WHERE id IN (SELECT id FROM events)
     ORDER BY id, endpoint_id
     RETURNING id, delivery_id::text AS delivery_id, coalesce(stream_id, '') AS stream_id, event_type,

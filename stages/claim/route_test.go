@@ -6,8 +6,11 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/sqltest"
@@ -329,4 +332,65 @@ func claimOneFencedEvent(t *testing.T, ctx context.Context, db *sqltest.DB, c *c
 		t.Fatalf("claimed %d rows: %v; want the event", len(res.Rows), err)
 	}
 	return res.Rows[0], res
+}
+
+// TestRouteParksBehindAWaitingHead: an ordered delivery routed while its stream's head for
+// that endpoint waits for a retry an hour away is due when the head is, marked 'behind its
+// stream' (left due, every claim would read it until then); nothing parks behind a head due
+// within a second, behind a stream stopped by a dead letter (no time to be due at), or for an
+// endpoint whose head is not waiting.
+func TestRouteParksBehindAWaitingHead(t *testing.T) {
+	t.Parallel()
+	db, c := newRegistered(t, "a")
+	ctx := deadline(t)
+	const waiting, free = "6f2a3c1e-0000-4000-8000-0000000000b1", "6f2a3c1e-0000-4000-8000-0000000000b2"
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO webhook_endpoints (id, url, secret, ordering, created_at) VALUES
+			($1, 'http://127.0.0.1:1/waiting', 's', 'stream', now() - interval '1 minute'),
+			($2, 'http://127.0.0.1:1/free', 's', 'stream', now() - interval '1 minute')`, waiting, free); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO webhook_outbox (id, stream_id, event_type, payload, endpoint_id, routed_at, order_key, attempt, created_at, deferred_reason)
+		VALUES (900001, 'hour', 'e', '{}', $1, now(), 1, 2, now() + interval '1 hour', NULL),
+		       (900002, 'soon', 'e', '{}', $1, now(), 2, 2, now() + interval '500 milliseconds', NULL),
+		       (900003, 'stopped', 'e', '{}', $1, now(), 3, 1, 'infinity', 'stream stopped: HTTP 410')`, waiting); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO webhook_outbox (id, stream_id, event_type, payload, enqueued_at)
+		VALUES (1000010, 'hour', 'e', '{}', now()), (1000011, 'soon', 'e', '{}', now()), (1000012, 'stopped', 'e', '{}', now())`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
+	if err != nil || len(res.Rows) != 3 {
+		t.Fatalf("claimed %d events: %v; want the three", len(res.Rows), err)
+	}
+	if _, err := c.Route(ctx, res.Rows, false); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Pool.Query(ctx, `
+		SELECT order_key, endpoint_id::text, created_at > now() + interval '59 minutes', coalesce(deferred_reason, '')
+		FROM webhook_outbox WHERE order_key >= 1000000 ORDER BY order_key, endpoint_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var key int64
+		var ep, reason string
+		var late bool
+		err := r.Scan(&key, &ep, &late, &reason)
+		return fmt.Sprintf("%d %s late=%v %q", key-1000000, ep[len(ep)-2:], late, reason), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`10 b1 late=true "behind its stream"`, `10 b2 late=false ""`,
+		`11 b1 late=false ""`, `11 b2 late=false ""`,
+		`12 b1 late=false ""`, `12 b2 late=false ""`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("routed deliveries\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }

@@ -818,3 +818,47 @@ func arrivalSeqs(c *consumer) []int {
 	}
 	return seqs
 }
+
+// TestParkedStreamKeepsItsOrder: a head that goes back for a retry a second or more away parks
+// the stream's later events behind it (settle.sql marks them 'behind its stream', due with
+// it), so that claims stop reading them meanwhile; when the head's retry is delivered they
+// follow, in order, each once. Both consumers that order: a managed endpoint and
+// WEBHOOK_ORDERING's default URL.
+func TestParkedStreamKeepsItsOrder(t *testing.T) {
+	t.Parallel()
+	const fails = 2
+	for _, managed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("managed=%v", managed), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			refused := func(a arrival) bool {
+				var ev streamEvent
+				_ = json.Unmarshal(a.Body, &ev)
+				n, _ := strconv.Atoi(a.Attempt)
+				return ev.Seq == 0 && n <= fails
+			}
+			c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+				if refused(a) {
+					w.WriteHeader(http.StatusServiceUnavailable)
+				}
+			})
+			cfg := b.orderedConfig(c, managed)
+			cfg.RetrySchedule = []time.Duration{1100 * time.Millisecond, 1100 * time.Millisecond, time.Second}
+			b.start(cfg)
+			if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+				SELECT 'p', 'stream.updated', jsonb_build_object('stream', 'p', 'seq', i) FROM generate_series(0, 4) i ORDER BY i`); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 30*time.Second, "the later events parked behind the retried head", func() bool {
+				return b.count(`SELECT count(*) FROM webhook_outbox WHERE deferred_reason = 'behind its stream' AND created_at > now()`) == 4
+			})
+			b.waitSettled(30 * time.Second)
+			if got := checkStreamOrder(t, c, managed, refused); got["p"] != 5 {
+				t.Errorf("stream p: %d events arrived, want 5", got["p"])
+			}
+			if n := len(c.arrivals()); n != 5+fails {
+				t.Errorf("%d requests, want %d: the head's %d refused attempts and each event once", n, 5+fails, fails)
+			}
+		})
+	}
+}

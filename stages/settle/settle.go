@@ -359,11 +359,12 @@ type Resumption struct {
 // close the circuit, one of them must be there to probe when the next probe may go, instead
 // of every row waiting for the ended probe's expiry (one row, whatever the backlog).
 func (s *Settler) Resume(ctx context.Context, r Resumption) (int64, error) {
-	tag, err := s.pool.Exec(ctx, resumeSQL, r.Keys, r.Reasons, max(r.In, 0).Milliseconds(), r.Limit, r.Reason)
+	var n int64
+	err := s.pool.QueryRow(ctx, resumeSQL, r.Keys, r.Reasons, max(r.In, 0).Milliseconds(), r.Limit, r.Reason).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("resuming deferred rows: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	return n, nil
 }
 
 // DeadLetterEndpoint moves the pending deliveries of the managed endpoint id that no live

@@ -1,5 +1,6 @@
 -- fluxhook status: rows the gate is holding back (open circuit, probe in flight, retry rate
--- limit), by the reason stored on the row when it was deferred, with the soonest time one of
+-- limit) and ordered rows parked behind their stream's head ('behind its stream', settle.sql),
+-- by the reason stored on the row when it was deferred, with the soonest time one of
 -- them comes due again. The heads of ordered streams stopped behind a dead letter (schema 6:
 -- parked at 'infinity', due at no time) are counted under one reason, with -1 for the due time.
 SELECT CASE WHEN created_at = 'infinity' THEN 'ordered stream stopped at a dead letter (replay or purge it)'
