@@ -77,3 +77,59 @@ func TestEnsureStreamIndexConcurrently(t *testing.T) {
 		t.Errorf("%d sessions built the index, want exactly one", builds)
 	}
 }
+
+// TestEnsureStreamIndexReplacesTheOlderForm: an install whose stream index was built keyed by
+// stream alone gets the current one (endpoint key included) under the same name, built beside
+// it first; a replacement that stopped after dropping the older index is finished by the next
+// call, and one that stopped while building its successor is started again.
+func TestEnsureStreamIndexReplacesTheOlderForm(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqltest.NewMigrated(t)
+	const older = `CREATE INDEX webhook_outbox_stream_idx ON webhook_outbox (stream_id, (coalesce(order_key, id)))
+		WHERE NOT processed AND stream_id IS NOT NULL`
+	columns := func(name string) int {
+		t.Helper()
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT coalesce((SELECT indnkeyatts FROM pg_index
+			WHERE indexrelid = to_regclass($1) AND indisvalid), 0)`, name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ensure := func(what string) {
+		t.Helper()
+		built, err := fluxsql.EnsureStreamIndex(ctx, db.Pool)
+		if err != nil || !built {
+			t.Fatalf("%s: built %v, err %v; want the index built", what, built, err)
+		}
+		if n, next := columns("webhook_outbox_stream_idx"), columns("webhook_outbox_stream_next_idx"); n != 3 || next != 0 {
+			t.Fatalf("%s: webhook_outbox_stream_idx has %d key columns (0: missing), its successor %d; want 3 and none", what, n, next)
+		}
+	}
+	if _, err := db.Pool.Exec(ctx, older); err != nil {
+		t.Fatal(err)
+	}
+	ensure("over the older index")
+
+	// Stopped after the drop: only the successor is left.
+	if _, err := db.Pool.Exec(ctx, `ALTER INDEX webhook_outbox_stream_idx RENAME TO webhook_outbox_stream_next_idx`); err != nil {
+		t.Fatal(err)
+	}
+	ensure("over a successor left alone")
+
+	// Stopped during the build: the older index and an invalid successor.
+	if _, err := db.Pool.Exec(ctx, `DROP INDEX webhook_outbox_stream_idx`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, older); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `CREATE INDEX webhook_outbox_stream_next_idx ON webhook_outbox (id)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'webhook_outbox_stream_next_idx'::regclass`); err != nil {
+		t.Skipf("cannot mark the index invalid (not a superuser?): %v", err)
+	}
+	ensure("over the older index and a failed successor")
+}

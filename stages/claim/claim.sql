@@ -78,14 +78,22 @@ WITH claimed AS (
                            AND NOT (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND endpoint_url IS NULL AND routed_at IS NULL AND attempt = 1)))
                OR (coalesce(order_key, id) <= greatest($11::bigint, CASE WHEN $14::boolean THEN
                        (SELECT coalesce(nullif(current_setting('fluxhook.horizon_now', true), ''), '0')::bigint) END)
+                   -- Two looks, each a range of the stream index (stream, endpoint key, order
+                   -- key): the row's own endpoint's, and the stream's events still to be routed
+                   -- (key ''), so that neither reads rows another endpoint has waiting.
                    AND NOT EXISTS (
                        SELECT 1 FROM webhook_outbox p
                        WHERE p.stream_id = webhook_outbox.stream_id AND NOT p.processed
+                         AND coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '')
+                               = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')
+                         AND coalesce(p.order_key, p.id) < coalesce(webhook_outbox.order_key, webhook_outbox.id))
+                   AND NOT (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND EXISTS (
+                       SELECT 1 FROM webhook_outbox p
+                       WHERE p.stream_id = webhook_outbox.stream_id AND NOT p.processed
+                         AND coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '') = ''
                          AND coalesce(p.order_key, p.id) < coalesce(webhook_outbox.order_key, webhook_outbox.id)
-                         AND (coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '')
-                                = coalesce('ep:' || webhook_outbox.endpoint_id::text, webhook_outbox.endpoint_url, '')
-                              OR (($13::boolean OR EXISTS (SELECT 1 FROM webhook_endpoints)) AND p.endpoint_id IS NULL AND p.endpoint_url IS NULL
-                                  AND p.routed_at IS NULL AND p.attempt = 1 AND p.created_at <= now())))
+                         AND p.endpoint_id IS NULL AND p.endpoint_url IS NULL
+                         AND p.routed_at IS NULL AND p.attempt = 1 AND p.created_at <= now()))
                    -- A row that rejoined its stream behind requests already sent (replay.sql
                    -- marks a replayed one, route.sql the delivery of an event routed after
                    -- later ones of its stream, as one scheduled for later is) waits while one

@@ -109,14 +109,15 @@ WITH input AS (
                -- An ordered delivery routed after later ones of its stream (its event was
                -- scheduled for later, and they went meanwhile) rejoins its stream behind them:
                -- it waits while one is in flight (claim.sql). Looked for only when the event was
-               -- due a second or more after it was enqueued: the look reads the stream's later
-               -- rows, unrouted ones included, and done for every event it would read a
-               -- one-stream backlog again for each of its events (a producer's ORM setting
-               -- created_at puts it a few milliseconds after enqueued_at).
+               -- due a second or more after it was enqueued: the look reads the endpoint's later
+               -- rows of the stream, and done for every event it would read a one-stream
+               -- backlog again for each of its events (a producer's ORM setting created_at puts
+               -- it a few milliseconds after enqueued_at).
                CASE WHEN order_key IS NOT NULL AND created_at > enqueued_at + interval '1 second' THEN EXISTS (
                    SELECT 1 FROM webhook_outbox l
                    WHERE l.stream_id = matched.stream_id AND NOT l.processed
-                     AND coalesce(l.order_key, l.id) > matched.order_key AND l.endpoint_id = matched.endpoint_id)
+                     AND coalesce('ep:' || l.endpoint_id::text, l.endpoint_url, '') = 'ep:' || matched.endpoint_id::text
+                     AND coalesce(l.order_key, l.id) > matched.order_key)
                     ELSE false END AS rejoined,
                -- An ordered delivery whose stream's head for its endpoint is not due for a second
                -- or more (waiting for a retry, or deferred by the gate) is due when its head is,
@@ -128,7 +129,8 @@ WITH input AS (
             SELECT h.created_at AS due
             FROM webhook_outbox h
             WHERE matched.order_key IS NOT NULL AND h.stream_id = matched.stream_id AND NOT h.processed
-              AND coalesce(h.order_key, h.id) < matched.order_key AND h.endpoint_id = matched.endpoint_id
+              AND coalesce('ep:' || h.endpoint_id::text, h.endpoint_url, '') = 'ep:' || matched.endpoint_id::text
+              AND coalesce(h.order_key, h.id) < matched.order_key
             ORDER BY coalesce(h.order_key, h.id)
             LIMIT 1) hd ON true
     ) m

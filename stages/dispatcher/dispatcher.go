@@ -283,7 +283,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		return err
 	}
 	if d.cfg.Ordering {
-		if built, err := fluxsql.EnsureStreamIndex(ctx, pool); err != nil {
+		if built, err := fluxsql.EnsureStreamIndex(ctx, pool); errors.Is(err, fluxsql.ErrStreamIndexOutdated) {
+			d.log.Warn("ordered delivery: the stream index could not be brought up to date; ordered claims use it as it is", zap.Error(err))
+		} else if err != nil {
 			pool.Close()
 			return fmt.Errorf("WEBHOOK_ORDERING=stream: %w", err)
 		} else if built {

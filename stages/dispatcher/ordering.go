@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -156,6 +157,9 @@ func (d *Dispatcher) indexer(ctx context.Context) {
 		}
 		built, err := fluxsql.EnsureStreamIndex(ctx, d.pool)
 		switch {
+		case errors.Is(err, fluxsql.ErrStreamIndexOutdated):
+			d.log.Warn("ordered delivery: the stream index could not be brought up to date; ordered claims use it as it is", zap.Error(err))
+			d.streamIndex.Store(true)
 		case err != nil && ctx.Err() == nil:
 			d.log.Error("ordered delivery: the stream index could not be created; ordered claims read the table until it is", zap.Error(err))
 		case err != nil:
