@@ -38,6 +38,8 @@ var (
 	heartbeatSQL string
 	//go:embed janitor.sql
 	janitorSQL string
+	//go:embed park.sql
+	parkSQL string
 	//go:embed route.sql
 	routeSQL string
 )
@@ -736,6 +738,19 @@ func (c *Claimer) Announce(ctx context.Context, ttl time.Duration) (lapsed bool,
 		return false, fmt.Errorf("announcing to producers: %w", err)
 	}
 	return lapsed, nil
+}
+
+// Park moves the ordered rows that are due but wait behind a head not due for a second or
+// more to their head's due time, looking at no more than the oldest limit due rows, and
+// returns how many it moved; orderDefault is WEBHOOK_ORDERING=stream. settle and route park
+// such rows as they make them wait; this catches those a producer inserted meanwhile, which
+// every claim would otherwise read, and look their head up, until the head is due.
+func (c *Claimer) Park(ctx context.Context, orderDefault bool, limit int) (int64, error) {
+	tag, err := c.pool.Exec(ctx, parkSQL, orderDefault, limit)
+	if err != nil {
+		return 0, fmt.Errorf("parking ordered rows behind their heads: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // Prune deletes the rows settled in place before schema 7 (processed rows left in

@@ -1065,6 +1065,9 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 				d.log.Warn("heartbeat failed", zap.Error(err))
 			}
 			d.disableStale(ctx)
+			if d.orders() {
+				d.park(ctx)
+			}
 			if time.Since(lastPrune) >= time.Minute {
 				lastPrune = time.Now()
 				d.maintainLog(ctx)
@@ -1081,6 +1084,23 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 				}
 			}
 		}
+	}
+}
+
+// parkLimit is how many of the oldest due rows one park pass looks at: one claim's walk at
+// most, each maintenance tick.
+const parkLimit = 10000
+
+// park takes the ordered rows that wait, due, behind a head that is not (see
+// claim.Claimer.Park) out of the claims' way. A failure costs only the claims' time, and the
+// next tick tries again.
+func (d *Dispatcher) park(ctx context.Context) {
+	n, err := d.claimer.Park(ctx, d.cfg.Ordering, parkLimit)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		d.log.Warn("parking ordered rows behind their stream's head failed", zap.Error(err))
+	case n > 0:
+		d.log.Debug("parked ordered rows behind their stream's head", zap.Int64("rows", n))
 	}
 }
 

@@ -1,0 +1,66 @@
+package claim_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// TestParkTakesWaitingRowsOutOfTheClaimsWay: rows a producer inserted behind a head waiting for
+// its retry an hour away (WEBHOOK_ORDERING=stream, no endpoint: nothing routes them) are parked
+// at the head's due time, marked 'behind its stream'; nothing else is: a row behind a head due
+// within a second, behind a stream stopped at a dead letter, a stream's head itself, a row
+// another instance leases, a replayed row with its own mark, and any row at all when
+// WEBHOOK_ORDERING is off.
+func TestParkTakesWaitingRowsOutOfTheClaimsWay(t *testing.T) {
+	t.Parallel()
+	db, c := newRegistered(t, "a")
+	ctx := deadline(t)
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO webhook_outbox (id, stream_id, event_type, payload, attempt, order_key, created_at, deferred_reason,
+		                            lease_until, leased_by, lease_token)
+		VALUES (900001, 'hour', 'head', '{}', 2, 900001, now() + interval '1 hour', NULL, NULL, NULL, NULL),
+		       (900002, 'hour', 'w1', '{}', 1, NULL, now() - interval '2 seconds', NULL, NULL, NULL, NULL),
+		       (900003, 'hour', 'w2', '{}', 1, NULL, now() - interval '1 second', NULL, NULL, NULL, NULL),
+		       (900004, 'hour', 'leased', '{}', 1, NULL, now() - interval '1 second', NULL, now() + interval '1 minute', 'b', 1),
+		       (900005, 'hour', 'replayed', '{}', 1, 900005, now() - interval '1 second', 'rejoined', NULL, NULL, NULL),
+		       (900011, 'soon', 'head', '{}', 2, 900011, now() + interval '500 milliseconds', NULL, NULL, NULL, NULL),
+		       (900012, 'soon', 'w', '{}', 1, NULL, now() - interval '1 second', NULL, NULL, NULL, NULL),
+		       (900021, 'stopped', 'head', '{}', 1, 900021, 'infinity', 'stream stopped: HTTP 410', NULL, NULL, NULL),
+		       (900022, 'stopped', 'w', '{}', 1, NULL, now() - interval '1 second', NULL, NULL, NULL, NULL),
+		       (900031, 'free', 'head', '{}', 1, NULL, now() - interval '1 second', NULL, NULL, NULL, NULL),
+		       (900032, 'free', 'w', '{}', 1, NULL, now() - interval '1 second', NULL, NULL, NULL, NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Park(ctx, false, 100); err != nil || n != 0 {
+		t.Fatalf("Park without WEBHOOK_ORDERING = %d, %v; want nothing parked", n, err)
+	}
+	n, err := c.Park(ctx, true, 100)
+	if err != nil || n != 2 {
+		t.Fatalf("Park = %d, %v; want the two rows behind the head an hour away", n, err)
+	}
+	rows, err := db.Pool.Query(ctx, `
+		SELECT stream_id || '/' || event_type, created_at > now() + interval '59 minutes', coalesce(deferred_reason, '')
+		FROM webhook_outbox WHERE deferred_reason = 'behind its stream' OR created_at > now() + interval '59 minutes'
+		ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var name, reason string
+		var late bool
+		err := r.Scan(&name, &late, &reason)
+		return fmt.Sprintf("%s late=%v %q", name, late, reason), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`hour/head late=true ""`, `hour/w1 late=true "behind its stream"`, `hour/w2 late=true "behind its stream"`,
+		`stopped/head late=true "stream stopped: HTTP 410"`}
+	if !slices.Equal(got, want) {
+		t.Errorf("rows parked or due in an hour\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
