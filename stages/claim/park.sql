@@ -1,16 +1,17 @@
 -- Park the ordered rows that are due but wait behind a head of their stream and endpoint that
--- is not due for a second or more (waiting for a retry, or deferred by the gate): due when it
--- is, marked 'behind its stream', as settle.sql parks the rows behind a head it sends back and
--- route.sql a delivery it routes behind one. This catches the rows neither saw: those a
--- producer inserted while the head waited (WEBHOOK_ORDERING=stream's rows are never routed),
--- and any a race let through. Left due, every claim reads each of them and looks its head up.
+-- is not due for a second or more (waiting for a retry, deferred by the gate, stopped at its
+-- dead letter): due when it is, or in an hour if that is sooner, marked 'behind its stream', as
+-- settle.sql parks the rows behind a head it sends back and route.sql a delivery it routes
+-- behind one. This catches the rows neither saw: those a producer inserted while the head
+-- waited (WEBHOOK_ORDERING=stream's rows are never routed), those whose hour came while their
+-- head still waits, and any a race let through. Left due, every claim reads each of them and
+-- looks its head up.
 --   $1 whether WEBHOOK_ORDERING=stream orders the rows without a managed endpoint, $2 at most
 --   this many due rows are looked at, oldest first (those every claim reads first).
--- Never a row another instance leases, one with a mark of its own (replayed, stopped), or one
--- behind a stream stopped at a dead letter ('infinity': no time to be due at). The outer
--- conditions are checked again on the row, which a claim may have taken meanwhile.
+-- Never a row another instance leases or one with another mark (replayed, stopped). The
+-- outer conditions are checked again on the row, which a claim may have taken meanwhile.
 UPDATE webhook_outbox o
-SET created_at = w.due, deferred_reason = 'behind its stream'
+SET created_at = least(w.due, now() + interval '1 hour'), deferred_reason = 'behind its stream'
 FROM (
     SELECT c.id,
            (SELECT h.created_at FROM webhook_outbox h
@@ -22,13 +23,15 @@ FROM (
             LIMIT 1) AS due
     FROM webhook_outbox c
     WHERE NOT c.processed AND c.created_at <= now() AND c.stream_id IS NOT NULL
-      AND c.deferred_reason IS NULL AND (c.lease_until IS NULL OR c.lease_until < now())
+      AND (c.deferred_reason IS NULL OR c.deferred_reason = 'behind its stream')
+      AND (c.lease_until IS NULL OR c.lease_until < now())
       AND (c.order_key IS NOT NULL
            OR ($1::boolean AND c.endpoint_id IS NULL
                AND (c.endpoint_url IS NOT NULL OR c.routed_at IS NOT NULL OR NOT EXISTS (SELECT 1 FROM webhook_endpoints))))
     ORDER BY c.created_at, c.id
     LIMIT $2
 ) w
-WHERE o.id = w.id AND w.due > now() + interval '1 second' AND w.due < 'infinity'
-  AND NOT o.processed AND o.created_at <= now() AND o.deferred_reason IS NULL
+WHERE o.id = w.id AND w.due > now() + interval '1 second'
+  AND NOT o.processed AND o.created_at <= now()
+  AND (o.deferred_reason IS NULL OR o.deferred_reason = 'behind its stream')
   AND (o.lease_until IS NULL OR o.lease_until < now())

@@ -11,8 +11,9 @@ import (
 
 // TestParkTakesWaitingRowsOutOfTheClaimsWay: rows a producer inserted behind a head waiting for
 // its retry an hour away (WEBHOOK_ORDERING=stream, no endpoint: nothing routes them) are parked
-// at the head's due time, marked 'behind its stream'; nothing else is: a row behind a head due
-// within a second, behind a stream stopped at a dead letter, a stream's head itself, a row
+// at the head's due time, marked 'behind its stream', and a row behind a stream stopped at a
+// dead letter for an hour; nothing else is: a row behind a head due within a second, a
+// stream's head itself, a row
 // another instance leases, a replayed row with its own mark, and any row at all when
 // WEBHOOK_ORDERING is off.
 func TestParkTakesWaitingRowsOutOfTheClaimsWay(t *testing.T) {
@@ -39,8 +40,8 @@ func TestParkTakesWaitingRowsOutOfTheClaimsWay(t *testing.T) {
 		t.Fatalf("Park without WEBHOOK_ORDERING = %d, %v; want nothing parked", n, err)
 	}
 	n, err := c.Park(ctx, true, 100)
-	if err != nil || n != 2 {
-		t.Fatalf("Park = %d, %v; want the two rows behind the head an hour away", n, err)
+	if err != nil || n != 3 {
+		t.Fatalf("Park = %d, %v; want the two rows behind the head an hour away and the one behind the stopped stream", n, err)
 	}
 	rows, err := db.Pool.Query(ctx, `
 		SELECT stream_id || '/' || event_type, created_at > now() + interval '59 minutes', coalesce(deferred_reason, '')
@@ -59,7 +60,7 @@ func TestParkTakesWaitingRowsOutOfTheClaimsWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{`hour/head late=true ""`, `hour/w1 late=true "behind its stream"`, `hour/w2 late=true "behind its stream"`,
-		`stopped/head late=true "stream stopped: HTTP 410"`}
+		`stopped/head late=true "stream stopped: HTTP 410"`, `stopped/w late=true "behind its stream"`}
 	if !slices.Equal(got, want) {
 		t.Errorf("rows parked or due in an hour\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}

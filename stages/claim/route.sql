@@ -99,7 +99,7 @@ WITH input AS (
                                 tenant, endpoint_id, routed_at, lease_until, leased_by, lease_token, order_key,
                                 deferred_reason)
     SELECT stream_id, event_type, payload,
-           CASE WHEN behind THEN greatest(created_at, head_due) ELSE created_at END,
+           CASE WHEN behind THEN greatest(created_at, least(head_due, now() + interval '1 hour')) ELSE created_at END,
            delivery_id, 1, enqueued_at, tenant, endpoint_id, now(),
            CASE WHEN order_key IS NULL THEN now() + $6::bigint * interval '1 millisecond' END,
            CASE WHEN order_key IS NULL THEN $3 END, CASE WHEN order_key IS NULL THEN $5::bigint END, order_key,
@@ -120,10 +120,11 @@ WITH input AS (
                      AND coalesce(l.order_key, l.id) > matched.order_key)
                     ELSE false END AS rejoined,
                -- An ordered delivery whose stream's head for its endpoint is not due for a second
-               -- or more (waiting for a retry, or deferred by the gate) is due when its head is,
-               -- marked as settle.sql marks the rows it parks there: left due, every claim would
-               -- read it and look its head up until then.
-               coalesce(hd.due > now() + interval '1 second' AND hd.due < 'infinity', false) AS behind
+               -- or more (waiting for a retry, deferred by the gate, stopped at its dead letter)
+               -- is due when its head is, or in an hour if that is sooner, parked as settle.sql
+               -- parks the rows behind such a head: left due, every claim would read it and look
+               -- its head up until then.
+               coalesce(hd.due > now() + interval '1 second', false) AS behind
         FROM matched
         LEFT JOIN LATERAL (
             SELECT h.created_at AS due

@@ -336,9 +336,9 @@ func claimOneFencedEvent(t *testing.T, ctx context.Context, db *sqltest.DB, c *c
 
 // TestRouteParksBehindAWaitingHead: an ordered delivery routed while its stream's head for
 // that endpoint waits for a retry an hour away is due when the head is, marked 'behind its
-// stream' (left due, every claim would read it until then); nothing parks behind a head due
-// within a second, behind a stream stopped by a dead letter (no time to be due at), or for an
-// endpoint whose head is not waiting.
+// stream' (left due, every claim would read it until then), and behind a stream stopped at a
+// dead letter for an hour (park.sql parks it again then); nothing parks behind a head due
+// within a second, or for an endpoint whose head is not waiting.
 func TestRouteParksBehindAWaitingHead(t *testing.T) {
 	t.Parallel()
 	db, c := newRegistered(t, "a")
@@ -388,7 +388,7 @@ func TestRouteParksBehindAWaitingHead(t *testing.T) {
 	want := []string{
 		`10 b1 late=true "behind its stream"`, `10 b2 late=false ""`,
 		`11 b1 late=false ""`, `11 b2 late=false ""`,
-		`12 b1 late=false ""`, `12 b2 late=false ""`,
+		`12 b1 late=true "behind its stream"`, `12 b2 late=false ""`,
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("routed deliveries\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

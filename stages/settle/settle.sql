@@ -101,16 +101,19 @@ WITH input AS (
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.stream_id, o.endpoint_id, o.endpoint_url, nullif(i.order_key, 0) AS order_key, i.delay_ms
 ), parked AS (
-    -- An ordered head that will not be due for a second or more (a retry, or a deferral by the
-    -- gate) takes the later rows of its stream and endpoint that wait behind it out of the
-    -- claims' way: they come due when it does, marked 'behind its stream'. Left due, each of
-    -- them was read, and its head looked up, by every claim until then: an ordered endpoint
-    -- that was down for a while made every claim of every tenant read its whole backlog
-    -- (20,000 rows: 120 ms per claim). A row is never pushed back past its own due time, and a
-    -- row with another mark (replayed, stopped) keeps its own. An event still to be routed
-    -- to endpoints is not a delivery of this stream yet, and is left alone.
+    -- An ordered head that will not be due for a second or more (a retry, a deferral by the
+    -- gate, a stream stopped at its dead letter) takes the later rows of its stream and
+    -- endpoint that wait behind it out of the claims' way: they come due when it does, or in
+    -- an hour if that is sooner, marked 'behind its stream' (park.sql parks them again then, if
+    -- they still wait). Left due, each of them was read, and its head looked up, by every
+    -- claim until then: an ordered endpoint that was down for a while made every claim of
+    -- every tenant read its whole backlog (20,000 rows: 120 ms per claim). The hour bounds
+    -- what any park can cost a row whose head leaves early by a way that does not bring it
+    -- along (resume.sql, replay.sql and purge.sql do). A row is never pushed back past its own
+    -- due time, and a row with another mark (replayed, stopped) keeps its own. An event still
+    -- to be routed to endpoints is not a delivery of this stream yet, and is left alone.
     UPDATE webhook_outbox o
-    SET created_at = h.due, deferred_reason = 'behind its stream'
+    SET created_at = least(h.due, now() + interval '1 hour'), deferred_reason = 'behind its stream'
     FROM (SELECT stream_id, coalesce('ep:' || endpoint_id::text, endpoint_url, '') AS key, order_key,
                  now() + delay_ms * interval '1 millisecond' AS due
           FROM settled
@@ -119,11 +122,15 @@ WITH input AS (
           SELECT stream_id, coalesce('ep:' || endpoint_id::text, endpoint_url, ''), order_key,
                  now() + delay_ms * interval '1 millisecond'
           FROM deferred
-          WHERE order_key IS NOT NULL AND stream_id IS NOT NULL AND delay_ms >= 1000) h
+          WHERE order_key IS NOT NULL AND stream_id IS NOT NULL AND delay_ms >= 1000
+          UNION ALL
+          SELECT stream_id, coalesce('ep:' || endpoint_id::text, endpoint_url, ''), order_key, 'infinity'
+          FROM stopped
+          WHERE order_key IS NOT NULL AND stream_id IS NOT NULL) h
     WHERE o.stream_id = h.stream_id AND o.stream_id IS NOT NULL AND NOT o.processed
       AND coalesce(o.order_key, o.id) > h.order_key
       AND coalesce('ep:' || o.endpoint_id::text, o.endpoint_url, '') = h.key
-      AND o.created_at < h.due
+      AND o.created_at < least(h.due, now() + interval '1 hour')
       AND (o.deferred_reason IS NULL OR o.deferred_reason = 'behind its stream')
       AND (o.lease_until IS NULL OR o.lease_until < now())
       AND (o.endpoint_id IS NOT NULL OR o.endpoint_url IS NOT NULL OR o.routed_at IS NOT NULL

@@ -27,6 +27,16 @@ WITH purged AS (
       AND o.deferred_reason LIKE 'stream stopped%'
     RETURNING o.id, o.stream_id, o.event_type, o.payload, o.created_at, o.delivery_id, o.attempt, o.enqueued_at,
               o.endpoint_url, o.tenant, o.endpoint_id, o.routed_at, o.order_key, p.id AS dead_letter_id
+), unparked AS (
+    -- The rows parked behind the stopped row ('behind its stream', settle.sql) come due now:
+    -- the stream goes on from here.
+    UPDATE webhook_outbox o
+    SET created_at = now(), deferred_reason = NULL
+    FROM resumed r
+    WHERE o.stream_id = r.stream_id AND o.stream_id IS NOT NULL AND NOT o.processed
+      AND coalesce('ep:' || o.endpoint_id::text, o.endpoint_url, '') = coalesce('ep:' || r.endpoint_id::text, r.endpoint_url, '')
+      AND coalesce(o.order_key, o.id) > coalesce(r.order_key, r.id)
+      AND o.deferred_reason = 'behind its stream' AND o.created_at > now()
 ), logged AS (
     INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
                                       enqueued_at, endpoint_url, processed_at, error, tenant, endpoint_id,
