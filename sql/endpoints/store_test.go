@@ -1192,3 +1192,36 @@ func TestFramingHeadersKeptNotAdded(t *testing.T) {
 		}
 	}
 }
+
+// TestOrderingOffReleasesParkedRows: rows the dispatcher parked behind their streams' heads
+// ('behind its stream', due when the head is) go at once when their endpoint stops ordering
+// its streams, as the rows left due do; a row another mark holds, and another endpoint's
+// parked row, stay as they are.
+func TestOrderingOffReleasesParkedRows(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx := context.Background()
+	e := mustAdd(t, db, nil, endpoints.New{URL: "https://a.example/", Ordering: endpoints.OrderingStream})
+	other := mustAdd(t, db, nil, endpoints.New{URL: "https://b.example/", Ordering: endpoints.OrderingStream})
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO webhook_outbox (stream_id, event_type, payload, endpoint_id, routed_at, order_key, created_at, deferred_reason)
+		VALUES ('s', 'parked', '{}', $1::uuid, now(), 101, now() + interval '1 hour', 'behind its stream'),
+		       ('s', 'parked', '{}', $1::uuid, now(), 102, now() + interval '1 hour', 'behind its stream'),
+		       ('s', 'gated', '{}', $1::uuid, now(), 100, now() + interval '1 hour', 'circuit breaker open'),
+		       ('s', 'other', '{}', $2::uuid, now(), 101, now() + interval '1 hour', 'behind its stream')`, e.ID, other.ID); err != nil {
+		t.Fatal(err)
+	}
+	none := endpoints.OrderingNone
+	if _, err := endpoints.Update(ctx, db.Pool, nil, e.ID, endpoints.Patch{Ordering: &none}); err != nil {
+		t.Fatal(err)
+	}
+	var due, later int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE event_type = 'parked' AND created_at <= now() AND deferred_reason IS NULL),
+		count(*) FILTER (WHERE event_type IN ('gated', 'other') AND created_at > now())
+		FROM webhook_outbox`).Scan(&due, &later); err != nil {
+		t.Fatal(err)
+	}
+	if due != 2 || later != 2 {
+		t.Errorf("after ordering was turned off: %d of the 2 parked rows due now, %d of the 2 others left as they were", due, later)
+	}
+}

@@ -8,7 +8,8 @@
 -- looks its head up.
 --   $1 whether WEBHOOK_ORDERING=stream orders the rows without a managed endpoint, $2 at most
 --   this many due rows are looked at, oldest first (those every claim reads first).
--- Never a row another instance leases or one with another mark (replayed, stopped). The
+-- Never a row another instance leases, one with another mark (replayed, stopped), or one of an
+-- endpoint that no longer orders its streams. The
 -- outer conditions are checked again on the row, which a claim may have taken meanwhile.
 UPDATE webhook_outbox o
 SET created_at = least(w.due, now() + interval '1 hour'), deferred_reason = 'behind its stream'
@@ -25,9 +26,11 @@ FROM (
     WHERE NOT c.processed AND c.created_at <= now() AND c.stream_id IS NOT NULL
       AND (c.deferred_reason IS NULL OR c.deferred_reason = 'behind its stream')
       AND (c.lease_until IS NULL OR c.lease_until < now())
-      AND (c.order_key IS NOT NULL
+      AND ((c.order_key IS NOT NULL AND c.endpoint_id IS NOT NULL
+            AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = c.endpoint_id AND e.ordering = 'stream'))
            OR ($1::boolean AND c.endpoint_id IS NULL
-               AND (c.endpoint_url IS NOT NULL OR c.routed_at IS NOT NULL OR NOT EXISTS (SELECT 1 FROM webhook_endpoints))))
+               AND (c.order_key IS NOT NULL OR c.endpoint_url IS NOT NULL OR c.routed_at IS NOT NULL
+                    OR NOT EXISTS (SELECT 1 FROM webhook_endpoints))))
     ORDER BY c.created_at, c.id
     LIMIT $2
 ) w

@@ -99,7 +99,8 @@ WITH input AS (
                                 tenant, endpoint_id, routed_at, lease_until, leased_by, lease_token, order_key,
                                 deferred_reason)
     SELECT stream_id, event_type, payload,
-           CASE WHEN behind THEN greatest(created_at, least(head_due, now() + interval '1 hour')) ELSE created_at END,
+           CASE WHEN behind AND NOT rejoined THEN greatest(created_at, least(head_due, now() + interval '1 hour'))
+                ELSE created_at END,
            delivery_id, 1, enqueued_at, tenant, endpoint_id, now(),
            CASE WHEN order_key IS NULL THEN now() + $6::bigint * interval '1 millisecond' END,
            CASE WHEN order_key IS NULL THEN $3 END, CASE WHEN order_key IS NULL THEN $5::bigint END, order_key,
@@ -123,7 +124,8 @@ WITH input AS (
                -- or more (waiting for a retry, deferred by the gate, stopped at its dead letter)
                -- is due when its head is, or in an hour if that is sooner, parked as settle.sql
                -- parks the rows behind such a head: left due, every claim would read it and look
-               -- its head up until then.
+               -- its head up until then. Not a rejoined one: nothing would bring it along when
+               -- its head came due early, and it would hold the rows behind it back.
                coalesce(hd.due > now() + interval '1 second', false) AS behind
         FROM matched
         LEFT JOIN LATERAL (

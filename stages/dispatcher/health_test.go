@@ -381,7 +381,8 @@ func TestMetricsShowAConsumerOutage(t *testing.T) {
 	if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (event_type, payload, attempt, created_at, enqueued_at, deferred_reason) VALUES
 		('retry.waiting', '{}', 3, now() + interval '10 minutes', now() - interval '20 minutes', NULL),
 		('held.open',     '{}', 2, now() + interval '1 minute',   now() - interval '5 minutes', 'circuit breaker open'),
-		('held.rate',     '{}', 2, now() + interval '1 minute',   now() - interval '1 minute', 'retry rate limit')`); err != nil {
+		('held.rate',     '{}', 2, now() + interval '1 minute',   now() - interval '1 minute', 'retry rate limit'),
+		('held.stream',   '{}', 1, now() + interval '1 minute',   now() - interval '1 minute', 'behind its stream')`); err != nil {
 		t.Fatal(err)
 	}
 	value := func(name string, labels map[string]string) float64 {
@@ -391,10 +392,10 @@ func TestMetricsShowAConsumerOutage(t *testing.T) {
 	if n := value("fluxora_webhook_backlog", nil); n != 0 {
 		t.Errorf("backlog %v, want 0: nothing is due", n)
 	}
-	if n := value("fluxora_webhook_scheduled", nil); n != 3 {
-		t.Errorf("scheduled %v, want 3", n)
+	if n := value("fluxora_webhook_scheduled", nil); n != 4 {
+		t.Errorf("scheduled %v, want 4", n)
 	}
-	for label, want := range map[string]float64{"circuit_open": 1, "rate_limited": 1, "probe_in_flight": 0} {
+	for label, want := range map[string]float64{"circuit_open": 1, "rate_limited": 1, "probe_in_flight": 0, "behind_stream": 1} {
 		if n := value("fluxora_webhook_deferred", map[string]string{"reason": label}); n != want {
 			t.Errorf("deferred{reason=%q} = %v, want %v", label, n, want)
 		}

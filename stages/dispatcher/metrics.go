@@ -270,6 +270,8 @@ var deferredLabels = []struct{ reason, label string }{
 	{gate.DeferOpen.String(), "circuit_open"},
 	{gate.DeferProbe.String(), "probe_in_flight"},
 	{gate.DeferRateLimit.String(), "rate_limited"},
+	// Ordered rows parked behind their stream's head (settle.sql, route.sql, park.sql).
+	{"behind its stream", "behind_stream"},
 }
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -287,7 +289,7 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var n, scheduled, open, probe, limited int64
+	var n, scheduled, open, probe, limited, behind int64
 	var age, undelivered float64
 	err := pool.QueryRow(ctx, `SELECT
 			count(*) FILTER (WHERE created_at <= now() AND (lease_until IS NULL OR lease_until < now())),
@@ -297,10 +299,11 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 			count(*) FILTER (WHERE created_at > now() AND deferred_reason = $1),
 			count(*) FILTER (WHERE created_at > now() AND deferred_reason = $2),
 			count(*) FILTER (WHERE created_at > now() AND deferred_reason = $3),
+			count(*) FILTER (WHERE created_at > now() AND deferred_reason = $4),
 			coalesce(extract(epoch FROM now() - min(enqueued_at)), 0)
 		FROM webhook_outbox WHERE NOT processed`,
-		deferredLabels[0].reason, deferredLabels[1].reason, deferredLabels[2].reason).
-		Scan(&n, &age, &scheduled, &open, &probe, &limited, &undelivered)
+		deferredLabels[0].reason, deferredLabels[1].reason, deferredLabels[2].reason, deferredLabels[3].reason).
+		Scan(&n, &age, &scheduled, &open, &probe, &limited, &behind, &undelivered)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(backlogDesc, err)
 		return
@@ -308,7 +311,7 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(n))
 	ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, age)
 	ch <- prometheus.MustNewConstMetric(scheduledDesc, prometheus.GaugeValue, float64(scheduled))
-	for i, v := range []int64{open, probe, limited} {
+	for i, v := range []int64{open, probe, limited, behind} {
 		ch <- prometheus.MustNewConstMetric(deferredDesc, prometheus.GaugeValue, float64(v), deferredLabels[i].label)
 	}
 	ch <- prometheus.MustNewConstMetric(undeliveredDesc, prometheus.GaugeValue, undelivered)

@@ -105,11 +105,12 @@ func TestRetryParksTheRowsBehindIt(t *testing.T) {
 	}
 }
 
-// TestDeferralParksAndResumeBringsThemBack: a head the gate defers for half a minute parks
+// TestDeferralParksAndTheHeadReleasesTheNext: a head the gate defers for half a minute parks
 // the rows behind it with it; a deferral under a second parks nothing (it would rewrite a
 // stream's backlog for every short wait); and when the breaker lets the head go early, the
-// rows behind it come due with it instead of at the time it no longer has.
-func TestDeferralParksAndResumeBringsThemBack(t *testing.T) {
+// row parked behind it comes due as soon as the head is delivered, not at the time the head
+// no longer has.
+func TestDeferralParksAndTheHeadReleasesTheNext(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 	ctx := context.Background()
@@ -140,10 +141,16 @@ func TestDeferralParksAndResumeBringsThemBack(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Resume = %d, %v; want the deferred head", n, err)
 	}
-	for _, id := range []int64{1000, 1001} {
-		if in, _ := dueIn(t, db, id); in > 0 {
-			t.Errorf("row %d due in %s after the breaker closed, want now", id, in)
-		}
+	if in, _ := dueIn(t, db, 1000); in > 0 {
+		t.Fatalf("the head is due in %s after the breaker closed, want now", in)
+	}
+	head := leasedHead(t, db, 1000, 100)
+	head.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+	if _, err := s.Settle(ctx, []*delivery.Delivery{head}); err != nil {
+		t.Fatal(err)
+	}
+	if in, reason := dueIn(t, db, 1001); in > 0 || reason != "" {
+		t.Errorf("the row parked behind the head is due in %s (%q) once the head was delivered, want now", in, reason)
 	}
 }
 

@@ -9,39 +9,21 @@
 -- The rows are found through the due index (created_at > now(): deferred rows lie in the
 -- future), so this costs what the endpoint's deferred backlog costs, never the delivery log.
 -- The outer conditions are checked again on the locked row (a claim may take it meanwhile).
--- Returns how many rows it brought forward, not counting the rows parked behind them that
--- follow (see followed).
-WITH moved AS (
-    UPDATE webhook_outbox
-    SET created_at = now() + $3::bigint * interval '1 millisecond', deferred_reason = nullif($5::text, '')
-    WHERE id = ANY (ARRAY(
-            SELECT id
-            FROM webhook_outbox
-            WHERE NOT processed
-              AND created_at > now() + $3::bigint * interval '1 millisecond'
-              AND coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($1::text[])
-              AND deferred_reason = ANY ($2::text[])
-              AND (lease_until IS NULL OR lease_until < now())
-            ORDER BY created_at, id
-            LIMIT nullif($4::bigint, 0)
-            FOR UPDATE SKIP LOCKED
-        ))
-      AND NOT processed
-      AND created_at > now() + $3::bigint * interval '1 millisecond'
-      AND deferred_reason = ANY ($2::text[])
-      AND (lease_until IS NULL OR lease_until < now())
-    RETURNING stream_id, coalesce('ep:' || endpoint_id::text, endpoint_url, '') AS key,
-              coalesce(order_key, id) AS order_key
-), followed AS (
-    -- The rows that waited behind an ordered row moved here (settle.sql parks them 'behind its
-    -- stream', due when it was) come due with it, not at the time it no longer has.
-    UPDATE webhook_outbox o
-    SET created_at = now() + $3::bigint * interval '1 millisecond'
-    FROM moved m
-    WHERE o.stream_id = m.stream_id AND o.stream_id IS NOT NULL AND NOT o.processed
-      AND coalesce(o.order_key, o.id) > m.order_key
-      AND coalesce('ep:' || o.endpoint_id::text, o.endpoint_url, '') = m.key
-      AND o.deferred_reason = 'behind its stream'
-      AND o.created_at > now() + $3::bigint * interval '1 millisecond'
-)
-SELECT count(*) FROM moved
+UPDATE webhook_outbox
+SET created_at = now() + $3::bigint * interval '1 millisecond', deferred_reason = nullif($5::text, '')
+WHERE id = ANY (ARRAY(
+        SELECT id
+        FROM webhook_outbox
+        WHERE NOT processed
+          AND created_at > now() + $3::bigint * interval '1 millisecond'
+          AND coalesce('ep:' || endpoint_id::text, endpoint_url, '') = ANY ($1::text[])
+          AND deferred_reason = ANY ($2::text[])
+          AND (lease_until IS NULL OR lease_until < now())
+        ORDER BY created_at, id
+        LIMIT nullif($4::bigint, 0)
+        FOR UPDATE SKIP LOCKED
+    ))
+  AND NOT processed
+  AND created_at > now() + $3::bigint * interval '1 millisecond'
+  AND deferred_reason = ANY ($2::text[])
+  AND (lease_until IS NULL OR lease_until < now())

@@ -232,12 +232,13 @@ var settleDeliveredSQL = func() string {
 }()
 
 // statement decides each row's outcome and returns the batch statement and its arguments:
-// settleDeliveredSQL when every row was delivered (the common case, at a fraction of the
-// server's work), settle.sql otherwise.
+// settleDeliveredSQL when every row was delivered unordered (the common case, at a fraction of
+// the server's work), settle.sql otherwise: a delivered ordered row lets the next row of its
+// stream go (settle.sql's successor).
 func (s *Settler) statement(batch []*delivery.Delivery) (string, []any) {
 	args := s.args(batch)
 	for _, d := range batch {
-		if d.Outcome.Kind != delivery.Delivered {
+		if d.Outcome.Kind != delivery.Delivered || d.OrderKey != 0 {
 			return settleSQL, args
 		}
 	}
@@ -359,12 +360,11 @@ type Resumption struct {
 // close the circuit, one of them must be there to probe when the next probe may go, instead
 // of every row waiting for the ended probe's expiry (one row, whatever the backlog).
 func (s *Settler) Resume(ctx context.Context, r Resumption) (int64, error) {
-	var n int64
-	err := s.pool.QueryRow(ctx, resumeSQL, r.Keys, r.Reasons, max(r.In, 0).Milliseconds(), r.Limit, r.Reason).Scan(&n)
+	tag, err := s.pool.Exec(ctx, resumeSQL, r.Keys, r.Reasons, max(r.In, 0).Milliseconds(), r.Limit, r.Reason)
 	if err != nil {
 		return 0, fmt.Errorf("resuming deferred rows: %w", err)
 	}
-	return n, nil
+	return tag.RowsAffected(), nil
 }
 
 // DeadLetterEndpoint moves the pending deliveries of the managed endpoint id that no live

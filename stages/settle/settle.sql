@@ -100,20 +100,10 @@ WITH input AS (
     WHERE o.id = i.id AND i.kind = 4 AND o.processed IS NOT TRUE
       AND o.leased_by = $8 AND o.lease_token = i.token
     RETURNING o.id, o.stream_id, o.endpoint_id, o.endpoint_url, nullif(i.order_key, 0) AS order_key, i.delay_ms
-), parked AS (
-    -- An ordered head that will not be due for a second or more (a retry, a deferral by the
-    -- gate, a stream stopped at its dead letter) takes the later rows of its stream and
-    -- endpoint that wait behind it out of the claims' way: they come due when it does, or in
-    -- an hour if that is sooner, marked 'behind its stream' (park.sql parks them again then, if
-    -- they still wait). Left due, each of them was read, and its head looked up, by every
-    -- claim until then: an ordered endpoint that was down for a while made every claim of
-    -- every tenant read its whole backlog (20,000 rows: 120 ms per claim). The hour bounds
-    -- what any park can cost a row whose head leaves early by a way that does not bring it
-    -- along (resume.sql, replay.sql and purge.sql do). A row is never pushed back past its own
-    -- due time, and a row with another mark (replayed, stopped) keeps its own. An event still
-    -- to be routed to endpoints is not a delivery of this stream yet, and is left alone.
-    UPDATE webhook_outbox o
-    SET created_at = least(h.due, now() + interval '1 hour'), deferred_reason = 'behind its stream'
+), waiting AS (
+    -- The rows waiting behind each ordered head that will not be due for a second or more, for
+    -- parked below: a retry, a deferral, a stream stopped at its dead letter ('infinity').
+    SELECT p.id, h.due
     FROM (SELECT stream_id, coalesce('ep:' || endpoint_id::text, endpoint_url, '') AS key, order_key,
                  now() + delay_ms * interval '1 millisecond' AS due
           FROM settled
@@ -127,15 +117,60 @@ WITH input AS (
           SELECT stream_id, coalesce('ep:' || endpoint_id::text, endpoint_url, ''), order_key, 'infinity'
           FROM stopped
           WHERE order_key IS NOT NULL AND stream_id IS NOT NULL) h
-    WHERE o.stream_id = h.stream_id AND o.stream_id IS NOT NULL AND NOT o.processed
-      AND coalesce(o.order_key, o.id) > h.order_key
-      AND coalesce('ep:' || o.endpoint_id::text, o.endpoint_url, '') = h.key
-      AND o.created_at < least(h.due, now() + interval '1 hour')
+    CROSS JOIN LATERAL (
+        SELECT p.id FROM webhook_outbox p
+        WHERE p.stream_id = h.stream_id AND NOT p.processed
+          AND coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '') = h.key
+          AND coalesce(p.order_key, p.id) > h.order_key
+          AND p.created_at < least(h.due, now() + interval '1 hour')
+        -- Kept a subquery run per head: flattened into a join, the plan made on an empty table
+        -- walked the whole stream index on every settle.
+        OFFSET 0) p
+), parked AS (
+    -- An ordered head that will not be due for a second or more (a retry, a deferral by the
+    -- gate, a stream stopped at its dead letter) takes the later rows of its stream and
+    -- endpoint that wait behind it out of the claims' way: they come due when it does, or in
+    -- an hour if that is sooner, marked 'behind its stream' (park.sql parks them again then, if
+    -- they still wait), and when it is delivered or dead-lettered the next one comes due at
+    -- once (successor). Left due, each of them was read, and its head looked up, by every
+    -- claim until then: an ordered endpoint that was down for a while made every claim of
+    -- every tenant read its whole backlog (20,000 rows: 120 ms per claim). A row is never
+    -- pushed back past its own due time, and a row with another mark (replayed, stopped) keeps
+    -- its own. An event still to be routed to endpoints is not a delivery of this stream yet,
+    -- and a managed endpoint's row is parked only while the endpoint orders its streams.
+    -- Driven from the heads: the rows come from a look per head at its own range of the stream
+    -- index (waiting), and the update finds them by id (ARRAY), whatever the statistics the
+    -- generic plan was made with (made on an empty table, a join let it walk the whole outbox
+    -- by its primary key on every settle).
+    UPDATE webhook_outbox o
+    SET created_at = least(w.due, now() + interval '1 hour'), deferred_reason = 'behind its stream'
+    FROM waiting w
+    WHERE o.id = ANY (ARRAY(SELECT id FROM waiting)) AND o.id = w.id AND o.processed IS NOT TRUE
+      AND o.created_at < least(w.due, now() + interval '1 hour')
       AND (o.deferred_reason IS NULL OR o.deferred_reason = 'behind its stream')
       AND (o.lease_until IS NULL OR o.lease_until < now())
       AND (o.endpoint_id IS NOT NULL OR o.endpoint_url IS NOT NULL OR o.routed_at IS NOT NULL
            OR NOT EXISTS (SELECT 1 FROM webhook_endpoints))
+      AND (o.endpoint_id IS NULL OR EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = o.endpoint_id AND e.ordering = 'stream'))
     RETURNING o.id
+), successor AS (
+    -- An ordered row delivered or dead-lettered (its stream goes on) lets its stream's next row
+    -- for its endpoint go at once if it was parked behind it: a head brought forward by another
+    -- way than its own retry (a closed breaker, an operator) leaves the rows parked behind it at
+    -- its old time, and each head releases the next one this way, so none waits for that time.
+    UPDATE webhook_outbox o
+    SET created_at = now(), deferred_reason = NULL
+    WHERE o.id = ANY (ARRAY(
+            SELECT (SELECT n.id FROM webhook_outbox n
+                    WHERE n.stream_id = s.stream_id AND NOT n.processed
+                      AND coalesce('ep:' || n.endpoint_id::text, n.endpoint_url, '')
+                            = coalesce('ep:' || s.endpoint_id::text, s.endpoint_url, '')
+                      AND coalesce(n.order_key, n.id) > s.order_key
+                    ORDER BY coalesce(n.order_key, n.id)
+                    LIMIT 1)
+            FROM settled s
+            WHERE s.kind IN (1, 3) AND s.order_key IS NOT NULL AND s.stream_id IS NOT NULL))
+      AND o.processed IS NOT TRUE AND o.deferred_reason = 'behind its stream' AND o.created_at > now()
 ), released AS (
     UPDATE webhook_outbox o
     SET lease_until = now() + i.delay_ms * interval '1 millisecond'

@@ -35,6 +35,17 @@ SET url = CASE WHEN 'url' = ANY ($2::text[]) THEN $5::text ELSE url END,
     previous_secret_expires_at = CASE WHEN $13::text IS NULL THEN previous_secret_expires_at END
 WHERE id = $1::uuid AND scheme = $3::text AND headers = $4::jsonb
 RETURNING id AS endpoint, tenant AS new_tenant
+), unparked AS (
+    -- An endpoint that stops ordering its streams lets the rows parked behind their streams'
+    -- heads ('behind its stream', which the dispatcher parks) go: they go on without order, at
+    -- once, as the rows left due do. (Rows the tenant change below dead-letters are not
+    -- touched: one statement may not write a row twice.)
+    UPDATE webhook_outbox o
+    SET created_at = now(), deferred_reason = NULL
+    FROM updated u
+    WHERE 'ordering' = ANY ($2::text[]) AND $14::text IS DISTINCT FROM 'stream'
+      AND o.endpoint_id = u.endpoint AND NOT o.processed AND o.tenant IS NOT DISTINCT FROM u.new_tenant
+      AND o.deferred_reason = 'behind its stream' AND o.created_at > now()
 ), settled AS (
     DELETE FROM webhook_outbox
     USING updated
