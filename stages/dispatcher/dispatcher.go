@@ -1303,6 +1303,12 @@ func (d *Dispatcher) settled(ctx context.Context, batch, rows, done []*delivery.
 			soonest = 0
 		}
 	}
+	if res.Unparked > 0 {
+		// A row parked behind a head this batch let go is due now; a claim that saw no
+		// ordered row waiting (parked rows are not due) would not look for it.
+		d.streamMoved.Store(true)
+		soonest = 0
+	}
 	if soonest >= 0 {
 		d.waker.DueIn(soonest)
 	}

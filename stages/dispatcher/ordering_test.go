@@ -862,3 +862,44 @@ func TestParkedStreamKeepsItsOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestArrivalsParkBehindAWaitingHead: events of a stream that arrive while its head waits an
+// hour for a retry are parked behind it too, so that claims stop reading them: a managed
+// endpoint's as they are routed, WEBHOOK_ORDERING=stream's (never routed) by the dispatcher's
+// park pass at its next maintenance tick.
+func TestArrivalsParkBehindAWaitingHead(t *testing.T) {
+	t.Parallel()
+	for _, managed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("managed=%v", managed), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+				var ev streamEvent
+				_ = json.Unmarshal(a.Body, &ev)
+				if ev.Seq == 0 {
+					w.WriteHeader(http.StatusServiceUnavailable)
+				}
+			})
+			cfg := b.orderedConfig(c, managed)
+			cfg.RetrySchedule = []time.Duration{time.Hour, time.Hour}
+			cfg.PollInterval = 300 * time.Millisecond
+			b.start(cfg)
+			insert := func(from, to int) {
+				if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+					SELECT 'p', 'stream.updated', jsonb_build_object('stream', 'p', 'seq', i) FROM generate_series($1::int, $2::int) i ORDER BY i`, from, to); err != nil {
+					t.Fatal(err)
+				}
+			}
+			parked := func() int {
+				return b.count(`SELECT count(*) FROM webhook_outbox WHERE deferred_reason = 'behind its stream' AND created_at > now() + interval '50 minutes'`)
+			}
+			insert(0, 4)
+			eventually(t, 20*time.Second, "the four events behind the refused head parked", func() bool { return parked() == 4 })
+			insert(5, 9)
+			eventually(t, 20*time.Second, "the five events that arrived later parked too", func() bool { return parked() == 9 })
+			if n := len(c.arrivals()); n != 1 {
+				t.Errorf("%d requests, want the head's one refused attempt", n)
+			}
+		})
+	}
+}

@@ -146,8 +146,8 @@ func TestDeferralParksAndTheHeadReleasesTheNext(t *testing.T) {
 	}
 	head := leasedHead(t, db, 1000, 100)
 	head.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
-	if _, err := s.Settle(ctx, []*delivery.Delivery{head}); err != nil {
-		t.Fatal(err)
+	if res, err := s.Settle(ctx, []*delivery.Delivery{head}); err != nil || res.Unparked != 1 {
+		t.Fatalf("settling the delivered head = %+v, %v; want the row behind it let go (Unparked 1), for the dispatcher to claim it", res, err)
 	}
 	if in, reason := dueIn(t, db, 1001); in > 0 || reason != "" {
 		t.Errorf("the row parked behind the head is due in %s (%q) once the head was delivered, want now", in, reason)

@@ -106,6 +106,10 @@ type Result struct {
 	// retry rows inserted; Deferred the rows whose due time moved; Released the leases
 	// shortened.
 	Settled, Requeued, DeadLettered, Deferred, Released int
+	// Unparked counts the ordered rows parked behind a head this batch delivered or
+	// dead-lettered that came due with it (settle.sql's successor): the stream's next row,
+	// which a claim should look for now.
+	Unparked int
 	// Stale is the number of outcomes refused because the row's lease was no longer theirs
 	// (their Outcome.Stale is set).
 	Stale int
@@ -115,6 +119,12 @@ type Result struct {
 	// settle and to dead-letter: they stay leased and come back after their lease. Their
 	// Outcome is marked Unsettled, with both errors in its Reason.
 	Unsettled int
+}
+
+// columns are the destinations of the settle statements' one result row, in its order, the
+// ids of the rows written going to written.
+func (r *Result) columns(written *[]int64) []any {
+	return []any{&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &r.Unparked, written}
 }
 
 // Settle writes the outcomes of batch. Rows whose Outcome is Retry are turned into a retry or,
@@ -128,7 +138,7 @@ func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Resul
 	var r Result
 	var written []int64
 	sql, args := s.statement(batch)
-	err := s.pool.QueryRow(ctx, sql, args...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written)
+	err := s.pool.QueryRow(ctx, sql, args...).Scan(r.columns(&written)...)
 	if err == nil {
 		r.Stale = markStale(batch, written)
 		return r, nil
@@ -150,7 +160,7 @@ func (s *Settler) Queue(b *pgx.Batch, batch []*delivery.Delivery, r *Result) {
 	sql, args := s.statement(batch)
 	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
 		var written []int64
-		if err := row.Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
+		if err := row.Scan(r.columns(&written)...); err != nil {
 			return err
 		}
 		r.Stale = markStale(batch, written)
@@ -172,7 +182,7 @@ func (s *Settler) Statement(batch []*delivery.Delivery) (string, []any, func(pgx
 			rows.Close()
 			return Result{}, cmpOr(rows.Err(), errors.New("settle: the statement returned no row"))
 		}
-		if err := rows.Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
+		if err := rows.Scan(r.columns(&written)...); err != nil {
 			return Result{}, err
 		}
 		rows.Close()
@@ -228,7 +238,7 @@ var settleDeliveredSQL = func() string {
 		panic("fluxhook: settle.sql lost its delivered:end marker or its settled kinds")
 	}
 	return strings.Replace(settleSQL[:end], kinds, "i.kind = 1", 1) +
-		")\nSELECT (SELECT count(*) FROM settled), 0::bigint, 0::bigint, 0::bigint, 0::bigint, ARRAY(SELECT id FROM settled)\n"
+		")\nSELECT (SELECT count(*) FROM settled), 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, ARRAY(SELECT id FROM settled)\n"
 }()
 
 // statement decides each row's outcome and returns the batch statement and its arguments:
@@ -468,14 +478,14 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 		var r Result
 		var written []int64
 		one := []*delivery.Delivery{d}
-		err := s.pool.QueryRow(ctx, settleSQL, s.columns(one)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written)
+		err := s.pool.QueryRow(ctx, settleSQL, s.columns(one)...).Scan(r.columns(&written)...)
 		if d.Outcome.Excerpt != "" && isEncodingError(err) {
 			// The consumer's answer is kept at best: text the database cannot store (a
 			// character its encoding lacks, in a database that is not UTF-8) must not cost
 			// the row its settle, nor a delivered row a dead letter.
 			d.Outcome.Excerpt = ""
 			d.Outcome.Excerpted = false
-			err = s.pool.QueryRow(ctx, settleSQL, s.columns(one)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written)
+			err = s.pool.QueryRow(ctx, settleSQL, s.columns(one)...).Scan(r.columns(&written)...)
 		}
 		if err == nil {
 			r.Stale = markStale(one, written)
@@ -492,6 +502,7 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 		total.DeadLettered += r.DeadLettered
 		total.Deferred += r.Deferred
 		total.Released += r.Released
+		total.Unparked += r.Unparked
 		total.Stale += r.Stale
 		total.Unsettled += r.Unsettled
 		total.Fallback++
@@ -700,7 +711,7 @@ func (s *Settler) Warm(ctx context.Context, anchored bool) error {
 	for _, st := range []struct{ name, sql string }{{"settle", settleSQL}, {"settle of deliveries alone", settleDeliveredSQL}} {
 		var r Result
 		var written []int64
-		if err := s.pool.QueryRow(ctx, st.sql, s.columns(nil)...).Scan(&r.Settled, &r.Requeued, &r.DeadLettered, &r.Deferred, &r.Released, &written); err != nil {
+		if err := s.pool.QueryRow(ctx, st.sql, s.columns(nil)...).Scan(r.columns(&written)...); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", st.name, err))
 		}
 	}

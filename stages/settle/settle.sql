@@ -171,6 +171,7 @@ WITH input AS (
             FROM settled s
             WHERE s.kind IN (1, 3) AND s.order_key IS NOT NULL AND s.stream_id IS NOT NULL))
       AND o.processed IS NOT TRUE AND o.deferred_reason = 'behind its stream' AND o.created_at > now()
+    RETURNING o.id
 ), released AS (
     UPDATE webhook_outbox o
     SET lease_until = now() + i.delay_ms * interval '1 millisecond'
@@ -181,5 +182,6 @@ WITH input AS (
 )
 SELECT (SELECT count(*) FROM settled) + (SELECT count(*) FROM stopped), (SELECT count(*) FROM requeued),
        (SELECT count(*) FROM dead), (SELECT count(*) FROM deferred), (SELECT count(*) FROM released),
+       (SELECT count(*) FROM successor),
        ARRAY(SELECT id FROM settled UNION ALL SELECT id FROM stopped UNION ALL SELECT id FROM deferred
              UNION ALL SELECT id FROM released)

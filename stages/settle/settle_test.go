@@ -617,8 +617,8 @@ func TestDeliveredBatchTakesTheSmallStatement(t *testing.T) {
 	_, args, _ := s.Statement(retry)
 	var settled int64
 	var written []int64
-	var z1, z2, z3, z4 int64
-	if err := db.Pool.QueryRow(ctx, small, args...).Scan(&settled, &z1, &z2, &z3, &z4, &written); err != nil {
+	var z1, z2, z3, z4, z5 int64
+	if err := db.Pool.QueryRow(ctx, small, args...).Scan(&settled, &z1, &z2, &z3, &z4, &z5, &written); err != nil {
 		t.Fatal(err)
 	}
 	if settled != 0 || len(written) != 0 {
