@@ -63,8 +63,8 @@ func dueIn(t *testing.T, db *sqltest.DB, id int64) (time.Duration, string) {
 // TestRetryParksTheRowsBehindIt: when an ordered head goes back for a retry a minute away, the
 // rows of its stream and endpoint waiting behind it are due when it is, marked, so that claims
 // stop reading them meanwhile; nothing else moves: other endpoints and streams, a row another
-// instance leases, a replayed row with its own mark, a row due later still, an event waiting
-// to be routed.
+// instance leases, a replayed row with its own mark, a row scheduled for later (before or
+// after the head's time), an event waiting to be routed.
 func TestRetryParksTheRowsBehindIt(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
@@ -83,6 +83,7 @@ func TestRetryParksTheRowsBehindIt(t *testing.T) {
 		(1005, 's', '`+parkedOther+`', 101, -4, NULL, false, true),
 		(1006, 't', '`+parkedEP+`', 105, -4, NULL, false, true),
 		(1007, 's', '`+parkedEP+`', 106, 7200, NULL, false, true),
+		(1008, 's', '`+parkedEP+`', 107, 30, NULL, false, true),
 		(2000, 's', NULL, NULL, -1, NULL, false, false)`)
 	head := leasedHead(t, db, 1000, 100)
 	head.Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503"}
@@ -102,6 +103,9 @@ func TestRetryParksTheRowsBehindIt(t *testing.T) {
 	}
 	if in, _ := dueIn(t, db, 1007); in < time.Hour {
 		t.Errorf("a row due in two hours was brought forward to %s", in)
+	}
+	if in, reason := dueIn(t, db, 1008); in > 30*time.Second || reason != "" {
+		t.Errorf("a row scheduled 30 s ahead is due in %s (%q), want its own time: a release would send it before it", in, reason)
 	}
 }
 

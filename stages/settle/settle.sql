@@ -122,7 +122,7 @@ WITH input AS (
         WHERE p.stream_id = h.stream_id AND NOT p.processed
           AND coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '') = h.key
           AND coalesce(p.order_key, p.id) > h.order_key
-          AND p.created_at < least(h.due, now() + interval '1 hour')
+          AND p.created_at <= now()
         -- Kept a subquery run per head: flattened into a join, the plan made on an empty table
         -- walked the whole stream index on every settle.
         OFFSET 0) p
@@ -134,9 +134,10 @@ WITH input AS (
     -- they still wait), and when it is delivered or dead-lettered the next one comes due at
     -- once (successor). Left due, each of them was read, and its head looked up, by every
     -- claim until then: an ordered endpoint that was down for a while made every claim of
-    -- every tenant read its whole backlog (20,000 rows: 120 ms per claim). A row is never
-    -- pushed back past its own due time, and a row with another mark (replayed, stopped) keeps
-    -- its own. An event still to be routed to endpoints is not a delivery of this stream yet,
+    -- every tenant read its whole backlog (20,000 rows: 120 ms per claim). Only rows already
+    -- due are parked: a row scheduled for later keeps its time (a release would otherwise
+    -- make it due before it), and park.sql parks it if it still waits when it comes due. A
+    -- row with another mark (replayed, stopped) keeps its own. An event still to be routed to endpoints is not a delivery of this stream yet,
     -- and a managed endpoint's row is parked only while the endpoint orders its streams.
     -- Driven from the heads: the rows come from a look per head at its own range of the stream
     -- index (waiting), and the update finds them by id (ARRAY), whatever the statistics the
@@ -146,7 +147,7 @@ WITH input AS (
     SET created_at = least(w.due, now() + interval '1 hour'), deferred_reason = 'behind its stream'
     FROM waiting w
     WHERE o.id = ANY (ARRAY(SELECT id FROM waiting)) AND o.id = w.id AND o.processed IS NOT TRUE
-      AND o.created_at < least(w.due, now() + interval '1 hour')
+      AND o.created_at <= now()
       AND (o.deferred_reason IS NULL OR o.deferred_reason = 'behind its stream')
       AND (o.lease_until IS NULL OR o.lease_until < now())
       AND (o.endpoint_id IS NOT NULL OR o.endpoint_url IS NOT NULL OR o.routed_at IS NOT NULL
