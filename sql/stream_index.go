@@ -81,13 +81,29 @@ func EnsureStreamIndex(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if main == indexMissing && next == indexCurrent {
-		// A replacement stopped between dropping the older index and renaming its successor.
+	if next == indexCurrent && main != indexCurrent {
+		// A replacement stopped after building the successor (before or after dropping the
+		// older index): finish it, keeping the successor.
+		if main != indexMissing {
+			if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS webhook_outbox_stream_idx`); err != nil {
+				if main == indexOlder {
+					return false, fmt.Errorf("%w; dropping it after building its successor failed: %w", ErrStreamIndexOutdated, err)
+				}
+				return false, fmt.Errorf("dropping the invalid stream index (a build that failed): %w", err)
+			}
+		}
 		return true, renameNext(ctx, conn.Conn())
 	}
 	if next != indexMissing {
 		if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS `+streamIndexNext); err != nil {
-			return false, fmt.Errorf("dropping %s (a replacement of the stream index that failed): %w", streamIndexNext, err)
+			err = fmt.Errorf("dropping %s (a replacement of the stream index that failed): %w", streamIndexNext, err)
+			switch main {
+			case indexCurrent:
+				return false, nil // a leftover beside the index ordering uses: harmless
+			case indexOlder:
+				return false, fmt.Errorf("%w; %w", ErrStreamIndexOutdated, err)
+			}
+			return false, err
 		}
 	}
 	switch main {
@@ -115,6 +131,27 @@ func EnsureStreamIndex(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 			"(run as the table's owner: %s): %w", StreamIndexSQL, err)
 	}
 	return true, nil
+}
+
+// StreamIndexUsable reports whether a valid stream index exists, in its current form or an
+// older one that EnsureStreamIndex would replace: the head check can use either, so a caller
+// that must not wait for a build (a dispatcher starting) may leave the replacement to later.
+func StreamIndexUsable(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("looking for the stream index: %w", err)
+	}
+	defer conn.Release()
+	for _, name := range []string{"webhook_outbox_stream_idx", streamIndexNext} {
+		state, err := indexState(ctx, conn.Conn(), name)
+		if err != nil {
+			return false, err
+		}
+		if state == indexCurrent || state == indexOlder {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // indexStatus is what EnsureStreamIndex finds under an index name.

@@ -80,8 +80,9 @@ func TestEnsureStreamIndexConcurrently(t *testing.T) {
 
 // TestEnsureStreamIndexReplacesTheOlderForm: an install whose stream index was built keyed by
 // stream alone gets the current one (endpoint key included) under the same name, built beside
-// it first; a replacement that stopped after dropping the older index is finished by the next
-// call, and one that stopped while building its successor is started again.
+// it first; a replacement that stopped after building its successor (before or after dropping
+// the older index) is finished by the next call, keeping the successor, and one that stopped
+// while building it is started again.
 func TestEnsureStreamIndexReplacesTheOlderForm(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -117,6 +118,23 @@ func TestEnsureStreamIndexReplacesTheOlderForm(t *testing.T) {
 		t.Fatal(err)
 	}
 	ensure("over a successor left alone")
+
+	// Stopped after the build, before the drop: the older index and a valid successor, which
+	// is kept (not built again).
+	if _, err := db.Pool.Exec(ctx, `ALTER INDEX webhook_outbox_stream_idx RENAME TO webhook_outbox_stream_next_idx`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, older); err != nil {
+		t.Fatal(err)
+	}
+	var successor, kept uint32
+	if err := db.Pool.QueryRow(ctx, `SELECT 'webhook_outbox_stream_next_idx'::regclass::oid`).Scan(&successor); err != nil {
+		t.Fatal(err)
+	}
+	ensure("over the older index and a valid successor")
+	if err := db.Pool.QueryRow(ctx, `SELECT 'webhook_outbox_stream_idx'::regclass::oid`).Scan(&kept); err != nil || kept != successor {
+		t.Errorf("the stream index is %d (%v), want the successor %d kept, not built again", kept, err, successor)
+	}
 
 	// Stopped during the build: the older index and an invalid successor.
 	if _, err := db.Pool.Exec(ctx, `DROP INDEX webhook_outbox_stream_idx`); err != nil {

@@ -40,6 +40,8 @@ var (
 	janitorSQL string
 	//go:embed park.sql
 	parkSQL string
+	//go:embed unpark.sql
+	unparkSQL string
 	//go:embed route.sql
 	routeSQL string
 )
@@ -741,16 +743,24 @@ func (c *Claimer) Announce(ctx context.Context, ttl time.Duration) (lapsed bool,
 }
 
 // Park moves the ordered rows that are due but wait behind a head not due for a second or
-// more to their head's due time, looking at no more than the oldest limit due rows, and
-// returns how many it moved; orderDefault is WEBHOOK_ORDERING=stream. settle and route park
-// such rows as they make them wait; this catches those a producer inserted meanwhile, which
-// every claim would otherwise read, and look their head up, until the head is due.
-func (c *Claimer) Park(ctx context.Context, orderDefault bool, limit int) (int64, error) {
-	tag, err := c.pool.Exec(ctx, parkSQL, orderDefault, limit)
+// more to their head's due time, looking at the oldest limit due rows, and first releases the
+// parked rows whose head left without releasing them, looking at the soonest limit future
+// rows; it returns how many rows it parked and released. orderDefault is
+// WEBHOOK_ORDERING=stream. settle and route park such rows as they make them wait; this
+// catches those a producer inserted meanwhile, which every claim would otherwise read, and
+// look their head up, until the head is due, and those a race parked behind a head that was
+// leaving.
+func (c *Claimer) Park(ctx context.Context, orderDefault bool, limit int) (parked, released int64, err error) {
+	tag, err := c.pool.Exec(ctx, unparkSQL, limit)
 	if err != nil {
-		return 0, fmt.Errorf("parking ordered rows behind their heads: %w", err)
+		return 0, 0, fmt.Errorf("releasing ordered rows parked behind a head that left: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	released = tag.RowsAffected()
+	tag, err = c.pool.Exec(ctx, parkSQL, orderDefault, limit)
+	if err != nil {
+		return 0, released, fmt.Errorf("parking ordered rows behind their heads: %w", err)
+	}
+	return tag.RowsAffected(), released, nil
 }
 
 // Prune deletes the rows settled in place before schema 7 (processed rows left in

@@ -6,8 +6,8 @@
 -- waited (WEBHOOK_ORDERING=stream's rows are never routed), those whose hour came while their
 -- head still waits, and any a race let through. Left due, every claim reads each of them and
 -- looks its head up.
---   $1 whether WEBHOOK_ORDERING=stream orders the rows without a managed endpoint, $2 at most
---   this many due rows are looked at, oldest first (those every claim reads first).
+--   $1 whether WEBHOOK_ORDERING=stream orders the rows without a managed endpoint, $2 how many
+--   of the oldest due rows are looked at (those every claim reads first).
 -- Never a row another instance leases, one with another mark (replayed, stopped), or one of an
 -- endpoint that no longer orders its streams. The
 -- outer conditions are checked again on the row, which a claim may have taken meanwhile.
@@ -22,8 +22,14 @@ FROM (
               AND coalesce(h.order_key, h.id) < coalesce(c.order_key, c.id)
             ORDER BY coalesce(h.order_key, h.id)
             LIMIT 1) AS due
-    FROM webhook_outbox c
-    WHERE NOT c.processed AND c.created_at <= now() AND c.stream_id IS NOT NULL
+    -- The oldest $2 due rows first, then the ordered ones among them: a limit after the filter
+    -- read the whole due backlog (300,000 unordered rows: 48-64 ms a pass, parking nothing).
+    FROM (SELECT id, stream_id, deferred_reason, lease_until, order_key, endpoint_id, endpoint_url, routed_at
+          FROM webhook_outbox
+          WHERE NOT processed AND created_at <= now()
+          ORDER BY created_at, id
+          LIMIT $2) c
+    WHERE c.stream_id IS NOT NULL
       AND (c.deferred_reason IS NULL OR c.deferred_reason = 'behind its stream')
       AND (c.lease_until IS NULL OR c.lease_until < now())
       AND ((c.order_key IS NOT NULL AND c.endpoint_id IS NOT NULL
@@ -31,8 +37,6 @@ FROM (
            OR ($1::boolean AND c.endpoint_id IS NULL
                AND (c.order_key IS NOT NULL OR c.endpoint_url IS NOT NULL OR c.routed_at IS NOT NULL
                     OR NOT EXISTS (SELECT 1 FROM webhook_endpoints))))
-    ORDER BY c.created_at, c.id
-    LIMIT $2
 ) w
 WHERE o.id = w.id AND w.due > now() + interval '1 second'
   AND NOT o.processed AND o.created_at <= now()

@@ -36,12 +36,12 @@ func TestParkTakesWaitingRowsOutOfTheClaimsWay(t *testing.T) {
 		       (900032, 'free', 'w', '{}', 1, NULL, now() - interval '1 second', NULL, NULL, NULL, NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := c.Park(ctx, false, 100); err != nil || n != 0 {
-		t.Fatalf("Park without WEBHOOK_ORDERING = %d, %v; want nothing parked", n, err)
+	if n, released, err := c.Park(ctx, false, 100); err != nil || n != 0 || released != 0 {
+		t.Fatalf("Park without WEBHOOK_ORDERING = %d parked, %d released, %v; want nothing", n, released, err)
 	}
-	n, err := c.Park(ctx, true, 100)
-	if err != nil || n != 3 {
-		t.Fatalf("Park = %d, %v; want the two rows behind the head an hour away and the one behind the stopped stream", n, err)
+	n, released, err := c.Park(ctx, true, 100)
+	if err != nil || n != 3 || released != 0 {
+		t.Fatalf("Park = %d parked, %d released, %v; want the two rows behind the head an hour away and the one behind the stopped stream", n, released, err)
 	}
 	rows, err := db.Pool.Query(ctx, `
 		SELECT stream_id || '/' || event_type, created_at > now() + interval '59 minutes', coalesce(deferred_reason, '')
@@ -63,5 +63,40 @@ func TestParkTakesWaitingRowsOutOfTheClaimsWay(t *testing.T) {
 		`stopped/head late=true "stream stopped: HTTP 410"`, `stopped/w late=true "behind its stream"`}
 	if !slices.Equal(got, want) {
 		t.Errorf("rows parked or due in an hour\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestParkReleasesRowsWhoseHeadLeft: a row parked behind a head that then left without
+// releasing it (it settled while the park that read it was committing) leads its stream for
+// its endpoint: the park pass makes it due, and only it; a row parked behind a head still
+// waiting, or behind that row, stays parked.
+func TestParkReleasesRowsWhoseHeadLeft(t *testing.T) {
+	t.Parallel()
+	db, c := newRegistered(t, "a")
+	ctx := deadline(t)
+	if _, err := db.Pool.Exec(ctx, `
+		INSERT INTO webhook_outbox (id, stream_id, event_type, payload, attempt, order_key, created_at, deferred_reason)
+		VALUES (900001, 'gone', 'w1', '{}', 1, NULL, now() + interval '30 minutes', 'behind its stream'),
+		       (900002, 'gone', 'w2', '{}', 1, NULL, now() + interval '30 minutes', 'behind its stream'),
+		       (900011, 'here', 'head', '{}', 2, 900011, now() + interval '30 minutes', NULL),
+		       (900012, 'here', 'w', '{}', 1, NULL, now() + interval '30 minutes', 'behind its stream')`); err != nil {
+		t.Fatal(err)
+	}
+	parked, released, err := c.Park(ctx, true, 100)
+	if err != nil || parked != 0 || released != 1 {
+		t.Fatalf("Park = %d parked, %d released, %v; want the one row leading its stream released", parked, released, err)
+	}
+	var due []string
+	rows, err := db.Pool.Query(ctx, `SELECT stream_id || '/' || event_type FROM webhook_outbox
+		WHERE created_at <= now() AND deferred_reason IS NULL ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	due, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(due, []string{"gone/w1"}) {
+		t.Errorf("rows due after the pass: %v, want only gone/w1", due)
 	}
 }

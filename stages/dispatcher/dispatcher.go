@@ -283,15 +283,25 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		return err
 	}
 	if d.cfg.Ordering {
-		if built, err := fluxsql.EnsureStreamIndex(ctx, pool); errors.Is(err, fluxsql.ErrStreamIndexOutdated) {
-			d.log.Warn("ordered delivery: the stream index could not be brought up to date; ordered claims use it as it is", zap.Error(err))
-		} else if err != nil {
+		// Built before the first claim when there is none. One that exists in an older form
+		// serves the head check while the indexer replaces it, so that a dispatcher of a new
+		// release does not wait for a build to start delivering.
+		usable, err := fluxsql.StreamIndexUsable(ctx, pool)
+		if err != nil {
 			pool.Close()
 			return fmt.Errorf("WEBHOOK_ORDERING=stream: %w", err)
-		} else if built {
-			d.log.Info("created the stream index ordered delivery needs", zap.String("index", "webhook_outbox_stream_idx"))
 		}
-		d.streamIndex.Store(true)
+		if !usable {
+			if built, err := fluxsql.EnsureStreamIndex(ctx, pool); err != nil {
+				pool.Close()
+				return fmt.Errorf("WEBHOOK_ORDERING=stream: %w", err)
+			} else if built {
+				d.log.Info("created the stream index ordered delivery needs", zap.String("index", "webhook_outbox_stream_idx"))
+			}
+			d.streamIndex.Store(true)
+		} else {
+			d.ensureStreamIndex()
+		}
 		if err := d.checkOrderingIDs(ctx); err != nil {
 			pool.Close()
 			return fmt.Errorf("WEBHOOK_ORDERING=stream: %w", err)
@@ -1087,20 +1097,23 @@ func (d *Dispatcher) maintain(ctx context.Context) {
 	}
 }
 
-// parkLimit is how many of the oldest due rows one park pass looks at: one claim's walk at
-// most, each maintenance tick.
+// parkLimit is how many rows one park pass looks at, of the oldest due and of the soonest
+// future ones, each maintenance tick.
 const parkLimit = 10000
 
 // park takes the ordered rows that wait, due, behind a head that is not (see
-// claim.Claimer.Park) out of the claims' way. A failure costs only the claims' time, and the
-// next tick tries again.
+// claim.Claimer.Park) out of the claims' way, and releases those a race left parked behind a
+// head that is gone. A failure costs only the claims' time, and the next tick tries again.
 func (d *Dispatcher) park(ctx context.Context) {
-	n, err := d.claimer.Park(ctx, d.cfg.Ordering, parkLimit)
+	parked, released, err := d.claimer.Park(ctx, d.cfg.Ordering, parkLimit)
 	switch {
 	case err != nil && ctx.Err() == nil:
 		d.log.Warn("parking ordered rows behind their stream's head failed", zap.Error(err))
-	case n > 0:
-		d.log.Debug("parked ordered rows behind their stream's head", zap.Int64("rows", n))
+	case parked > 0 || released > 0:
+		d.log.Debug("parked ordered rows behind their stream's head", zap.Int64("rows", parked), zap.Int64("released", released))
+	}
+	if released > 0 {
+		d.waker.Wake(wake.Timer)
 	}
 }
 

@@ -903,3 +903,26 @@ func TestArrivalsParkBehindAWaitingHead(t *testing.T) {
 		})
 	}
 }
+
+// TestOlderStreamIndexReplacedAfterStart: a dispatcher with WEBHOOK_ORDERING=stream that
+// finds the stream index in its older form (keyed by stream alone, as a previous release built
+// it) starts on it and delivers at once, and replaces it in the background.
+func TestOlderStreamIndexReplacedAfterStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(context.Background(), `CREATE INDEX webhook_outbox_stream_idx
+		ON webhook_outbox (stream_id, (coalesce(order_key, id))) WHERE NOT processed AND stream_id IS NOT NULL`); err != nil {
+		t.Fatal(err)
+	}
+	c := newConsumer(t, nil)
+	b.start(b.orderedConfig(c, false))
+	b.insertStreams("e", 2, 3)
+	b.waitSettled(30 * time.Second)
+	if got := checkStreamOrder(t, c, false, func(arrival) bool { return false }); got["e0"] != 3 || got["e1"] != 3 {
+		t.Errorf("arrivals per stream %v, want 3 each", got)
+	}
+	eventually(t, 30*time.Second, "the stream index replaced by its current form", func() bool {
+		return b.count(`SELECT count(*) FROM pg_index WHERE indexrelid = to_regclass('webhook_outbox_stream_idx')
+			AND indisvalid AND indnkeyatts = 3`) == 1
+	})
+}

@@ -241,16 +241,37 @@ var settleDeliveredSQL = func() string {
 		")\nSELECT (SELECT count(*) FROM settled), 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, ARRAY(SELECT id FROM settled)\n"
 }()
 
+// settleDeliveredOrderedSQL is settleDeliveredSQL with settle.sql's successor part, for a batch
+// of deliveries alone of which some are ordered: a delivered head lets the row parked behind
+// it go. The full statement did that at twice the cost (4-row batches: 272 µs a settle
+// unordered, 532 µs ordered).
+var settleDeliveredOrderedSQL = func() string {
+	begin := strings.Index(settleSQL, "-- successor:begin")
+	end := strings.Index(settleSQL, "-- successor:end")
+	if begin < 0 || end < begin {
+		panic("fluxhook: settle.sql lost its successor markers")
+	}
+	prefix := settleDeliveredSQL[:strings.LastIndex(settleDeliveredSQL, ")\nSELECT ")]
+	return prefix + "), successor AS (\n" + settleSQL[begin:end] + ")\n" +
+		"SELECT (SELECT count(*) FROM settled), 0::bigint, 0::bigint, 0::bigint, 0::bigint, " +
+		"(SELECT count(*) FROM successor), ARRAY(SELECT id FROM settled)\n"
+}()
+
 // statement decides each row's outcome and returns the batch statement and its arguments:
-// settleDeliveredSQL when every row was delivered unordered (the common case, at a fraction of
-// the server's work), settle.sql otherwise: a delivered ordered row lets the next row of its
-// stream go (settle.sql's successor).
+// settleDeliveredSQL when every row was delivered (the common case, at a fraction of the
+// server's work), settleDeliveredOrderedSQL when some of them are ordered (a delivered head
+// lets the next row of its stream go), settle.sql otherwise.
 func (s *Settler) statement(batch []*delivery.Delivery) (string, []any) {
 	args := s.args(batch)
+	ordered := false
 	for _, d := range batch {
-		if d.Outcome.Kind != delivery.Delivered || d.OrderKey != 0 {
+		if d.Outcome.Kind != delivery.Delivered {
 			return settleSQL, args
 		}
+		ordered = ordered || d.OrderKey != 0
+	}
+	if ordered {
+		return settleDeliveredOrderedSQL, args
 	}
 	return settleDeliveredSQL, args
 }
@@ -687,7 +708,7 @@ func (s *Settler) settleAnchored(ctx context.Context, batch []Anchored, lease ti
 	return nil
 }
 
-// Warm runs the settle statements (settle.sql and settleDeliveredSQL), and with anchored the
+// Warm runs the settle statements (settle.sql, settleDeliveredSQL and settleDeliveredOrderedSQL), and with anchored the
 // statement that settles events routed in memory, with nothing to settle. That writes nothing
 // and takes no grant a settle does not (an empty run calls no nextval), and leaves on one of
 // the pool's connections the statements parsed and described (pgx keeps them) and the
@@ -708,7 +729,8 @@ func (s *Settler) Warm(ctx context.Context, anchored bool) error {
 			errs = append(errs, fmt.Errorf("settle of events routed in memory: %w", err))
 		}
 	}
-	for _, st := range []struct{ name, sql string }{{"settle", settleSQL}, {"settle of deliveries alone", settleDeliveredSQL}} {
+	for _, st := range []struct{ name, sql string }{{"settle", settleSQL}, {"settle of deliveries alone", settleDeliveredSQL},
+		{"settle of ordered deliveries alone", settleDeliveredOrderedSQL}} {
 		var r Result
 		var written []int64
 		if err := s.pool.QueryRow(ctx, st.sql, s.columns(nil)...).Scan(r.columns(&written)...); err != nil {

@@ -155,6 +155,8 @@ WITH input AS (
       AND (o.endpoint_id IS NULL OR EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = o.endpoint_id AND e.ordering = 'stream'))
     RETURNING o.id
 ), successor AS (
+    -- successor:begin (settleDeliveredOrderedSQL in settle.go adds this part to the statement
+    -- for deliveries alone)
     -- An ordered row delivered or dead-lettered (its stream goes on) lets its stream's next row
     -- for its endpoint go at once if it was parked behind it: a head brought forward by another
     -- way than its own retry (a closed breaker, an operator) leaves the rows parked behind it at
@@ -173,6 +175,7 @@ WITH input AS (
             WHERE s.kind IN (1, 3) AND s.order_key IS NOT NULL AND s.stream_id IS NOT NULL))
       AND o.processed IS NOT TRUE AND o.deferred_reason = 'behind its stream' AND o.created_at > now()
     RETURNING o.id
+    -- successor:end
 ), released AS (
     UPDATE webhook_outbox o
     SET lease_until = now() + i.delay_ms * interval '1 millisecond'
