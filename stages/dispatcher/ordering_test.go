@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -524,17 +525,7 @@ func TestRetriedHeadKeepsItsPlace(t *testing.T) {
 		t.Run(fmt.Sprintf("managed=%v", managed), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			refused := func(a arrival) bool {
-				var ev streamEvent
-				_ = json.Unmarshal(a.Body, &ev)
-				n, _ := strconv.Atoi(a.Attempt)
-				return ev.Seq == 0 && n <= fails
-			}
-			c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
-				if refused(a) {
-					w.WriteHeader(http.StatusServiceUnavailable)
-				}
-			})
+			c, refused := refusingHead(t, fails)
 			cfg := b.orderedConfig(c, managed)
 			cfg.RetrySchedule = []time.Duration{20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}
 			b.start(cfg)
@@ -831,17 +822,7 @@ func TestParkedStreamKeepsItsOrder(t *testing.T) {
 		t.Run(fmt.Sprintf("managed=%v", managed), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			refused := func(a arrival) bool {
-				var ev streamEvent
-				_ = json.Unmarshal(a.Body, &ev)
-				n, _ := strconv.Atoi(a.Attempt)
-				return ev.Seq == 0 && n <= fails
-			}
-			c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
-				if refused(a) {
-					w.WriteHeader(http.StatusServiceUnavailable)
-				}
-			})
+			c, refused := refusingHead(t, fails)
 			cfg := b.orderedConfig(c, managed)
 			cfg.RetrySchedule = []time.Duration{1100 * time.Millisecond, 1100 * time.Millisecond, time.Second}
 			b.start(cfg)
@@ -873,13 +854,7 @@ func TestArrivalsParkBehindAWaitingHead(t *testing.T) {
 		t.Run(fmt.Sprintf("managed=%v", managed), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
-				var ev streamEvent
-				_ = json.Unmarshal(a.Body, &ev)
-				if ev.Seq == 0 {
-					w.WriteHeader(http.StatusServiceUnavailable)
-				}
-			})
+			c, _ := refusingHead(t, math.MaxInt)
 			cfg := b.orderedConfig(c, managed)
 			cfg.RetrySchedule = []time.Duration{time.Hour, time.Hour}
 			cfg.PollInterval = 300 * time.Millisecond
@@ -925,4 +900,22 @@ func TestOlderStreamIndexReplacedAfterStart(t *testing.T) {
 		return b.count(`SELECT count(*) FROM pg_index WHERE indexrelid = to_regclass('webhook_outbox_stream_idx')
 			AND indisvalid AND indnkeyatts = 3`) == 1
 	})
+}
+
+// refusingHead returns a consumer that answers 503 to the first fails attempts of each stream's
+// first event (seq 0) and 2xx to everything else, and the test of an arrival it refused.
+func refusingHead(t *testing.T, fails int) (*consumer, func(arrival) bool) {
+	t.Helper()
+	refused := func(a arrival) bool {
+		var ev streamEvent
+		_ = json.Unmarshal(a.Body, &ev)
+		n, _ := strconv.Atoi(a.Attempt)
+		return ev.Seq == 0 && n <= fails
+	}
+	c := newConsumer(t, func(a arrival, w http.ResponseWriter) {
+		if refused(a) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	return c, refused
 }
