@@ -35,9 +35,10 @@ const streamIndexColumns = 3
 // older one, before it replaces it.
 const streamIndexNext = "webhook_outbox_stream_next_idx"
 
-// ErrStreamIndexOutdated is wrapped by EnsureStreamIndex's error when the stream index exists
-// in its older form (keyed by stream alone) and could not be replaced: ordered delivery works
-// with it, more slowly for streams that several endpoints order, so callers may go on.
+// ErrStreamIndexOutdated is wrapped by EnsureStreamIndex's error when a usable stream index
+// exists but could not be brought to its current form and name: the older form (keyed by
+// stream alone), which ordered delivery uses more slowly for streams that several endpoints
+// order, or the current form left under its successor's name. Callers may go on.
 var ErrStreamIndexOutdated = errors.New("the stream index is in its older form")
 
 // streamIndexLock is the advisory lock that serializes EnsureStreamIndex across sessions: while
@@ -83,16 +84,19 @@ func EnsureStreamIndex(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	}
 	if next == indexCurrent && main != indexCurrent {
 		// A replacement stopped after building the successor (before or after dropping the
-		// older index): finish it, keeping the successor.
+		// older index): finish it, keeping the successor. Until then the successor serves the
+		// head check under its own name: a role that cannot finish it is told what to run.
+		finish := fmt.Sprintf("(run as the table's owner: DROP INDEX CONCURRENTLY IF EXISTS webhook_outbox_stream_idx; "+
+			"ALTER INDEX %s RENAME TO webhook_outbox_stream_idx)", streamIndexNext)
 		if main != indexMissing {
 			if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS webhook_outbox_stream_idx`); err != nil {
-				if main == indexOlder {
-					return false, fmt.Errorf("%w; dropping it after building its successor failed: %w", ErrStreamIndexOutdated, err)
-				}
-				return false, fmt.Errorf("dropping the invalid stream index (a build that failed): %w", err)
+				return false, fmt.Errorf("%w; finishing its replacement failed %s: %w", ErrStreamIndexOutdated, finish, err)
 			}
 		}
-		return true, renameNext(ctx, conn.Conn())
+		if err := renameNext(ctx, conn.Conn()); err != nil {
+			return false, fmt.Errorf("%w; finishing its replacement failed %s: %w", ErrStreamIndexOutdated, finish, err)
+		}
+		return true, nil
 	}
 	if next != indexMissing {
 		if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS `+streamIndexNext); err != nil {

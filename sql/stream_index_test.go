@@ -2,6 +2,8 @@ package sql_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	fluxsql "github.com/fluxora/fluxhook/sql"
@@ -150,4 +152,43 @@ func TestEnsureStreamIndexReplacesTheOlderForm(t *testing.T) {
 		t.Skipf("cannot mark the index invalid (not a superuser?): %v", err)
 	}
 	ensure("over the older index and a failed successor")
+}
+
+// TestEnsureStreamIndexNotOwner: a role that does not own the table cannot build, drop or
+// rename the stream index. Over the older form, or over the current form left under its
+// successor's name by a replacement that stopped, it is told the index is usable as it is
+// (ErrStreamIndexOutdated, with what to run as the owner) and nothing changes; over the current
+// index it has nothing to do.
+func TestEnsureStreamIndexNotOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := sqltest.NewMigrated(t)
+	role := sqltest.NewRole(t, db)
+	other := sqltest.ConnectAs(t, db, role)
+	const older = `CREATE INDEX webhook_outbox_stream_idx ON webhook_outbox (stream_id, (coalesce(order_key, id)))
+		WHERE NOT processed AND stream_id IS NOT NULL`
+	exec := func(q string) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(older)
+	if built, err := fluxsql.EnsureStreamIndex(ctx, other); built || !errors.Is(err, fluxsql.ErrStreamIndexOutdated) {
+		t.Errorf("over the older index: built %v, err %v; want ErrStreamIndexOutdated", built, err)
+	}
+	exec(`DROP INDEX webhook_outbox_stream_idx`)
+	exec(strings.Replace(strings.Replace(fluxsql.StreamIndexSQL, "CONCURRENTLY IF NOT EXISTS ", "", 1),
+		"webhook_outbox_stream_idx", "webhook_outbox_stream_next_idx", 1))
+	built, err := fluxsql.EnsureStreamIndex(ctx, other)
+	if built || !errors.Is(err, fluxsql.ErrStreamIndexOutdated) || !strings.Contains(err.Error(), "RENAME TO webhook_outbox_stream_idx") {
+		t.Errorf("over the successor alone: built %v, err %v; want ErrStreamIndexOutdated naming the rename to run", built, err)
+	}
+	if usable, err := fluxsql.StreamIndexUsable(ctx, other); !usable || err != nil {
+		t.Errorf("StreamIndexUsable over the successor alone = %v, %v; want true", usable, err)
+	}
+	exec(`ALTER INDEX webhook_outbox_stream_next_idx RENAME TO webhook_outbox_stream_idx`)
+	if built, err := fluxsql.EnsureStreamIndex(ctx, other); built || err != nil {
+		t.Errorf("over the current index: built %v, err %v; want nothing to do", built, err)
+	}
 }
