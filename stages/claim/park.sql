@@ -21,15 +21,7 @@ FROM (
                     = coalesce('ep:' || c.endpoint_id::text, c.endpoint_url, '')
               AND coalesce(h.order_key, h.id) < coalesce(c.order_key, c.id)
             ORDER BY coalesce(h.order_key, h.id)
-            LIMIT 1
-            -- Locked (the weakest lock a claim's FOR UPDATE SKIP LOCKED passes over), and read
-            -- as it is now: a head settled since this statement's snapshot is passed over, one
-            -- claimed is read as due, and until this statement commits no claim takes it, so
-            -- that its settle, after this commit, sees the row parked here and releases it
-            -- (settle.sql's successor reads its own snapshot). Unlocked, a head resumed, claimed
-            -- and delivered while the pass ran left the row parked behind a head that was gone.
-            -- A resume (resume.sql, FOR NO KEY UPDATE) does not wait for it.
-            FOR KEY SHARE OF h) AS due
+            LIMIT 1) AS due
     -- The oldest $2 due rows first, then the ordered ones among them: a limit after the filter
     -- read the whole due backlog (300,000 unordered rows: 48-64 ms a pass, parking nothing).
     FROM (SELECT id, stream_id, deferred_reason, lease_until, order_key, endpoint_id, endpoint_url, routed_at

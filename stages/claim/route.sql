@@ -135,10 +135,7 @@ WITH input AS (
               AND coalesce('ep:' || h.endpoint_id::text, h.endpoint_url, '') = 'ep:' || matched.endpoint_id::text
               AND coalesce(h.order_key, h.id) < matched.order_key
             ORDER BY coalesce(h.order_key, h.id)
-            LIMIT 1
-            -- Locked and read as it is now, as park.sql reads it: a head claimed and settled
-            -- meanwhile would otherwise leave this delivery parked behind a time gone.
-            FOR KEY SHARE OF h) hd ON true
+            LIMIT 1) hd ON true
     ) m
     WHERE id IN (SELECT id FROM events)
     ORDER BY id, endpoint_id

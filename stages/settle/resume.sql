@@ -9,8 +9,6 @@
 -- The rows are found through the due index (created_at > now(): deferred rows lie in the
 -- future), so this costs what the endpoint's deferred backlog costs, never the delivery log.
 -- The outer conditions are checked again on the locked row (a claim may take it meanwhile).
--- FOR NO KEY UPDATE: a row a claim locks is skipped, but not one a park pass (park.sql) or a
--- route holds FOR KEY SHARE while it parks the rows behind it.
 UPDATE webhook_outbox
 SET created_at = now() + $3::bigint * interval '1 millisecond', deferred_reason = nullif($5::text, '')
 WHERE id = ANY (ARRAY(
@@ -23,7 +21,7 @@ WHERE id = ANY (ARRAY(
           AND (lease_until IS NULL OR lease_until < now())
         ORDER BY created_at, id
         LIMIT nullif($4::bigint, 0)
-        FOR NO KEY UPDATE SKIP LOCKED
+        FOR UPDATE SKIP LOCKED
     ))
   AND NOT processed
   AND created_at > now() + $3::bigint * interval '1 millisecond'
