@@ -10,17 +10,22 @@
 UPDATE webhook_outbox o
 SET created_at = now(), deferred_reason = NULL
 WHERE o.id = ANY (ARRAY(
+        -- Of the parked rows among them, only the first of each stream and endpoint can lead
+        -- it: one look per stream, not per row (20,000 rows parked behind 50 heads took
+        -- 41-97 ms a pass looked at one by one).
         SELECT r.id
-        FROM (SELECT id, stream_id, order_key, endpoint_id, endpoint_url, deferred_reason
-              FROM webhook_outbox
-              WHERE NOT processed AND created_at > now()
-              ORDER BY created_at, id
-              LIMIT $1) r
-        WHERE r.deferred_reason = 'behind its stream' AND r.stream_id IS NOT NULL
-          AND NOT EXISTS (
+        FROM (SELECT DISTINCT ON (stream_id, key) id, stream_id, key, k
+              FROM (SELECT id, stream_id, coalesce('ep:' || endpoint_id::text, endpoint_url, '') AS key,
+                           coalesce(order_key, id) AS k, deferred_reason
+                    FROM webhook_outbox
+                    WHERE NOT processed AND created_at > now()
+                    ORDER BY created_at, id
+                    LIMIT $1) f
+              WHERE deferred_reason = 'behind its stream' AND stream_id IS NOT NULL
+              ORDER BY stream_id, key, k) r
+        WHERE NOT EXISTS (
               SELECT 1 FROM webhook_outbox h
               WHERE h.stream_id = r.stream_id AND NOT h.processed
-                AND coalesce('ep:' || h.endpoint_id::text, h.endpoint_url, '')
-                      = coalesce('ep:' || r.endpoint_id::text, r.endpoint_url, '')
-                AND coalesce(h.order_key, h.id) < coalesce(r.order_key, r.id))))
+                AND coalesce('ep:' || h.endpoint_id::text, h.endpoint_url, '') = r.key
+                AND coalesce(h.order_key, h.id) < r.k)))
   AND o.processed IS NOT TRUE AND o.deferred_reason = 'behind its stream' AND o.created_at > now()
