@@ -9,8 +9,10 @@
 --   $1 whether WEBHOOK_ORDERING=stream orders the rows without a managed endpoint, $2 how many
 --   of the oldest due rows are looked at (those every claim reads first).
 -- Never a row another instance leases, one with another mark (replayed, stopped), or one of an
--- endpoint that no longer orders its streams. The
--- outer conditions are checked again on the row, which a claim may have taken meanwhile.
+-- endpoint that no longer orders its streams. The outer conditions are checked again on the
+-- row, which a claim may have taken meanwhile. A row parked behind a head that settles while
+-- this statement runs is released by the next pass (unpark.sql): locking the heads read here
+-- deadlocked with settles deleting them.
 UPDATE webhook_outbox o
 SET created_at = least(w.due, now() + interval '1 hour'), deferred_reason = 'behind its stream'
 FROM (
