@@ -51,6 +51,16 @@ func (w *streamWatch) wrap(respond func(a arrival, ev streamEvent, w http.Respon
 	}
 }
 
+// insertSeqs commits the events seq from to to of stream, in one transaction, in seq order.
+func (b *bundle) insertSeqs(stream string, from, to int) {
+	b.t.Helper()
+	if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (stream_id, event_type, payload)
+		SELECT $1, 'stream.updated', jsonb_build_object('stream', $1::text, 'seq', i)
+		FROM generate_series($2::int, $3::int) i ORDER BY i`, stream, from, to); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
 // insertStreams commits streams × perStream events, interleaved across streams (round robin,
 // a few events per transaction), each with its stream and place in the payload.
 func (b *bundle) insertStreams(prefix string, streams, perStream int) {
@@ -530,10 +540,7 @@ func TestRetriedHeadKeepsItsPlace(t *testing.T) {
 			cfg.RetrySchedule = []time.Duration{20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}
 			b.start(cfg)
 			// The head and three later events, committed together: the later ones wait.
-			if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (stream_id, event_type, payload)
-				SELECT 'r', 'stream.updated', jsonb_build_object('stream', 'r', 'seq', i) FROM generate_series(0, 3) i ORDER BY i`); err != nil {
-				t.Fatal(err)
-			}
+			b.insertSeqs("r", 0, 3)
 			b.waitSettled(30 * time.Second)
 			headOK := -1
 			attempts := 0
@@ -826,10 +833,7 @@ func TestParkedStreamKeepsItsOrder(t *testing.T) {
 			cfg := b.orderedConfig(c, managed)
 			cfg.RetrySchedule = []time.Duration{1100 * time.Millisecond, 1100 * time.Millisecond, time.Second}
 			b.start(cfg)
-			if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (stream_id, event_type, payload)
-				SELECT 'p', 'stream.updated', jsonb_build_object('stream', 'p', 'seq', i) FROM generate_series(0, 4) i ORDER BY i`); err != nil {
-				t.Fatal(err)
-			}
+			b.insertSeqs("p", 0, 4)
 			eventually(t, 30*time.Second, "the later events parked behind the retried head", func() bool {
 				return b.count(`SELECT count(*) FROM webhook_outbox WHERE deferred_reason = 'behind its stream' AND created_at > now()`) == 4
 			})
@@ -859,18 +863,12 @@ func TestArrivalsParkBehindAWaitingHead(t *testing.T) {
 			cfg.RetrySchedule = []time.Duration{time.Hour, time.Hour}
 			cfg.PollInterval = 300 * time.Millisecond
 			b.start(cfg)
-			insert := func(from, to int) {
-				if _, err := b.pool.Exec(context.Background(), `INSERT INTO webhook_outbox (stream_id, event_type, payload)
-					SELECT 'p', 'stream.updated', jsonb_build_object('stream', 'p', 'seq', i) FROM generate_series($1::int, $2::int) i ORDER BY i`, from, to); err != nil {
-					t.Fatal(err)
-				}
-			}
 			parked := func() int {
 				return b.count(`SELECT count(*) FROM webhook_outbox WHERE deferred_reason = 'behind its stream' AND created_at > now() + interval '50 minutes'`)
 			}
-			insert(0, 4)
+			b.insertSeqs("p", 0, 4)
 			eventually(t, 20*time.Second, "the four events behind the refused head parked", func() bool { return parked() == 4 })
-			insert(5, 9)
+			b.insertSeqs("p", 5, 9)
 			eventually(t, 20*time.Second, "the five events that arrived later parked too", func() bool { return parked() == 9 })
 			if n := len(c.arrivals()); n != 1 {
 				t.Errorf("%d requests, want the head's one refused attempt", n)
