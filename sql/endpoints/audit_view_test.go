@@ -22,6 +22,9 @@ func TestAuditViewDropsTheQuery(t *testing.T) {
 		"https://hooks.example.com":                                "https://hooks.example.com",
 		"http://[::1]:9/x?a=b":                                     "http://[::1]:9/x",
 		"%zz?token=secret":                                         "%zz",
+		"https://svc:pa/ss@hooks.example.com/in?t=1":               "https://hooks.example.com/in",
+		"https://svc:pa?ss@hooks.example.com/in":                   "https://hooks.example.com/in",
+		"https://svc:pa#ss@hooks.example.com/in":                   "https://hooks.example.com/in",
 	} {
 		if got := endpoints.AuditView(endpoints.Endpoint{URL: in}).URL; got != want {
 			t.Errorf("AuditView(%q).URL = %q; want %q", in, got, want)

@@ -38,7 +38,14 @@ func AuditView(e Endpoint) Endpoint {
 func auditURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
-		// Not a URL (stored by hand): keep what comes before a query or a fragment.
+		// Not a URL (stored by hand): keep what comes before a query or a fragment, and nothing
+		// up to the last '@' (a password holding a '/', '?' or '#' is why such a URL does not
+		// parse; cut at its '?' first, part of it was kept).
+		if scheme, rest, ok := strings.Cut(raw, "://"); ok {
+			if i := strings.LastIndex(rest, "@"); i >= 0 {
+				raw = scheme + "://" + rest[i+1:]
+			}
+		}
 		before, _, _ := strings.Cut(raw, "?")
 		before, _, _ = strings.Cut(before, "#")
 		return before

@@ -258,6 +258,11 @@ type Outcome struct {
 	// Reason is the dead-letter reason for Permanent outcomes that are not an HTTP status,
 	// for example an invalid endpoint_url.
 	Reason string
+	// Detail is what the dispatcher's log adds to Reason and nothing stores: for a URL a
+	// producer or a tenant wrote, the network policy's refusal whole (the address its host
+	// resolved to, the setting that would allow it), which the dead letter a tenant reads
+	// leaves out.
+	Detail string
 	// Duration is how long the HTTP attempt took.
 	Duration time.Duration
 	// Excerpt is the start of the consumer's response body, so that the delivery log (and a

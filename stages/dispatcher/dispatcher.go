@@ -1181,8 +1181,9 @@ func (d *Dispatcher) prepare(ctx context.Context, batch []*delivery.Delivery) {
 	check := batch[:0:0]
 	for _, del := range batch {
 		d.markOrdered(del)
-		if reason := d.validate(del); reason != "" {
+		if reason, detail := d.validate(del); reason != "" {
 			del.Outcome = refusal(reason)
+			del.Outcome.Detail = detail
 			d.toSettle <- del
 			continue
 		}
@@ -1224,38 +1225,42 @@ const MaxEventTypeBytes = 256
 // validate returns why a row can never be delivered, or "". Such a row is dead-lettered before
 // any request and never reaches the gate: it says nothing about its endpoint, so it must not
 // count against the endpoint's breaker or rate (five rows with a newline in event_type used
-// to open the breaker of a healthy endpoint).
-func (d *Dispatcher) validate(del *delivery.Delivery) string {
+// to open the breaker of a healthy endpoint). detail is what only the log gets (see
+// delivery.Outcome.Detail).
+func (d *Dispatcher) validate(del *delivery.Delivery) (reason, detail string) {
 	if del.Invalid != "" {
-		return del.Invalid
+		return del.Invalid, ""
 	}
 	if strings.TrimSpace(del.EventType) == "" {
-		return "invalid row: event_type is empty or only whitespace"
+		return "invalid row: event_type is empty or only whitespace", ""
 	}
 	if len(del.EventType) > MaxEventTypeBytes {
-		return fmt.Sprintf("invalid row: event_type is %d bytes, over the limit of %d", len(del.EventType), MaxEventTypeBytes)
+		return fmt.Sprintf("invalid row: event_type is %d bytes, over the limit of %d", len(del.EventType), MaxEventTypeBytes), ""
 	}
 	if i := invalidHeaderByte(del.EventType); i >= 0 {
-		return fmt.Sprintf("invalid row: event_type has a control character (byte 0x%02x at offset %d), which an HTTP header cannot carry", del.EventType[i], i)
+		return fmt.Sprintf("invalid row: event_type has a control character (byte 0x%02x at offset %d), which an HTTP header cannot carry", del.EventType[i], i), ""
 	}
 	// The claim and routing measured the payload (claim.Claimer.LimitPayload), without
 	// reading a body far over the limit; the length check keeps the rule for any other way a
 	// payload comes in.
 	if del.Oversize != "" {
-		return del.Oversize
+		return del.Oversize, ""
 	}
 	if len(del.Payload) > d.cfg.MaxPayloadBytes {
-		return claim.PayloadTooLarge(len(del.Payload), d.cfg.MaxPayloadBytes)
+		return claim.PayloadTooLarge(len(del.Payload), d.cfg.MaxPayloadBytes), ""
 	}
 	if del.EndpointID != "" {
-		return d.resolveManaged(del)
+		return d.resolveManaged(del), ""
 	}
 	ep, err := d.sender.Endpoint(del.EndpointURL)
 	if err != nil {
-		return "invalid endpoint_url: " + err.Error()
+		if public, whole, ok := send.PublicRefusal(err); ok {
+			return "invalid endpoint_url: " + public, whole
+		}
+		return "invalid endpoint_url: " + err.Error(), ""
 	}
 	del.Endpoint = ep
-	return ""
+	return "", ""
 }
 
 // invalidHeaderByte returns the offset of the first byte an HTTP header value may not hold
@@ -1553,6 +1558,9 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 		f := append(fields(), zap.String("reason", o.Reason))
 		if o.Error != "" { // none for a row refused before any attempt (the reason says why)
 			f = append(f, zap.String("error", o.Error))
+		}
+		if o.Detail != "" {
+			f = append(f, zap.String("detail", o.Detail))
 		}
 		d.log.Error("delivery dead-lettered", f...)
 	case delivery.Defer:

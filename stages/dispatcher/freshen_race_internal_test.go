@@ -164,7 +164,7 @@ func TestFreshenDoesNotOverwriteANewerConfirmedLoad(t *testing.T) {
 		Payload: []byte(`{"n":1}`), Attempt: 1, EnqueuedAt: time.Now(), EndpointID: ep.ID, Header: http.Header{}}
 	batch := []*delivery.Delivery{del}
 	d.freshen(ctx, batch)
-	if reason := d.validate(del); reason != "" {
+	if reason, _ := d.validate(del); reason != "" {
 		t.Fatalf("validate: %s", reason)
 	}
 	if reason := d.signManaged(del, time.Now()); reason != "" {

@@ -40,12 +40,7 @@ func ValidateURL(raw string) error {
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		// url.Error repeats the whole URL; keep only what went wrong.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return fmt.Errorf("%w: it does not parse (%v); use the form https://host/path", ErrInvalidURL, err)
+		return fmt.Errorf("%w: %s; use the form https://host/path", ErrInvalidURL, parseProblem(err))
 	}
 	switch u.Scheme {
 	case "https", "http":
@@ -75,6 +70,31 @@ func ValidateURL(raw string) error {
 			ErrInvalidURL)
 	}
 	return nil
+}
+
+// parseProblem says what url.Parse found wrong without quoting any of the URL: its errors
+// quote the part they choke on, and a password holding a '/', '?' or '#' is read as the host's
+// port ("invalid port \":pa55\" after host"), so its text would reach logs and dead-letter
+// reasons that tenants read.
+func parseProblem(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	switch s := err.Error(); {
+	case strings.Contains(s, "invalid port"):
+		return "what follows the host's ':' is not a port number (a user name and password there are refused: " +
+			"consumers authenticate requests by their signature)"
+	case strings.Contains(s, "invalid URL escape"):
+		return "a '%' is not followed by two hexadecimal digits (write a literal '%' as %25)"
+	case strings.Contains(s, "control character"):
+		return "it contains a control character"
+	case strings.Contains(s, "missing protocol scheme"):
+		return "it has no scheme"
+	case strings.Contains(s, "in host name"), strings.Contains(s, "IPv6"):
+		return "its host is not a DNS name or an IP address"
+	}
+	return "it does not parse as a URL"
 }
 
 // checkHostName refuses a URL host that no connection could be made to, which url.Parse

@@ -53,8 +53,10 @@ func TestValidateURL(t *testing.T) {
 		{"//example.com/hook", "no scheme"},
 		{"https://example.com:0/", "out of range"},
 		{"https://example.com:70000/", "out of range"},
-		{"https://exa mple.com/", "does not parse"},
-		{"https://example.com/\x7f", "does not parse"},
+		{"https://exa mple.com/", "its host is not a DNS name"},
+		{"https://example.com/\x7f", "control character"},
+		{"https://svc:pa55/word@example.com/", "not a port number"},
+		{"https://example.com/100%", "write a literal '%' as %25"},
 	}
 	for _, tt := range tests {
 		err := send.ValidateURL(tt.raw)
@@ -80,6 +82,13 @@ func TestValidateURLErrorsDoNotRepeatTheURL(t *testing.T) {
 		"https://user:s3cret@example.com/",
 		"ftp://example.com/?token=s3cret",
 		"https://example.com:99999/?token=s3cret",
+		// A password holding '/', '?' or '#' parses as the host's port: url.Parse's error
+		// quoted it.
+		"https://svc:s3cret/x@example.com/in",
+		"https://svc:s3cret?x@example.com/in",
+		"https://svc:s3cret#x@example.com/in",
+		"https://example.com/%zs3cret",
+		"https://[s3cret/",
 	} {
 		err := send.ValidateURL(raw)
 		if err == nil {

@@ -445,6 +445,30 @@ func (e *refusedError) Error() string {
 	return b.String()
 }
 
+// Public is the refusal as the dead letter keeps it for a URL a producer or a tenant wrote:
+// tenants read it, so it names neither the address a host name resolved to (a tenant who
+// controls its own DNS could map the dispatcher's internal names with test events) nor the
+// operator's settings. Error, with both, goes to the dispatcher's log. An address the URL
+// names itself is no secret of ours: its class is kept.
+func (e *refusedError) Public() string {
+	const log = "; the dispatcher's log names the address and the setting that would allow it"
+	if e.literal {
+		return "endpoint refused: its address is " + e.info.class.String() + ", not a public address" + log
+	}
+	return "endpoint refused: its host does not lead to a public address" + log
+}
+
+// PublicRefusal reports whether err is the network policy's refusal of a URL a producer or a
+// tenant wrote, and if so gives it as its dead letter keeps it (see Public) and whole, for
+// the log.
+func PublicRefusal(err error) (public, detail string, ok bool) {
+	re, ok := errRefused(err)
+	if !ok || !re.rowURL {
+		return "", "", false
+	}
+	return re.Public(), re.Error(), true
+}
+
 // errRefused reports whether err is, or wraps, a refusal by the guard.
 func errRefused(err error) (*refusedError, bool) {
 	var re *refusedError
@@ -462,7 +486,7 @@ func errRefused(err error) (*refusedError, bool) {
 func CheckURL(rawURL string, networks []netip.Prefix, rowURL bool) error {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidURL, err)
+		return fmt.Errorf("%w: %s", ErrInvalidURL, parseProblem(err))
 	}
 	g := &guard{allowed: networks, rowURLs: rowURL}
 	return g.checkHost(u.Hostname())

@@ -87,8 +87,10 @@ func TestRowURLLoopbackLiteralRefused(t *testing.T) {
 }
 
 // A row's endpoint_url whose name resolves to loopback is refused when dialled: no
-// connection, a Permanent outcome naming the class and the setting, and no Error, so that no
-// breaker counts it.
+// connection, a Permanent outcome, and no Error, so that no breaker counts it. Its Reason, which
+// the row's tenant reads in the dead letter, names neither the address the name resolved to (a
+// tenant controlling its DNS could map the dispatcher's internal names) nor the setting; Detail,
+// for the log, names both.
 func TestRowURLNameResolvingToLoopbackRefused(t *testing.T) {
 	t.Parallel()
 	var requests atomic.Int64
@@ -108,9 +110,17 @@ func TestRowURLNameResolvingToLoopbackRefused(t *testing.T) {
 			if o.Kind != delivery.Permanent || o.Status != 0 || o.Error != "" {
 				t.Fatalf("Outcome = %+v, want permanent with neither status nor error", o)
 			}
+			if !strings.Contains(o.Reason, "endpoint refused: its host does not lead to a public address") {
+				t.Errorf("Reason = %q, want the refusal without its address", o.Reason)
+			}
+			for _, w := range []string{resolved, "loopback", "WEBHOOK_"} {
+				if strings.Contains(o.Reason, w) {
+					t.Errorf("Reason = %q names %q, which the row's tenant reads", o.Reason, w)
+				}
+			}
 			for _, w := range []string{"it resolves to " + resolved + ", a loopback address", "WEBHOOK_ROW_URL_NETWORKS"} {
-				if !strings.Contains(o.Reason, w) {
-					t.Errorf("Reason = %q, want it to contain %q", o.Reason, w)
+				if !strings.Contains(o.Detail, w) {
+					t.Errorf("Detail = %q, want it to contain %q", o.Detail, w)
 				}
 			}
 			if strings.Contains(o.Reason, "s3cret") || strings.Contains(o.Reason, "admin") {
@@ -150,9 +160,9 @@ func TestRowURLPrivateNetworks(t *testing.T) {
 	b.res.set(consumerHost, addrs("10.0.0.5"))
 	d := newRowDelivery(t, b.s, "https://"+consumerHost+"/hook")
 	b.s.Send(context.Background(), d)
-	if o := d.Outcome; o.Kind != delivery.Permanent || o.Error != "" ||
-		!strings.Contains(o.Reason, "a private address (10.0.0.0/8), which a URL written by a producer or a tenant may reach only when WEBHOOK_ROW_URL_NETWORKS allows it") {
-		t.Errorf("Outcome = %+v, want permanent naming the class and WEBHOOK_ROW_URL_NETWORKS", o)
+	if o := d.Outcome; o.Kind != delivery.Permanent || o.Error != "" || strings.Contains(o.Reason, "10.") ||
+		!strings.Contains(o.Detail, "a private address (10.0.0.0/8), which a URL written by a producer or a tenant may reach only when WEBHOOK_ROW_URL_NETWORKS allows it") {
+		t.Errorf("Outcome = %+v, want permanent, the class and WEBHOOK_ROW_URL_NETWORKS in its Detail, not the address in its Reason", o)
 	}
 	if got := b.dials.attempts(); len(got) != 0 {
 		t.Errorf("connection attempts %q, want none", got)
@@ -199,8 +209,8 @@ func TestRowURLDoesNotReuseOperatorConnections(t *testing.T) {
 	}
 	row := newRowDelivery(t, b.s, "https://"+consumerHost+":"+port+"/containers/create")
 	b.s.Send(context.Background(), row)
-	if o := row.Outcome; o.Kind != delivery.Permanent || !strings.Contains(o.Reason, "WEBHOOK_ROW_URL_NETWORKS") {
-		t.Errorf("row URL: Outcome = %+v, want permanent naming WEBHOOK_ROW_URL_NETWORKS", o)
+	if o := row.Outcome; o.Kind != delivery.Permanent || !strings.Contains(o.Detail, "WEBHOOK_ROW_URL_NETWORKS") {
+		t.Errorf("row URL: Outcome = %+v, want permanent, its Detail naming WEBHOOK_ROW_URL_NETWORKS", o)
 	}
 	if n := requests.Load(); n != 1 {
 		t.Errorf("the listener received %d requests, want only the operator URL's", n)

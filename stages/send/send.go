@@ -401,8 +401,10 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 			reason := refused.Error()
 			if refused.rowURL {
 				// No Error: a row's URL refused by policy says nothing about any consumer, so
-				// no breaker counts it (and the row has no endpoint of its own to blame).
-				return delivery.Outcome{Kind: delivery.Permanent, Reason: reason, Duration: elapsed}
+				// no breaker counts it (and the row has no endpoint of its own to blame). The
+				// dead letter, which the row's tenant reads, gets the refusal without the
+				// address and the settings; the log gets it whole.
+				return delivery.Outcome{Kind: delivery.Permanent, Reason: refused.Public(), Detail: reason, Duration: elapsed}
 			}
 			return delivery.Outcome{Kind: delivery.Permanent, Error: reason, Reason: reason, Duration: elapsed}
 		}

@@ -185,9 +185,14 @@ func (s *Server) checkURL(ctx context.Context, raw string, restricted bool) erro
 	}
 	u, _ := url.Parse(raw)
 	host := u.Hostname()
+	// A tenant's refusal is the same whether the name resolved to an address it may not use or
+	// did not resolve at all, and carries neither the address nor the resolver's error (which
+	// names the dispatcher's DNS server): told apart, a tenant could list which internal names
+	// exist.
 	refused := func(err error) error {
 		if restricted {
-			return errInvalid("url", "url: the host %s does not lead to a public address; an endpoint's URL must lead to a public address", host)
+			return errInvalid("url", "url: the host %s does not lead to a public address; an endpoint's URL must lead to a public address "+
+				"(a DNS name not published yet: create the endpoint once it is)", host)
 		}
 		return errInvalid("url", "url: %v", err)
 	}
@@ -202,6 +207,9 @@ func (s *Server) checkURL(ctx context.Context, raw string, restricted bool) erro
 	defer cancel()
 	addrs, err := s.cfg.Resolver.LookupNetIP(ctx, "ip", host)
 	if err != nil || len(addrs) == 0 {
+		if restricted {
+			return refused(err)
+		}
 		return errInvalid("url", "url: the host %s does not resolve (%v); create the endpoint once its DNS name exists", host, err)
 	}
 	if err := send.CheckResolved(addrs, networks, restricted); err != nil {

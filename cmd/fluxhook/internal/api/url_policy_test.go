@@ -84,6 +84,23 @@ func TestTenantURLsReachOnlyPublicAddresses(t *testing.T) {
 			t.Errorf("a tenant's endpoint at %s = %s; want invalid url, telling it to use a public address and naming no setting", u, r.Raw)
 		}
 	}
+	// A name that resolves to a private address and one that does not resolve get the same
+	// answer, with neither the address nor the resolver's error (which names the DNS server):
+	// told apart, a tenant could list the internal names that exist.
+	var answers []string
+	for _, host := range []string{"internal.example", "nowhere.example"} {
+		r := h.must(http.StatusUnprocessableEntity, acme, "POST", "/v1/endpoints", map[string]any{"url": "https://" + host + "/in"})
+		answers = append(answers, strings.ReplaceAll(string(r.Raw), host, "HOST"))
+		for _, leak := range []string{"10.0.0.5", "resolve", "lookup", "WEBHOOK_"} {
+			if strings.Contains(string(r.Raw), leak) {
+				t.Errorf("a tenant's endpoint at %s = %s; it says %q", host, r.Raw, leak)
+			}
+		}
+	}
+	if answers[0] != answers[1] {
+		t.Errorf("a tenant tells a private name from a missing one:\n%s\n%s", answers[0], answers[1])
+	}
+
 	created := h.must(http.StatusCreated, acme, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/a"})
 	ep := created.Body["id"].(string)
 	if created.Body["restricted"] != true {
