@@ -89,7 +89,7 @@ func EnsureStreamIndex(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		finish := fmt.Sprintf("(run as the table's owner: DROP INDEX CONCURRENTLY IF EXISTS webhook_outbox_stream_idx; "+
 			"ALTER INDEX %s RENAME TO webhook_outbox_stream_idx)", streamIndexNext)
 		if main != indexMissing {
-			if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS webhook_outbox_stream_idx`); err != nil {
+			if err := dropIndex(ctx, conn.Conn(), "webhook_outbox_stream_idx"); err != nil {
 				return false, fmt.Errorf("%w; finishing its replacement failed %s: %w", ErrStreamIndexOutdated, finish, err)
 			}
 		}
@@ -99,7 +99,7 @@ func EnsureStreamIndex(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		return true, nil
 	}
 	if next != indexMissing {
-		if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS `+streamIndexNext); err != nil {
+		if err := dropIndex(ctx, conn.Conn(), streamIndexNext); err != nil {
 			err = fmt.Errorf("dropping %s (a replacement of the stream index that failed): %w", streamIndexNext, err)
 			switch main {
 			case indexCurrent:
@@ -121,12 +121,12 @@ func EnsureStreamIndex(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 				"DROP INDEX CONCURRENTLY webhook_outbox_stream_idx; ALTER INDEX %s RENAME TO webhook_outbox_stream_idx): %w",
 				ErrStreamIndexOutdated, build, streamIndexNext, err)
 		}
-		if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY webhook_outbox_stream_idx`); err != nil {
+		if err := dropIndex(ctx, conn.Conn(), "webhook_outbox_stream_idx"); err != nil {
 			return false, fmt.Errorf("%w; dropping it after building its successor failed: %w", ErrStreamIndexOutdated, err)
 		}
 		return true, renameNext(ctx, conn.Conn())
 	case indexInvalid:
-		if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS webhook_outbox_stream_idx`); err != nil {
+		if err := dropIndex(ctx, conn.Conn(), "webhook_outbox_stream_idx"); err != nil {
 			return false, fmt.Errorf("dropping the invalid stream index (a build that failed): %w", err)
 		}
 	}
@@ -168,12 +168,17 @@ const (
 	indexCurrent             // valid, StreamIndexSQL's
 )
 
-// indexState reads the state of the index name.
+// indexState reads the state of the index name on webhook_outbox. It looks the name up among
+// that table's own indexes, not through the search_path: an index of that name in another
+// schema on the path (a role that may create objects there could plant one) was taken for the
+// stream index, and a dispatcher owning the outbox dropped the real one and never rebuilt it.
+// The statements that drop or rename it name its schema for the same reason (see qualified).
 func indexState(ctx context.Context, conn *pgx.Conn, name string) (indexStatus, error) {
 	var valid bool
 	var columns int
-	err := conn.QueryRow(ctx, `SELECT i.indisvalid, i.indnkeyatts FROM pg_index i
-		WHERE i.indexrelid = to_regclass($1)`, name).Scan(&valid, &columns)
+	err := conn.QueryRow(ctx, `SELECT i.indisvalid, i.indnkeyatts
+		FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+		WHERE i.indrelid = 'webhook_outbox'::pg_catalog.regclass AND c.relname = $1`, name).Scan(&valid, &columns)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return indexMissing, nil
@@ -189,8 +194,30 @@ func indexState(ctx context.Context, conn *pgx.Conn, name string) (indexStatus, 
 
 // renameNext gives the successor built beside the older stream index that index's name.
 func renameNext(ctx context.Context, conn *pgx.Conn) error {
-	if _, err := conn.Exec(ctx, `ALTER INDEX `+streamIndexNext+` RENAME TO webhook_outbox_stream_idx`); err != nil {
+	next, err := qualified(ctx, conn, streamIndexNext)
+	if err == nil {
+		_, err = conn.Exec(ctx, `ALTER INDEX `+next+` RENAME TO webhook_outbox_stream_idx`)
+	}
+	if err != nil {
 		return fmt.Errorf("renaming %s to webhook_outbox_stream_idx: %w", streamIndexNext, err)
 	}
 	return nil
+}
+
+// dropIndex drops the index name of webhook_outbox's schema, if it exists, concurrently.
+func dropIndex(ctx context.Context, conn *pgx.Conn, name string) error {
+	q, err := qualified(ctx, conn, name)
+	if err == nil {
+		_, err = conn.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS `+q)
+	}
+	return err
+}
+
+// qualified is name in webhook_outbox's schema, quoted: where its indexes are.
+func qualified(ctx context.Context, conn *pgx.Conn, name string) (string, error) {
+	var q string
+	err := conn.QueryRow(ctx, `SELECT pg_catalog.format('%I.%I', n.nspname, $1::text)
+		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = 'webhook_outbox'::pg_catalog.regclass`, name).Scan(&q)
+	return q, err
 }

@@ -9,9 +9,9 @@
 -- defaults to now()) and leave enqueued_at to its default. 'infinity' stays allowed in
 -- created_at: the dispatcher parks a stopped stream's rows there.
 --
--- NOT VALID: adding it reads no row, and holds the outbox's lock for an instant only. The
--- pending rows already written so are made due now, which is what '-infinity' asked for; a
--- processed one is no claim's concern. Producers pay two comparisons per row.
+-- NOT VALID: adding it reads no row. The pending rows already written so are made due now,
+-- which is what '-infinity' asked for; a processed one is no claim's concern. Producers pay two
+-- comparisons per row.
 
 -- An UPDATE of an endpoint's id moves the endpoints' version too: it is another endpoint to a
 -- dispatcher's cache, which otherwise kept routing by the old id until its periodic re-read.
@@ -34,12 +34,6 @@ CREATE TRIGGER webhook_endpoints_changed_update
     EXECUTE FUNCTION webhook_endpoints_changed();
 ALTER TABLE webhook_endpoints ENABLE ALWAYS TRIGGER webhook_endpoints_changed_update;
 
-UPDATE webhook_outbox SET created_at = now()
-WHERE NOT processed AND created_at = '-infinity';
-
-UPDATE webhook_outbox SET enqueued_at = least(created_at, now())
-WHERE NOT processed AND enqueued_at = '-infinity';
-
 DO $do$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'webhook_outbox_times_finite'
@@ -49,6 +43,15 @@ BEGIN
     END IF;
 END
 $do$;
+
+-- After the constraint: adding it waits for the inserts in flight, and refuses later ones, so
+-- these updates see every such row (run before it, they missed a producer's row committed
+-- meanwhile, which then failed every claim's update of it).
+UPDATE webhook_outbox SET created_at = now()
+WHERE NOT processed AND created_at = '-infinity';
+
+UPDATE webhook_outbox SET enqueued_at = least(created_at, now())
+WHERE NOT processed AND enqueued_at = '-infinity';
 
 COMMENT ON CONSTRAINT webhook_outbox_times_finite ON webhook_outbox IS
     'created_at and enqueued_at may not be -infinity, which no client time type holds: write the time the event is due (created_at defaults to now()), and leave enqueued_at to its default.';

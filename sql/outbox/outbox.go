@@ -45,7 +45,8 @@ type Event struct {
 	// PostgreSQL stores it as jsonb, so whitespace and key order are normalised once, at
 	// enqueue; every delivery attempt then sends the same bytes.
 	Payload any
-	// StreamID groups events for the consumer's own bookkeeping; "" stores NULL.
+	// StreamID groups events for the consumer's own bookkeeping and ordered delivery; "" stores
+	// NULL. At most MaxStreamIDBytes.
 	StreamID string
 	// EndpointURL overrides the dispatcher's WEBHOOK_URL for this event; "" stores NULL, which
 	// means WEBHOOK_URL. Enqueue refuses one the dispatcher can never call (no http(s) scheme or
@@ -133,6 +134,15 @@ func dueAt(t time.Time) pgtype.Timestamptz {
 	return pgtype.Timestamptz{Time: t, Valid: true}
 }
 
+// MaxStreamIDBytes and MaxEndpointURLBytes are the outbox's limits on a row's stream_id and
+// endpoint_url (schema 21's constraints webhook_outbox_stream_id_length and
+// webhook_outbox_endpoint_url_length): the stream index, which ordered delivery reads, cannot
+// hold longer keys.
+const (
+	MaxStreamIDBytes    = 256
+	MaxEndpointURLBytes = 2048
+)
+
 // validate checks everything PostgreSQL or the dispatcher would reject later, and returns the
 // payload as JSON text.
 func validate(ev Event) ([]byte, error) {
@@ -150,6 +160,14 @@ func validate(ev Event) ([]byte, error) {
 	}
 	if strings.ContainsRune(ev.EndpointURL, 0) {
 		return nil, fmt.Errorf("%w: EndpointURL contains a NUL byte, which PostgreSQL text cannot store", ErrInvalidEvent)
+	}
+	// The table's own limits (schema 21), said here with the field's name.
+	if len(ev.StreamID) > MaxStreamIDBytes {
+		return nil, fmt.Errorf("%w: StreamID is %d bytes, over the limit of %d; use a shorter id (a hash of a long one)",
+			ErrInvalidEvent, len(ev.StreamID), MaxStreamIDBytes)
+	}
+	if len(ev.EndpointURL) > MaxEndpointURLBytes {
+		return nil, fmt.Errorf("%w: EndpointURL is %d bytes, over the limit of %d", ErrInvalidEvent, len(ev.EndpointURL), MaxEndpointURLBytes)
 	}
 	if ev.EndpointURL != "" {
 		// The dispatcher's own rules (scheme, host, credentials): a URL it can never call is

@@ -186,6 +186,8 @@ func TestEnqueueRejectsInvalidEventsBeforeTouchingTheDatabase(t *testing.T) {
 		{"negative delay", outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), Delay: -time.Second}, "negative"},
 		{"endpoint URL without a scheme", outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), EndpointURL: "notaurl"}, "EndpointURL"},
 		{"endpoint URL with credentials", outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), EndpointURL: "https://u:p@x.example/"}, "password"},
+		{"long stream id", outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), StreamID: strings.Repeat("s", 257)}, "StreamID is 257 bytes, over the limit of 256"},
+		{"long endpoint URL", outbox.Event{EventType: "t", Payload: json.RawMessage(`{}`), EndpointURL: "https://x.example/" + strings.Repeat("p", 2040)}, "EndpointURL is 2058 bytes"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -197,7 +197,7 @@ func RefuseSettles(t testing.TB, db *DB, condition string) {
 func (db *DB) EndpointsVersion(t testing.TB) int64 {
 	t.Helper()
 	var v int64
-	if err := db.Pool.QueryRow(context.Background(), `SELECT coalesce(pg_sequence_last_value('webhook_endpoints_version'), 0)`).Scan(&v); err != nil {
+	if err := db.Pool.QueryRow(context.Background(), `SELECT coalesce(pg_catalog.pg_sequence_last_value('webhook_endpoints_version'::pg_catalog.regclass), 0)`).Scan(&v); err != nil {
 		t.Fatalf("sqltest: reading webhook_endpoints_version: %v", err)
 	}
 	return v

@@ -261,7 +261,7 @@ var claimUnorderedSQL = func() string {
           -- Rows with an order key only while the dispatcher's endpoints are confirmed at the current
           -- version ($11, see Ordering.Confirmed): then no endpoint orders, and they are leftovers of
           -- one that did. Otherwise an endpoint may have turned ordering on since the cache's load.
-          AND (order_key IS NULL OR $11::bigint = (SELECT coalesce(pg_sequence_last_value('webhook_endpoints_version'), 0)))
+          AND (order_key IS NULL OR $11::bigint = (SELECT coalesce(pg_catalog.pg_sequence_last_value('webhook_endpoints_version'::pg_catalog.regclass), 0)))
 ` + claimSQL[end+len("-- ordering:end"):]
 }()
 
@@ -682,9 +682,9 @@ func compact(text []byte) []byte {
 // database's clock, and reports whether it had lapsed. greatest: another instance may have
 // pushed it further already.
 const announceSQL = `WITH prev AS (
-    SELECT coalesce(pg_sequence_last_value('webhook_outbox_notify_until'), 0) AS until,
+    SELECT coalesce(pg_catalog.pg_sequence_last_value('webhook_outbox_notify_until'::pg_catalog.regclass), 0) AS until,
            (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms)
-SELECT setval('webhook_outbox_notify_until', greatest(until, now_ms + $1::bigint)) > 0, until < now_ms
+SELECT pg_catalog.setval('webhook_outbox_notify_until'::pg_catalog.regclass, greatest(until, now_ms + $1::bigint)) > 0, until < now_ms
 FROM prev`
 
 // CheckAnnounce returns an error naming the missing grant when this dispatcher's role may not

@@ -190,4 +190,4 @@ SELECT c.id, c.delivery_id, c.stream_id, c.event_type,
 FROM claimed c
 UNION ALL
 SELECT 0, '', '', '', '{}', 2, 1, now(), now(), NULL, '', '', false, 0, '', wait, snapshot,
-       pg_sequence_last_value('webhook_endpoints_version'), horizon, held FROM next
+       pg_catalog.pg_sequence_last_value('webhook_endpoints_version'::pg_catalog.regclass), horizon, held FROM next

@@ -311,7 +311,7 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 	// of them orders its streams and whether events are routed: a claim that did not would
 	// take an ordered row without its head check (schema 6).
 	var version int64
-	if err := pool.QueryRow(ctx, `SELECT coalesce(pg_sequence_last_value('webhook_endpoints_version'), 0)`).Scan(&version); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT coalesce(pg_catalog.pg_sequence_last_value('webhook_endpoints_version'::pg_catalog.regclass), 0)`).Scan(&version); err != nil {
 		pool.Close()
 		return fmt.Errorf("reading the endpoints' version: %w", err)
 	}

@@ -269,7 +269,7 @@ func readStatus(ctx context.Context, tx pgx.Tx, countCap int64) (Report, error) 
 		return rep, err
 	}
 	rep.OutboxIDSequenceCache, rep.StreamRowsBeyondSequence = ids.SequenceCache, ids.BeyondSequence
-	if err := tx.QueryRow(ctx, `SELECT greatest(coalesce(pg_sequence_last_value('webhook_outbox_notify_until'), 0)
+	if err := tx.QueryRow(ctx, `SELECT greatest(coalesce(pg_catalog.pg_sequence_last_value('webhook_outbox_notify_until'::pg_catalog.regclass), 0)
 		- (extract(epoch FROM clock_timestamp()) * 1000)::bigint, 0) / 1000.0`).Scan(&rep.NotifySecondsLeft); err != nil {
 		return rep, fmt.Errorf("reading the NOTIFY switch: %w", err)
 	}
