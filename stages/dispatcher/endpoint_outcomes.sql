@@ -3,8 +3,18 @@
 -- already), 3 a 410 Gone (disabled with the reason, as the Standard Webhooks specification asks).
 -- Returns the ids of endpoints this statement disabled, so that the caller logs it once and
 -- dead-letters their pending deliveries.
+--
+-- Endpoints whose row another session holds locked (an operator's open transaction, an API
+-- change, a recovery batch) are left out of this batch, not waited for: the settle stage is
+-- one goroutine, and waiting here held up every settle of every endpoint for as long as that
+-- transaction lived, while the leases of rows already delivered ran out and they were sent
+-- again. The next outcome of such an endpoint records its state.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::smallint[]) AS t(id, result)
+), free AS (
+    SELECT e.id FROM webhook_endpoints e
+    WHERE e.id = ANY ($1::uuid[])
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE webhook_endpoints e
 SET last_success_at = CASE WHEN i.result = 1 THEN now() ELSE e.last_success_at END,
@@ -13,7 +23,7 @@ SET last_success_at = CASE WHEN i.result = 1 THEN now() ELSE e.last_success_at E
     disabled_at = CASE WHEN i.result = 3 AND e.enabled THEN now() ELSE e.disabled_at END,
     disabled_reason = CASE WHEN i.result = 3 AND e.enabled THEN 'the endpoint answered 410 Gone' ELSE e.disabled_reason END
 FROM input i
-WHERE e.id = i.id
+WHERE e.id = i.id AND e.id IN (SELECT id FROM free)
   -- Only real changes: a healthy endpoint's success every batch would bump the endpoints'
   -- version (and every dispatcher's cache) for nothing; a success is written at most once
   -- a minute.

@@ -412,6 +412,16 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 		return delivery.Outcome{Kind: delivery.Retry, Error: describeError(err, s.cfg.Timeout, timedOut), Duration: elapsed}
 	}
 	status := resp.StatusCode
+	if status == http.StatusSwitchingProtocols {
+		// net/http hands over the connection itself as the body of a 101: no request deadline
+		// bounds a read from it, and a consumer that switched and kept the socket open held the
+		// send worker, its endpoint's slot and its in-flight slot for good (the row never
+		// settled, and Stop never returned). It is no answer to a webhook: closed unread, and
+		// counted as the failed attempt it is.
+		_ = resp.Body.Close()
+		return delivery.Outcome{Kind: delivery.Retry, Status: status, Error: statusError(status) + ": the consumer switched protocols instead of answering",
+			Duration: time.Since(start)}
+	}
 	// The start of the body is kept: as the excerpt stored with the attempt, and for a 409 that
 	// may mean "already delivered", to decide it (see classifyConflict). One read serves both,
 	// into a pooled buffer; with excerpts off, only such a 409 reads into one.

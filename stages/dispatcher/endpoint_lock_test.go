@@ -1,0 +1,52 @@
+package dispatcher_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/endpoints"
+	"github.com/fluxora/fluxhook/sql/outbox"
+)
+
+// TestLockedEndpointRowHoldsNoSettle: a transaction that holds one managed endpoint's row
+// locked (an operator's psql session, an API change, a recovery batch) does not hold up the
+// settles of other endpoints' deliveries. Recording endpoint A's first success waited for the
+// lock inside the one settle goroutine: endpoint B's deliveries stayed unsettled for as long as
+// the transaction lived, and were sent again at each lease's end.
+func TestLockedEndpointRowHoldsNoSettle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a, other := newConsumer(t, nil), newConsumer(t, nil)
+	epA := b.addEndpoint(endpoints.New{URL: a.URL(), EventTypes: []string{"a.*"}})
+	b.addEndpoint(endpoints.New{URL: other.URL(), EventTypes: []string{"b.*"}})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR UPDATE`, epA.ID); err != nil {
+		t.Fatal(err)
+	}
+	first := b.enqueue(outbox.Event{EventType: "a.first"}) // A's first success: an outcome to record
+	eventually(t, 10*time.Second, "A's delivery settled while its endpoint's row is locked", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, first) == 0 && a.received() == 1
+	})
+	for range 5 {
+		b.enqueue(outbox.Event{EventType: "b.event"})
+	}
+	eventually(t, 10*time.Second, "B's deliveries settled while A's row is locked", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox`) == 0
+	})
+	if n := other.received(); n != 5 {
+		t.Errorf("endpoint B received %d requests for its 5 events, want 5", n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
