@@ -73,3 +73,56 @@ func TestReleasedStreamBringsItsParkedRows(t *testing.T) {
 		}
 	}
 }
+
+// TestReleasedStreamLeavesOtherTenantsParked: two tenants' events to the same destination
+// (WEBHOOK_URL here) under the same stream id share a stream for the dispatcher, so one's row
+// may be parked behind the other's stopped head. Replaying or purging that head releases the
+// rows of its own tenant only: an action on one tenant's dead letter (its key may make it)
+// writes no other tenant's queue rows. The other's row goes on when the head's next settle
+// releases it, or at the end of its hour.
+func TestReleasedStreamLeavesOtherTenantsParked(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	ctx := context.Background()
+	for _, release := range []string{"replay", "purge"} {
+		stream := "shared-" + release
+		var outboxID int64
+		var delivery string
+		if err := db.Pool.QueryRow(ctx, `
+			INSERT INTO webhook_outbox (stream_id, event_type, payload, tenant, routed_at, order_key, created_at, deferred_reason)
+			VALUES ($1, 'e', '{}', 'acme', now(), 100, 'infinity', 'stream stopped: permanent: HTTP 410')
+			RETURNING id, delivery_id::text`, stream).Scan(&outboxID, &delivery); err != nil {
+			t.Fatal(err)
+		}
+		exec(t, db, `INSERT INTO webhook_outbox (stream_id, event_type, payload, tenant, routed_at, order_key, created_at, deferred_reason)
+			VALUES ($1, 'e', '{}', 'acme', now(), 101, now() + interval '1 hour', 'behind its stream'),
+			       ($1, 'e', '{}', 'globex', now(), 102, now() + interval '1 hour', 'behind its stream')`, stream)
+		var id int64
+		if err := db.Pool.QueryRow(ctx, `
+			INSERT INTO webhook_dead_letter (outbox_id, delivery_id, stream_id, event_type, payload, attempts, reason,
+			                                 enqueued_at, tenant, order_key)
+			VALUES ($1, $2::uuid, $3, 'e', '{}', 1, 'permanent: HTTP 410', now(), 'acme', 100) RETURNING id`,
+			outboxID, delivery, stream).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if release == "replay" {
+			_, err = replay(t, db, deadletters.Selection{IDs: []int64{id}}, deadletters.Options{})
+		} else {
+			_, err = deadletters.Purge(ctx, db.Pool, deadletters.Selection{IDs: []int64{id}}, deadletters.PurgeOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var acmeDue, globexParked int
+		if err := db.Pool.QueryRow(ctx, `SELECT
+			count(*) FILTER (WHERE tenant = 'acme' AND order_key = 101 AND created_at <= now()),
+			count(*) FILTER (WHERE tenant = 'globex' AND deferred_reason = 'behind its stream' AND created_at > now())
+			FROM webhook_outbox WHERE stream_id = $1`, stream).Scan(&acmeDue, &globexParked); err != nil {
+			t.Fatal(err)
+		}
+		if acmeDue != 1 || globexParked != 1 {
+			t.Errorf("%s of acme's head: acme's parked row due %d (want 1), globex's still parked %d (want 1)", release, acmeDue, globexParked)
+		}
+	}
+}

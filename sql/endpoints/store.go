@@ -497,11 +497,12 @@ type state struct {
 	headers []byte
 	// secret is the current secret as stored, which a rotation re-seals as the previous one.
 	secret string
+	tenant *string
 }
 
 func readState(ctx context.Context, q Querier, id string) (state, error) {
 	var s state
-	err := q.QueryRow(ctx, stateSQL, id).Scan(&s.scheme, &s.headers, &s.secret)
+	err := q.QueryRow(ctx, stateSQL, id).Scan(&s.scheme, &s.headers, &s.secret, &s.tenant)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, &notFoundError{id: id}
 	}
@@ -601,6 +602,9 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 	}
 	if p.Tenant != nil {
 		w.set, w.tenant = append(w.set, "tenant"), nullString(*p.Tenant)
+		if err := p.checkMove(s, w.tenant); err != nil {
+			return w, err
+		}
 	}
 	if p.EventTypes != nil {
 		w.set, w.eventTypes = append(w.set, "event_types"), *p.EventTypes
@@ -706,6 +710,43 @@ func (p Patch) write(id string, s state, c *Cipher) (write, error) {
 	sealed := c.Seal(w.secret, SecretBinding(id))
 	w.sealed = &sealed
 	return w, nil
+}
+
+// checkMove refuses a move to another tenant (to is the new tenant, nil for none) that would
+// carry a credential header's value (SensitiveHeader) over from the endpoint's tenant: kept
+// unchanged, merged, or kept through HeaderMask. The new tenant may point the URL at its own
+// server, and the dispatcher would send it the old tenant's credential there. The audit trail
+// and the pending deliveries are kept apart on a move (see update.sql); the headers, given
+// anew in the same change, are too.
+func (p Patch) checkMove(s state, to *string) error {
+	if (s.tenant == nil) == (to == nil) && (s.tenant == nil || *s.tenant == *to) {
+		return nil
+	}
+	var stored map[string]string
+	_ = json.Unmarshal(s.headers, &stored)
+	var carried []string
+	for name := range stored {
+		if !SensitiveHeader(name) {
+			continue
+		}
+		replaced := p.Headers != nil && !p.MergeHeaders
+		if replaced {
+			for given, v := range *p.Headers {
+				if strings.EqualFold(given, name) && p.HeaderMask != "" && v == p.HeaderMask {
+					replaced = false
+				}
+			}
+		}
+		if !replaced {
+			carried = append(carried, name)
+		}
+	}
+	if len(carried) == 0 {
+		return nil
+	}
+	slices.Sort(carried)
+	return invalid("headers", "moving the endpoint to another tenant would hand it the current tenant's credential headers (%s); "+
+		"give the headers anew in the same change, replacing them all (the API: \"headers\", {} for none; the CLI: --clear-headers)", strings.Join(carried, ", "))
 }
 
 // keptHeaders returns, by name, the values as stored of the headers p gives the mask

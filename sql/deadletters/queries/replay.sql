@@ -53,6 +53,9 @@ WITH replayed AS (
       AND coalesce('ep:' || o.endpoint_id::text, o.endpoint_url, '') = coalesce('ep:' || r.endpoint_id::text, r.endpoint_url, '')
       AND coalesce(o.order_key, o.id) > coalesce(r.order_key, r.id)
       AND o.deferred_reason = 'behind its stream' AND o.created_at > now()
+      -- Never across tenants: two tenants' events to one destination under one stream id share
+      -- a stream for the dispatcher, and an action on one's dead letter writes no other's rows.
+      AND o.tenant IS NOT DISTINCT FROM r.tenant
 ), logged AS (
     INSERT INTO webhook_delivery_log (id, stream_id, event_type, payload, created_at, delivery_id, attempt,
                                       enqueued_at, endpoint_url, processed_at, error, tenant, endpoint_id,

@@ -407,7 +407,8 @@ func nulField(v reflect.Value, field string) string {
 			case sf.Anonymous && name == "":
 				name = field
 			case name == "":
-				name = sf.Name
+				// A wrapper's own fields (nullable's Value) go by the field it is.
+				name = cmp.Or(field, sf.Name)
 			}
 			if f := nulField(v.Field(i), name); f != "" {
 				return f

@@ -258,3 +258,21 @@ func TestEndpointFieldsAreBounded(t *testing.T) {
 	h.must(http.StatusCreated, h.admin, "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/by-the-operator", "tenant": "acme"})
 	h.must(http.StatusCreated, h.key(ptr("globex")), "POST", "/v1/endpoints", map[string]any{"url": "https://hooks.example.com/globex"})
 }
+
+// TestKeyWithoutTenantRefused: a key is made for a tenant, or as an admin key by "tenant": null;
+// a body without tenant is refused. Taken for null, an integration that drops an unset field
+// (omitempty, JavaScript's undefined) handed its customer a key to every tenant.
+func TestKeyWithoutTenantRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	for _, body := range []any{map[string]any{"description": "acme portal"}, map[string]any{}} {
+		r := h.must(http.StatusUnprocessableEntity, h.admin, "POST", "/v1/api-keys", body)
+		if code, field := r.errorCode(); code != "invalid" || field != "tenant" {
+			t.Errorf("a key made of %v = %s; want invalid tenant", body, r.Raw)
+		}
+	}
+	admin := h.must(http.StatusCreated, h.admin, "POST", "/v1/api-keys", map[string]any{"tenant": nil, "description": "ops"})
+	if me := h.must(http.StatusOK, admin.Body["key"].(string), "GET", "/v1/me", nil); me.Body["admin"] != true {
+		t.Errorf(`a key made with "tenant": null = %s; want an admin key`, me.Raw)
+	}
+}

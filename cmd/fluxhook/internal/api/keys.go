@@ -28,13 +28,19 @@ func (s *Server) listKeys(q *request) error {
 
 func (s *Server) createKey(q *request) error {
 	var in struct {
-		Tenant      *string `json:"tenant"`
-		Description string  `json:"description"`
+		Tenant      nullable[string] `json:"tenant"`
+		Description string           `json:"description"`
 	}
 	if err := q.decode(&in); err != nil {
 		return err
 	}
-	n := apikeys.New{Tenant: in.Tenant, Description: in.Description, CreatedBy: q.actor()}
+	// An admin key is asked for by name (null), never made of an absent tenant: a client that
+	// drops an unset field (omitempty, JavaScript's undefined) would hand its customer a key to
+	// every tenant. The CLI asks for --tenant or --admin likewise.
+	if !in.Tenant.Set {
+		return errInvalid("tenant", "tenant: required: the tenant the key sees, or null for an admin key (every tenant, and the keys)")
+	}
+	n := apikeys.New{Tenant: in.Tenant.Value, Description: in.Description, CreatedBy: q.actor()}
 	if err := n.Validate(); err != nil {
 		field, _, _ := strings.Cut(err.Error(), ":")
 		return errInvalid(field, "%v", err)

@@ -41,7 +41,7 @@ func waitLockWaiters(t *testing.T, h *harness, n int) {
 func TestRevokingAKeyEndsASessionBeingMade(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	minted := h.must(http.StatusCreated, h.admin, "POST", "/v1/api-keys", map[string]any{"description": "leaked"})
+	minted := h.must(http.StatusCreated, h.admin, "POST", "/v1/api-keys", map[string]any{"tenant": nil, "description": "leaked"})
 	key, keyID := minted.Body["key"].(string), minted.Body["id"].(string)
 
 	ctx := context.Background()

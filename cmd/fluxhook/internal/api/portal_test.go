@@ -79,7 +79,7 @@ func TestPortalSessionsActAsTheirTenantUntilTheyExpire(t *testing.T) {
 func TestPortalSessionsCanBeRevoked(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	minted := h.must(http.StatusCreated, h.admin, "POST", "/v1/api-keys", map[string]any{"description": "portal minter"})
+	minted := h.must(http.StatusCreated, h.admin, "POST", "/v1/api-keys", map[string]any{"tenant": nil, "description": "portal minter"})
 	minter, minterID := minted.Body["key"].(string), minted.Body["id"].(string)
 	session := func(key, path string) (id, token string) {
 		s := h.must(http.StatusCreated, key, "POST", path, map[string]any{"ttl_seconds": 86400})
