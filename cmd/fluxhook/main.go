@@ -55,8 +55,11 @@ var errUsage = cli.ErrUsage
 var errInvalidConfig = errors.New("invalid configuration")
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "serve" && os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(serveGCPercent)
+	if len(os.Args) > 1 && os.Args[1] == "serve" {
+		keepSysmonAwake()
+		if os.Getenv("GOGC") == "" {
+			debug.SetGCPercent(serveGCPercent)
+		}
 	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
 }

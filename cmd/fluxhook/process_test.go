@@ -70,6 +70,19 @@ func pollUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 	}
 }
 
+// logLinesOf is a serve process's stderr as its log lines: without the Go runtime's scheduler
+// trace ("SCHED …"), which serve's GODEBUG (sysmonAwake) has the runtime write on a host up for
+// more than 24.8 days, and which is not fluxhook's.
+func logLinesOf(stderr string) []string {
+	var lines []string
+	for line := range strings.SplitSeq(strings.TrimRight(stderr, "\n"), "\n") {
+		if !strings.HasPrefix(line, "SCHED ") {
+			lines = append(lines, line)
+		}
+	}
+	return lines
+}
+
 // serveProc is one `fluxhook serve` child process.
 type serveProc struct {
 	t      *testing.T

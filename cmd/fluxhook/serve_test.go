@@ -687,7 +687,7 @@ func TestServeLogsNoSecrets(t *testing.T) {
 	failOrigin := "http://" + failing.srv.Listener.Addr().String()
 	failures := map[string]int{}
 	var startup map[string]any
-	for i, line := range strings.Split(strings.TrimRight(logs, "\n"), "\n") {
+	for i, line := range logLinesOf(logs) {
 		var entry map[string]any
 		if err := json.Unmarshal([]byte(line), &entry); err != nil {
 			t.Errorf("log line %d is not JSON (%v): %s", i+1, err, line)
@@ -796,8 +796,7 @@ func TestServeLogsOnlyJSONWithRedisDown(t *testing.T) {
 	})
 	p.waitLog(10*time.Second, `"msg":"gate store unavailable`)
 	p.stopCleanly()
-	lines := strings.Split(strings.TrimSpace(p.stderr.String()), "\n")
-	for _, line := range lines {
+	for _, line := range logLinesOf(p.stderr.String()) {
 		var v map[string]any
 		if err := json.Unmarshal([]byte(line), &v); err != nil {
 			t.Errorf("a stderr line is not JSON: %q", line)
