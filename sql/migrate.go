@@ -202,8 +202,14 @@ const lockNotAvailable = "55P03"
 
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable
+	return errors.As(err, &pgErr) && (pgErr.Code == lockNotAvailable || pgErr.Code == deadlockDetected)
 }
+
+// deadlockDetected is the SQLSTATE of a transaction PostgreSQL chose to end to break a
+// deadlock: a migration that locks rows and then a table (schema 21 rewrites dead letters
+// before it locks the outbox) can meet a session that takes them the other way (a purge), and
+// either may be ended. Retried like a lock wait that timed out: nothing was changed.
+const deadlockDetected = "40P01"
 
 // migrateOnce is one attempt: one transaction, rolled back on any error.
 func migrateOnce(ctx context.Context, db Execer, lockTimeout time.Duration) ([]int, error) {

@@ -134,6 +134,14 @@ func EnsureStreamIndex(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		return false, fmt.Errorf("creating the stream index that ordered delivery needs "+
 			"(run as the table's owner: %s): %w", StreamIndexSQL, err)
 	}
+	// IF NOT EXISTS does nothing, without an error, when another relation of the schema has the
+	// name: reported built, the index was never looked for again.
+	if state, err := indexState(ctx, conn.Conn(), "webhook_outbox_stream_idx"); err != nil || state != indexCurrent {
+		if err == nil {
+			err = errors.New("another relation of webhook_outbox's schema has its name: rename or drop it")
+		}
+		return false, fmt.Errorf("creating the stream index that ordered delivery needs: %w", err)
+	}
 	return true, nil
 }
 

@@ -45,13 +45,16 @@ END
 $do$;
 
 -- After the constraint: adding it waits for the inserts in flight, and refuses later ones, so
--- these updates see every such row (run before it, they missed a producer's row committed
--- meanwhile, which then failed every claim's update of it).
-UPDATE webhook_outbox SET created_at = now()
-WHERE NOT processed AND created_at = '-infinity';
-
-UPDATE webhook_outbox SET enqueued_at = least(created_at, now())
-WHERE NOT processed AND enqueued_at = '-infinity';
+-- this update sees every such row (run before it, it missed a producer's row committed
+-- meanwhile, which then failed every claim's update of it). One update for both columns: the
+-- constraint checks every row an update writes, and a row with both at '-infinity' fixed one
+-- column at a time failed the first update, and the migration.
+UPDATE webhook_outbox
+SET created_at = CASE WHEN created_at = '-infinity' THEN now() ELSE created_at END,
+    enqueued_at = CASE WHEN enqueued_at = '-infinity'
+                       THEN least(CASE WHEN created_at = '-infinity' THEN now() ELSE created_at END, now())
+                       ELSE enqueued_at END
+WHERE NOT processed AND (created_at = '-infinity' OR enqueued_at = '-infinity');
 
 COMMENT ON CONSTRAINT webhook_outbox_times_finite ON webhook_outbox IS
     'created_at and enqueued_at may not be -infinity, which no client time type holds: write the time the event is due (created_at defaults to now()), and leave enqueued_at to its default.';
