@@ -20,8 +20,9 @@ import (
 // drain's did not move). The price: about 100 wake-ups a second of the
 // monitor while idle (2 ms of CPU a second), and the runtime's one-line scheduler trace
 // ("SCHED …") on standard error each 2^31 ms (24.8 days) of the host's uptime, which
-// schedtrace cannot be told to leave out: at start on a host up longer than that.
-// GODEBUG=schedtrace=0 turns it off.
+// schedtrace cannot be told to leave out: at start on a host up longer than that (written in
+// pieces, a log line written at that moment may land inside it); and a fatal error or SIGQUIT
+// prints the scheduler's state before the goroutines. GODEBUG=schedtrace=0 turns it off.
 const sysmonAwake = "schedtrace=2147483647"
 
 // keepSysmonAwake re-executes serve with sysmonAwake added to GODEBUG, which the runtime reads
@@ -43,6 +44,23 @@ func keepSysmonAwake() {
 	// Replaced, not appended: a process reads the first of two GODEBUG entries.
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GODEBUG=") })
 	env = append(env, "GODEBUG="+godebug+sysmonAwake)
-	// /proc/self/exe is this very binary even when its file was replaced since it started.
-	_ = syscall.Exec("/proc/self/exe", os.Args, env)
+	_ = syscall.Exec(selfPath(), os.Args, env)
+}
+
+// selfPath is the path to execute this very binary again: its own path when that still names
+// the running file, so that the process keeps its name for ps, pgrep and killall (executed as
+// /proc/self/exe it is called "exe"); else /proc/self/exe, which is this binary even when its
+// file was replaced or removed since it started.
+func selfPath() string {
+	const self = "/proc/self/exe"
+	path, err := os.Executable()
+	if err != nil {
+		return self
+	}
+	running, err1 := os.Stat(self)
+	named, err2 := os.Stat(path)
+	if err1 != nil || err2 != nil || !os.SameFile(running, named) {
+		return self
+	}
+	return path
 }

@@ -44,6 +44,10 @@ func TestServeKeepsSysmonAwake(t *testing.T) {
 		if got != want {
 			t.Errorf("GODEBUG=%q: serve runs with GODEBUG=%q, want %q", given, got, want)
 		}
+		// Executed again by its own path, it keeps its name (ps, pgrep, killall).
+		if comm, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/comm"); err != nil || strings.TrimSpace(string(comm)) == "exe" {
+			t.Errorf("GODEBUG=%q: serve's process name is %q (%v)", given, comm, err)
+		}
 		p.stopCleanly()
 	}
 }

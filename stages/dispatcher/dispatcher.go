@@ -55,6 +55,10 @@ type Dispatcher struct {
 
 	stats   Stats
 	metrics *metrics
+	// pendingOutcomes are endpoint outcomes (1 success, 2 failure, 3 gone) that a row locked by
+	// another session kept from being recorded, for the next recordOutcomes.
+	outcomesMu      sync.Mutex
+	pendingOutcomes map[string]int16
 	// release closes what New opened, once: by Stop, or by a Stop without a (successful) Start.
 	release sync.Once
 	// redis is the gate's Redis store when REDIS_URL is set, closed by Stop.

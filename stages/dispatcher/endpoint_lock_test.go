@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -49,4 +50,45 @@ func TestLockedEndpointRowHoldsNoSettle(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// A's success, left while its row was locked, is recorded with a later batch.
+	b.enqueue(outbox.Event{EventType: "b.event"})
+	eventually(t, 10*time.Second, "A's success recorded once its row is free", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND last_success_at IS NOT NULL`, epA.ID) == 1
+	})
+}
+
+// TestLockedEndpointRowKeepsItsGone: a 410 Gone answered while another session holds the
+// endpoint's row locked disables the endpoint once the row is free (with the next settled
+// batch), rather than being dropped with the batch's record.
+func TestLockedEndpointRowKeepsItsGone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	gone := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusGone) })
+	other := newConsumer(t, nil)
+	epA := b.addEndpoint(endpoints.New{URL: gone.URL(), EventTypes: []string{"a.*"}})
+	b.addEndpoint(endpoints.New{URL: other.URL(), EventTypes: []string{"b.*"}})
+	cfg := b.config("")
+	cfg.EncryptionKey = testKey
+	b.start(cfg)
+
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR SHARE`, epA.ID); err != nil {
+		t.Fatal(err)
+	}
+	first := b.enqueue(outbox.Event{EventType: "a.first"})
+	eventually(t, 10*time.Second, "A's 410 settled while its row is locked", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, first) == 0
+	})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(outbox.Event{EventType: "b.event"})
+	eventually(t, 10*time.Second, "A disabled for its 410 once its row is free", func() bool {
+		return b.count(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND NOT enabled AND disabled_reason LIKE '%410%'`, epA.ID) == 1
+	})
 }

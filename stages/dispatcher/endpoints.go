@@ -903,33 +903,80 @@ func (d *Dispatcher) noteEndpointOutcomes(ctx context.Context, settled []*delive
 		ids = append(ids, del.EndpointID)
 		results = append(results, r)
 	}
+	d.recordOutcomes(ctx, ids, results)
+}
+
+// recordOutcomes writes endpoint outcomes (endpoint_outcomes.sql), with those that a row
+// locked by another session made an earlier call leave: an older result gives way to a newer
+// one, but a 410 stays. Those left again wait for the next call, which the housekeeping round
+// makes when no batch comes (flushOutcomes).
+func (d *Dispatcher) recordOutcomes(ctx context.Context, ids []string, results []int16) {
+	d.outcomesMu.Lock()
+	for id, r := range d.pendingOutcomes {
+		if i := slices.Index(ids, id); i < 0 {
+			ids, results = append(ids, id), append(results, r)
+		} else if r == 3 {
+			results[i] = 3
+		}
+	}
+	clear(d.pendingOutcomes)
+	d.outcomesMu.Unlock()
 	if len(ids) == 0 {
 		return
 	}
 	rows, err := d.pool.Query(ctx, endpointOutcomesSQL, ids, results)
-	if err != nil {
-		d.log.Warn("recording endpoint outcomes failed", zap.Error(err))
-		return
-	}
-	// The statement's errors (a refused disable among them) surface while reading its rows.
-	gone, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+	if err == nil {
+		var gone, skipped []string
 		var id string
-		var disabled bool
-		if err := r.Scan(&id, &disabled); err != nil || !disabled {
-			return "", err
+		var disabled, skip bool
+		_, err = pgx.ForEachRow(rows, []any{&id, &disabled, &skip}, func() error {
+			switch {
+			case skip:
+				skipped = append(skipped, id)
+			case disabled:
+				gone = append(gone, id)
+			}
+			return nil
+		})
+		// The statement's errors (a refused disable among them) surface while reading its rows.
+		if err == nil {
+			d.keepOutcomes(skipped, ids, results)
+			for _, id := range gone {
+				d.disabledEndpoint(ctx, id, goneReason)
+			}
+			return
 		}
-		return id, nil
-	})
-	if err != nil {
-		d.log.Warn("recording endpoint outcomes failed", zap.Error(err))
+	}
+	d.log.Warn("recording endpoint outcomes failed", zap.Error(err))
+	d.keepOutcomes(ids, ids, results)
+}
+
+// keepOutcomes sets aside the outcomes of the endpoints keep (of ids, with results) for the
+// next recordOutcomes.
+func (d *Dispatcher) keepOutcomes(keep, ids []string, results []int16) {
+	if len(keep) == 0 {
 		return
 	}
-	for _, id := range gone {
-		if id == "" {
-			continue
-		}
-		d.disabledEndpoint(ctx, id, goneReason)
+	d.outcomesMu.Lock()
+	defer d.outcomesMu.Unlock()
+	if d.pendingOutcomes == nil {
+		d.pendingOutcomes = map[string]int16{}
 	}
+	for _, id := range keep {
+		if i := slices.Index(ids, id); i >= 0 && d.pendingOutcomes[id] != 3 {
+			d.pendingOutcomes[id] = results[i]
+		}
+	}
+}
+
+// flushOutcomes records the outcomes set aside, when no settled batch has done it: before the
+// housekeeping round disables endpoints for failing, one whose success is set aside must not be.
+// It returns the endpoints whose outcomes are still set aside (their rows still locked).
+func (d *Dispatcher) flushOutcomes(ctx context.Context) []string {
+	d.recordOutcomes(ctx, nil, nil)
+	d.outcomesMu.Lock()
+	defer d.outcomesMu.Unlock()
+	return slices.Collect(maps.Keys(d.pendingOutcomes))
 }
 
 // goneReason is the disabled_reason of an endpoint that answered 410.
@@ -939,7 +986,8 @@ const goneReason = "the endpoint answered 410 Gone"
 // per housekeeping round.
 func (d *Dispatcher) disableStale(ctx context.Context) {
 	reason := fmt.Sprintf("no successful delivery for %s", d.cfg.EndpointDisableAfter)
-	rows, err := d.pool.Query(ctx, endpointDisableSQL, d.cfg.EndpointDisableAfter.Milliseconds(), reason)
+	waiting := d.flushOutcomes(ctx)
+	rows, err := d.pool.Query(ctx, endpointDisableSQL, d.cfg.EndpointDisableAfter.Milliseconds(), reason, waiting)
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Warn("disabling failing endpoints failed", zap.Error(err))

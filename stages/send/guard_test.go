@@ -239,16 +239,23 @@ func TestGuardRefusesBeforeDialing(t *testing.T) {
 			if o.Kind != delivery.Permanent || o.Status != 0 {
 				t.Fatalf("Outcome = %+v, want permanent without a status", o)
 			}
+			// The whole refusal goes to the log (Detail); what the endpoint's tenant reads
+			// (Reason, Error) names neither the address nor the setting.
 			for _, w := range append(tt.want, "endpoint refused: ") {
-				if !strings.Contains(o.Reason, w) {
-					t.Errorf("Reason = %q, want it to contain %q", o.Reason, w)
+				if !strings.Contains(o.Detail, w) {
+					t.Errorf("Detail = %q, want it to contain %q", o.Detail, w)
 				}
 			}
-			if o.Error != o.Reason {
-				t.Errorf("Error = %q, want the reason %q", o.Error, o.Reason)
+			if o.Error != o.Reason || !strings.HasPrefix(o.Reason, "endpoint refused: ") || strings.Contains(o.Reason, "WEBHOOK_") {
+				t.Errorf("Error = %q, Reason = %q; want both the refusal without its address or setting", o.Error, o.Reason)
 			}
-			if strings.Contains(o.Reason, "s3cret") || strings.Contains(o.Reason, consumerHost) {
-				t.Errorf("Reason = %q repeats the URL", o.Reason)
+			for _, a := range tt.resolved {
+				if strings.Contains(o.Reason, a) {
+					t.Errorf("Reason = %q names the resolved address %s", o.Reason, a)
+				}
+			}
+			if strings.Contains(o.Reason+o.Detail, "s3cret") || strings.Contains(o.Reason+o.Detail, consumerHost) {
+				t.Errorf("Reason = %q, Detail = %q: one repeats the URL", o.Reason, o.Detail)
 			}
 			if got := b.dials.attempts(); len(got) != 0 {
 				t.Errorf("connection attempts %q, want none: the refusal must come before any dial", got)
@@ -276,7 +283,7 @@ func TestGuardRefusesLiteralAddresses(t *testing.T) {
 			b := setupGuard(t, send.Config{})
 			d := newDelivery(t, b.s, tt.url)
 			b.s.Send(context.Background(), d)
-			if o := d.Outcome; o.Kind != delivery.Permanent || !strings.Contains(o.Reason, tt.want) {
+			if o := d.Outcome; o.Kind != delivery.Permanent || !strings.Contains(o.Detail, tt.want) {
 				t.Errorf("Outcome = %+v, want permanent with a reason containing %q", o, tt.want)
 			}
 			if got := b.dials.attempts(); len(got) != 0 {
@@ -369,7 +376,7 @@ func TestGuardDialsCheckedAddressWithTLSForTheHostName(t *testing.T) {
 		b.res.set(consumerHost, addrs("127.0.0.1"))
 		d := newDelivery(t, b.s, "https://"+consumerHost+":"+port+"/hook")
 		b.s.Send(context.Background(), d)
-		if o := d.Outcome; o.Kind != delivery.Permanent || !strings.Contains(o.Reason, "a loopback address") {
+		if o := d.Outcome; o.Kind != delivery.Permanent || !strings.Contains(o.Detail, "a loopback address") {
 			t.Errorf("Outcome = %+v, want permanent: a name resolving to loopback is refused", o)
 		}
 		if a := b.dials.attempts(); len(a) != 0 {
@@ -478,7 +485,7 @@ func TestGuardDNSRebinding(t *testing.T) {
 
 	second := newDelivery(t, b.s, url)
 	b.s.Send(context.Background(), second)
-	if o := second.Outcome; o.Kind != delivery.Permanent || !strings.Contains(o.Reason, "resolves to 10.0.0.5, a private address") {
+	if o := second.Outcome; o.Kind != delivery.Permanent || !strings.Contains(o.Detail, "resolves to 10.0.0.5, a private address") {
 		t.Errorf("second Send: Outcome = %+v, want permanent: the rebound address is refused", o)
 	}
 	if got := b.dials.attempts(); !slices.Equal(got, []string{"127.0.0.1:" + port}) {

@@ -398,15 +398,17 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 			// the operator (WEBHOOK_ALLOWED_NETWORKS, then a replay) or the consumer's own
 			// DNS can change it, and retrying for the schedule's days would only delay the
 			// dead letter that tells someone to act. A failed lookup stays a Retry.
-			reason := refused.Error()
+			// The dead letter and the attempt's error, which the row's or the endpoint's tenant
+			// reads, get the refusal without the address and the settings (a tenant whose
+			// endpoint's DNS it controls, even one the operator wrote, could map internal
+			// names with test events); the log gets it whole.
+			public, whole := refused.Public(), refused.Error()
 			if refused.rowURL {
 				// No Error: a row's URL refused by policy says nothing about any consumer, so
-				// no breaker counts it (and the row has no endpoint of its own to blame). The
-				// dead letter, which the row's tenant reads, gets the refusal without the
-				// address and the settings; the log gets it whole.
-				return delivery.Outcome{Kind: delivery.Permanent, Reason: refused.Public(), Detail: reason, Duration: elapsed}
+				// no breaker counts it (and the row has no endpoint of its own to blame).
+				return delivery.Outcome{Kind: delivery.Permanent, Reason: public, Detail: whole, Duration: elapsed}
 			}
-			return delivery.Outcome{Kind: delivery.Permanent, Error: reason, Reason: reason, Duration: elapsed}
+			return delivery.Outcome{Kind: delivery.Permanent, Error: public, Reason: public, Detail: whole, Duration: elapsed}
 		}
 		timedOut := errors.Is(reqCtx.Err(), context.DeadlineExceeded)
 		return delivery.Outcome{Kind: delivery.Retry, Error: describeError(err, s.cfg.Timeout, timedOut), Duration: elapsed}
