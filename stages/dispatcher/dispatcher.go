@@ -1556,7 +1556,11 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 		}
 	case delivery.Retry:
 		d.stats.Retried.Add(1)
-		d.log.Warn("delivery attempt failed", append(fields(), zap.String("error", o.Error), zap.Int64("retry_in_ms", o.Delay.Milliseconds()))...)
+		f := append(fields(), zap.String("error", o.Error), zap.Int64("retry_in_ms", o.Delay.Milliseconds()))
+		if o.Detail != "" {
+			f = append(f, zap.String("detail", o.Detail))
+		}
+		d.log.Warn("delivery attempt failed", f...)
 	case delivery.Permanent:
 		d.stats.DeadLettered.Add(1)
 		f := append(fields(), zap.String("reason", o.Reason))

@@ -86,11 +86,11 @@ func TestRowURLLoopbackLiteralRefused(t *testing.T) {
 	}
 }
 
-// A row's endpoint_url whose name resolves to loopback is refused when dialled: no
-// connection, a Permanent outcome, and no Error, so that no breaker counts it. Its Reason, which
-// the row's tenant reads in the dead letter, names neither the address the name resolved to (a
-// tenant controlling its DNS could map the dispatcher's internal names) nor the setting; Detail,
-// for the log, names both.
+// A row's endpoint_url whose name resolves to loopback is refused when dialled: no connection,
+// and the attempt fails as one whose name does not resolve, retried with the same Error
+// (TestRowURLRefusedNameLooksUnresolved): neither names the address the name resolved to nor
+// the setting, since the row's tenant reads them (one controlling its DNS could map the
+// dispatcher's internal names); Detail, for the log, names both.
 func TestRowURLNameResolvingToLoopbackRefused(t *testing.T) {
 	t.Parallel()
 	var requests atomic.Int64
@@ -107,15 +107,12 @@ func TestRowURLNameResolvingToLoopbackRefused(t *testing.T) {
 			d := newRowDelivery(t, b.s, url)
 			b.s.Send(context.Background(), d)
 			o := d.Outcome
-			if o.Kind != delivery.Permanent || o.Status != 0 || o.Error != "" {
-				t.Fatalf("Outcome = %+v, want permanent with neither status nor error", o)
-			}
-			if !strings.Contains(o.Reason, "endpoint refused: its host does not lead to a public address") {
-				t.Errorf("Reason = %q, want the refusal without its address", o.Reason)
+			if o.Kind != delivery.Retry || o.Status != 0 || !strings.HasPrefix(o.Error, "endpoint refused: its host does not resolve to an address it may use") {
+				t.Fatalf("Outcome = %+v, want a retry without status, refused without its address", o)
 			}
 			for _, w := range []string{resolved, "loopback", "WEBHOOK_"} {
-				if strings.Contains(o.Reason, w) {
-					t.Errorf("Reason = %q names %q, which the row's tenant reads", o.Reason, w)
+				if strings.Contains(o.Error+o.Reason, w) {
+					t.Errorf("Error = %q, Reason = %q: one names %q, which the row's tenant reads", o.Error, o.Reason, w)
 				}
 			}
 			for _, w := range []string{"it resolves to " + resolved + ", a loopback address", "WEBHOOK_ROW_URL_NETWORKS"} {
@@ -160,9 +157,9 @@ func TestRowURLPrivateNetworks(t *testing.T) {
 	b.res.set(consumerHost, addrs("10.0.0.5"))
 	d := newRowDelivery(t, b.s, "https://"+consumerHost+"/hook")
 	b.s.Send(context.Background(), d)
-	if o := d.Outcome; o.Kind != delivery.Permanent || o.Error != "" || strings.Contains(o.Reason, "10.") ||
+	if o := d.Outcome; o.Kind != delivery.Retry || strings.Contains(o.Error+o.Reason, "10.") ||
 		!strings.Contains(o.Detail, "a private address (10.0.0.0/8), which a URL written by a producer or a tenant may reach only when WEBHOOK_ROW_URL_NETWORKS allows it") {
-		t.Errorf("Outcome = %+v, want permanent, the class and WEBHOOK_ROW_URL_NETWORKS in its Detail, not the address in its Reason", o)
+		t.Errorf("Outcome = %+v, want refused (a retry), the class and WEBHOOK_ROW_URL_NETWORKS in its Detail, not the address in what the tenant reads", o)
 	}
 	if got := b.dials.attempts(); len(got) != 0 {
 		t.Errorf("connection attempts %q, want none", got)
@@ -209,8 +206,8 @@ func TestRowURLDoesNotReuseOperatorConnections(t *testing.T) {
 	}
 	row := newRowDelivery(t, b.s, "https://"+consumerHost+":"+port+"/containers/create")
 	b.s.Send(context.Background(), row)
-	if o := row.Outcome; o.Kind != delivery.Permanent || !strings.Contains(o.Detail, "WEBHOOK_ROW_URL_NETWORKS") {
-		t.Errorf("row URL: Outcome = %+v, want permanent, its Detail naming WEBHOOK_ROW_URL_NETWORKS", o)
+	if o := row.Outcome; o.Kind != delivery.Retry || !strings.Contains(o.Detail, "WEBHOOK_ROW_URL_NETWORKS") {
+		t.Errorf("row URL: Outcome = %+v, want refused (a retry), its Detail naming WEBHOOK_ROW_URL_NETWORKS", o)
 	}
 	if n := requests.Load(); n != 1 {
 		t.Errorf("the listener received %d requests, want only the operator URL's", n)
@@ -240,5 +237,30 @@ func TestParseRowURLNetworks(t *testing.T) {
 	}
 	if _, err := send.New(send.Config{RowURLNetworks: []netip.Prefix{{}}}); err == nil || !strings.Contains(err.Error(), "WEBHOOK_ROW_URL_NETWORKS") {
 		t.Errorf("New with an invalid row network: %v, want an error naming WEBHOOK_ROW_URL_NETWORKS", err)
+	}
+}
+
+// TestRowURLRefusedNameLooksUnresolved: for a URL a tenant reads the attempts of (a row's, or
+// any endpoint's of a tenant), a name that resolves only to addresses the policy refuses fails
+// exactly as one that does not resolve: the same kind, the same Error, nothing in Reason. Told
+// apart (a dead letter at once against retries of "no such host"), a tenant with test events
+// could list which of the dispatcher's internal names exist. Detail, for the log, says which.
+func TestRowURLRefusedNameLooksUnresolved(t *testing.T) {
+	t.Parallel()
+	b := setupGuard(t, send.Config{})
+	b.res.set(consumerHost, addrs("10.1.2.3"))
+	private := newRowDelivery(t, b.s, "https://"+consumerHost+"/hook")
+	b.s.Send(context.Background(), private)
+	missing := newRowDelivery(t, b.s, "https://missing.example/hook")
+	b.s.Send(context.Background(), missing)
+	tenants := newDelivery(t, b.s, "https://"+consumerHost+"/hook")
+	tenants.Tenant = "acme"
+	b.s.Send(context.Background(), tenants)
+	p, m, te := private.Outcome, missing.Outcome, tenants.Outcome
+	if p.Kind != m.Kind || p.Error != m.Error || p.Reason != m.Reason || te.Kind != m.Kind || te.Error != m.Error {
+		t.Errorf("a private name %+v, a tenant's endpoint on it %+v, and a missing one %+v fail differently", p, te, m)
+	}
+	if p.Detail == m.Detail || !strings.Contains(p.Detail, "10.1.2.3") {
+		t.Errorf("Detail: private %q, missing %q; want the log to tell them apart", p.Detail, m.Detail)
 	}
 }

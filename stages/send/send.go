@@ -393,6 +393,19 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 			// No Error, so the breaker does not count it as the endpoint's failure.
 			return delivery.Outcome{Kind: delivery.Permanent, Reason: "invalid row: the request cannot be sent: " + err.Error(), Duration: elapsed}
 		}
+		// A tenant reads this attempt (a URL a producer or tenant wrote, or any endpoint of a
+		// tenant's, whose DNS the tenant may control): a name that leads only to addresses it
+		// may not use, and one that does not resolve at all, fail alike, retried with the same
+		// error, so that test events cannot tell the dispatcher's internal names that exist
+		// from those that do not. The log's detail says which.
+		tenantReads := d.Endpoint.RowURL || d.Tenant != "" || d.EmptyTenant
+		var dnsErr *net.DNSError
+		if refused, ok := errRefused(err); ok && tenantReads && !refused.literal {
+			return delivery.Outcome{Kind: delivery.Retry, Error: unresolvedError, Detail: refused.Error(), Duration: elapsed}
+		} else if !ok && tenantReads && errors.As(err, &dnsErr) {
+			return delivery.Outcome{Kind: delivery.Retry, Error: unresolvedError,
+				Detail: describeError(err, s.cfg.Timeout, false), Duration: elapsed}
+		}
 		if refused, ok := errRefused(err); ok {
 			// A policy refusal, made before any connection: Permanent, because nothing but
 			// the operator (WEBHOOK_ALLOWED_NETWORKS, then a replay) or the consumer's own
@@ -477,6 +490,10 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 	}
 	return out
 }
+
+// unresolvedError is the error of an attempt a tenant reads whose host does not resolve, or
+// leads only to addresses the network policy refuses: the same for both (see Send).
+const unresolvedError = "endpoint refused: its host does not resolve to an address it may use; the dispatcher's log says why"
 
 // statusError is the error text for a non-2xx answer, e.g. "HTTP 503 Service Unavailable".
 func statusError(status int) string {
