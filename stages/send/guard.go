@@ -138,8 +138,9 @@ type addrRange struct {
 // who really uses one allows it with AllowedNetworks like any private network.
 //
 // IPv4-mapped IPv6 addresses (::ffff:a.b.c.d) are unmapped before matching; NAT64
-// (64:ff9b::/96) and 6to4 (2002::/16) addresses are classified by the IPv4 address they
-// embed, because a translator or relay would carry the connection there.
+// (64:ff9b::/96), IPv4-translated (::ffff:0:a.b.c.d, SIIT) and 6to4 (2002::/16) addresses are
+// classified by the IPv4 address they embed, because a translator or relay would carry the
+// connection there.
 var blockedRanges = []addrRange{
 	// IPv4
 	{netip.MustParsePrefix("0.0.0.0/8"), classUnspecified}, // "this network"; 0.0.0.0 reaches localhost
@@ -159,12 +160,15 @@ var blockedRanges = []addrRange{
 	{netip.MustParsePrefix("224.0.0.0/4"), classMulticast},
 	{netip.MustParsePrefix("255.255.255.255/32"), classBroadcast},
 	{netip.MustParsePrefix("240.0.0.0/4"), classReserved},
+	{netip.MustParsePrefix("192.88.99.0/24"), classDeprecated}, // 6to4 relay anycast (RFC 7526)
 	// IPv6
 	{netip.MustParsePrefix("::/128"), classUnspecified},
 	{netip.MustParsePrefix("::1/128"), classLoopback},
-	{netip.MustParsePrefix("::/96"), classDeprecated},       // IPv4-compatible ::a.b.c.d
-	{netip.MustParsePrefix("64:ff9b:1::/48"), classPrivate}, // local-use NAT64 (RFC 8215)
-	{netip.MustParsePrefix("100::/64"), classReserved},      // discard-only
+	{netip.MustParsePrefix("::/96"), classDeprecated},        // IPv4-compatible ::a.b.c.d
+	{netip.MustParsePrefix("64:ff9b:1::/48"), classPrivate},  // local-use NAT64 (RFC 8215)
+	{netip.MustParsePrefix("100::/64"), classReserved},       // discard-only
+	{netip.MustParsePrefix("100:0:0:1::/64"), classReserved}, // dummy prefix (RFC 9780)
+	{netip.MustParsePrefix("5f00::/16"), classReserved},      // SRv6 SIDs (RFC 9602)
 	{netip.MustParsePrefix("2001:2::/48"), classBenchmarking},
 	{netip.MustParsePrefix("2001:db8::/32"), classDocumentation},
 	{netip.MustParsePrefix("2001::/32"), classDeprecated}, // Teredo: embeds an obfuscated IPv4 address
@@ -180,6 +184,7 @@ var blockedRanges = []addrRange{
 var (
 	nat64Prefix = netip.MustParsePrefix("64:ff9b::/96")
 	sixToFour   = netip.MustParsePrefix("2002::/16")
+	translated  = netip.MustParsePrefix("::ffff:0:0:0/96")
 )
 
 // addrInfo is what classifyAddr knows about an address.
@@ -208,6 +213,8 @@ func classifyAddr(a netip.Addr) addrInfo {
 			inner, form = netip.AddrFrom4([4]byte(b[12:16])), "NAT64"
 		case sixToFour.Contains(a):
 			inner, form = netip.AddrFrom4([4]byte(b[2:6])), "6to4"
+		case translated.Contains(a):
+			inner, form = netip.AddrFrom4([4]byte(b[12:16])), "IPv4-translated"
 		}
 		if form != "" {
 			info := classifyAddr(inner)

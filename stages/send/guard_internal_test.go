@@ -23,6 +23,7 @@ func TestClassifyAddr(t *testing.T) {
 		"2a00:1450::1":     classPublic,
 		"64:ff9b::808:808": classPublic, // NAT64 of 8.8.8.8
 		"2002:808:808::1":  classPublic, // 6to4 of 8.8.8.8
+		"::ffff:0:808:808": classPublic, // IPv4-translated 8.8.8.8
 
 		"0.0.0.0":            classUnspecified,
 		"0.255.255.255":      classUnspecified,
@@ -76,6 +77,13 @@ func TestClassifyAddr(t *testing.T) {
 		"64:ff9b::a9fe:a9fe": classCloudMetadata,
 		"2002:a9fe:a9fe::":   classCloudMetadata, // 6to4 of 169.254.169.254
 		"2002:7f00:1::":      classLoopback,
+		// IPv4-translated (SIIT), and special-purpose ranges that are not global.
+		"::ffff:0:7f00:1":    classLoopback,
+		"::ffff:0:a00:1":     classPrivate,
+		"::ffff:0:a9fe:a9fe": classCloudMetadata,
+		"5f00::1":            classReserved,
+		"100:0:0:1::1":       classReserved,
+		"192.88.99.1":        classDeprecated,
 	}
 	for s, want := range tests {
 		a := netip.MustParseAddr(s)
