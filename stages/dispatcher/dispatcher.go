@@ -55,10 +55,10 @@ type Dispatcher struct {
 
 	stats   Stats
 	metrics *metrics
-	// pendingOutcomes are endpoint outcomes (1 success, 2 failure, 3 gone) that a row locked by
-	// another session kept from being recorded, for the next recordOutcomes.
-	outcomesMu      sync.Mutex
-	pendingOutcomes map[string]int16
+	// outcomes records endpoint outcomes off the settle goroutine (see outcomeRecorder);
+	// outcomesCancel ends a record still waiting when Stop's drain ends.
+	outcomes       *outcomeRecorder
+	outcomesCancel context.CancelFunc
 	// release closes what New opened, once: by Stop, or by a Stop without a (successful) Start.
 	release sync.Once
 	// redis is the gate's Redis store when REDIS_URL is set, closed by Stop.
@@ -423,6 +423,10 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		pool.Close()
 		return err
 	}
+	d.outcomes = newOutcomeRecorder()
+	var outcomesCtx context.Context
+	outcomesCtx, d.outcomesCancel = context.WithCancel(context.WithoutCancel(ctx))
+	go d.recordOutcomes(outcomesCtx)
 	// Only now: Stop after a failed Start has nothing to shut down.
 	d.started = true
 	d.log.Info("dispatcher started",
@@ -434,8 +438,9 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 
 // DefaultPoolConns is the dispatcher's pool size when DATABASE_URL does not set
 // pool_max_conns: claiming, settling, housekeeping and the NOTIFY switch's renewal each hold a
-// connection at most briefly and at most one at a time (the listener has its own).
-const DefaultPoolConns = 4
+// connection at most briefly and at most one at a time (the listener has its own), and the
+// endpoint outcomes' record one, which may wait for a row another session holds locked.
+const DefaultPoolConns = 5
 
 // poolSize applies DefaultPoolConns unless the operator set pool_max_conns in DATABASE_URL,
 // which is then honoured, or refused when it leaves claiming and settling without a connection
@@ -530,6 +535,16 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 	if d.stages.Stop(ctx) != nil {
 		drainErr = d.cutShort
 	}
+	// The settles are done: the outcomes they left are recorded, for as long as the drain
+	// allows (a row another session holds locked may keep them waiting), then given up.
+	close(d.outcomes.done)
+	select {
+	case <-d.outcomes.ended:
+	case <-ctx.Done():
+		d.outcomesCancel()
+		<-d.outcomes.ended
+	}
+	d.outcomesCancel()
 
 	unregCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	if err := d.claimer.Unregister(unregCtx); err != nil {

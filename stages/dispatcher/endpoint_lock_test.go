@@ -50,7 +50,7 @@ func TestLockedEndpointRowHoldsNoSettle(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// A's success, left while its row was locked, is recorded with a later batch.
+	// A's success, waiting for its row while it was locked, is recorded once it is free.
 	b.enqueue(outbox.Event{EventType: "b.event"})
 	eventually(t, 10*time.Second, "A's success recorded once its row is free", func() bool {
 		return b.count(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND last_success_at IS NOT NULL`, epA.ID) == 1
@@ -58,8 +58,8 @@ func TestLockedEndpointRowHoldsNoSettle(t *testing.T) {
 }
 
 // TestLockedEndpointRowKeepsItsGone: a 410 Gone answered while another session holds the
-// endpoint's row locked disables the endpoint once the row is free (with the next settled
-// batch), rather than being dropped with the batch's record.
+// endpoint's row locked disables the endpoint once the row is free: the record waits for the
+// lock (off the settle goroutine), it is not dropped.
 func TestLockedEndpointRowKeepsItsGone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

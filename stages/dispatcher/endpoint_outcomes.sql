@@ -3,40 +3,22 @@
 -- already), 3 a 410 Gone (disabled with the reason, as the Standard Webhooks specification asks).
 -- Returns the ids of endpoints this statement disabled, so that the caller logs it once and
 -- dead-letters their pending deliveries.
---
--- Endpoints whose row another session holds locked (an operator's open transaction, an API
--- change, a recovery batch) are not waited for: the settle stage is one goroutine, and waiting
--- here held up every settle of every endpoint for as long as that transaction lived, while the
--- leases of rows already delivered ran out and they were sent again. They come back as skipped
--- (the last column), and the dispatcher records them with a later batch (or the housekeeping
--- round): dropped, a 410's disable was lost, and a recovered endpoint was later disabled for
--- failing.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::smallint[]) AS t(id, result)
-), free AS (
-    SELECT e.id FROM webhook_endpoints e
-    WHERE e.id = ANY ($1::uuid[])
-    FOR NO KEY UPDATE SKIP LOCKED
-), updated AS (
-    UPDATE webhook_endpoints e
-    SET last_success_at = CASE WHEN i.result = 1 THEN now() ELSE e.last_success_at END,
-        failing_since = CASE WHEN i.result = 1 THEN NULL ELSE coalesce(e.failing_since, now()) END,
-        enabled = e.enabled AND i.result <> 3,
-        disabled_at = CASE WHEN i.result = 3 AND e.enabled THEN now() ELSE e.disabled_at END,
-        disabled_reason = CASE WHEN i.result = 3 AND e.enabled THEN 'the endpoint answered 410 Gone' ELSE e.disabled_reason END
-    FROM input i
-    WHERE e.id = i.id AND e.id IN (SELECT id FROM free)
-      -- Only real changes: a healthy endpoint's success every batch would bump the endpoints'
-      -- version (and every dispatcher's cache) for nothing; a success is written at most once
-      -- a minute.
-      AND (i.result = 3 AND e.enabled
-           OR i.result = 2 AND e.failing_since IS NULL
-           OR i.result = 1 AND (e.failing_since IS NOT NULL OR e.last_success_at IS NULL
-                                OR e.last_success_at < now() - interval '1 minute'))
-    RETURNING e.id::text AS id, i.result = 3 AND NOT e.enabled AS disabled
 )
-SELECT id, disabled, false AS skipped FROM updated
-UNION ALL
--- Locked, not removed (a removed endpoint has nothing to record).
-SELECT i.id::text, false, true FROM input i
-WHERE i.id NOT IN (SELECT id FROM free) AND EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = i.id)
+UPDATE webhook_endpoints e
+SET last_success_at = CASE WHEN i.result = 1 THEN now() ELSE e.last_success_at END,
+    failing_since = CASE WHEN i.result = 1 THEN NULL ELSE coalesce(e.failing_since, now()) END,
+    enabled = e.enabled AND i.result <> 3,
+    disabled_at = CASE WHEN i.result = 3 AND e.enabled THEN now() ELSE e.disabled_at END,
+    disabled_reason = CASE WHEN i.result = 3 AND e.enabled THEN 'the endpoint answered 410 Gone' ELSE e.disabled_reason END
+FROM input i
+WHERE e.id = i.id
+  -- Only real changes: a healthy endpoint's success every batch would bump the endpoints'
+  -- version (and every dispatcher's cache) for nothing; a success is written at most once
+  -- a minute.
+  AND (i.result = 3 AND e.enabled
+       OR i.result = 2 AND e.failing_since IS NULL
+       OR i.result = 1 AND (e.failing_since IS NOT NULL OR e.last_success_at IS NULL
+                            OR e.last_success_at < now() - interval '1 minute'))
+RETURNING e.id::text, i.result = 3 AND NOT e.enabled

@@ -903,80 +903,108 @@ func (d *Dispatcher) noteEndpointOutcomes(ctx context.Context, settled []*delive
 		ids = append(ids, del.EndpointID)
 		results = append(results, r)
 	}
-	d.recordOutcomes(ctx, ids, results)
+	d.outcomes.add(ids, results)
 }
 
-// recordOutcomes writes endpoint outcomes (endpoint_outcomes.sql), with those that a row
-// locked by another session made an earlier call leave: an older result gives way to a newer
-// one, but a 410 stays. Those left again wait for the next call, which the housekeeping round
-// makes when no batch comes (flushOutcomes).
-func (d *Dispatcher) recordOutcomes(ctx context.Context, ids []string, results []int16) {
-	d.outcomesMu.Lock()
-	for id, r := range d.pendingOutcomes {
-		if i := slices.Index(ids, id); i < 0 {
-			ids, results = append(ids, id), append(results, r)
-		} else if r == 3 {
-			results[i] = 3
-		}
-	}
-	clear(d.pendingOutcomes)
-	d.outcomesMu.Unlock()
+// outcomeRecorder records endpoint outcomes (endpoint_outcomes.sql) on a goroutine of its own,
+// in the order the batches settled, merged while it waits. Recorded on the settle goroutine,
+// an update waiting for a row lock another session held on one endpoint (an operator's open
+// transaction, an API change, a recovery batch) held up every settle of every endpoint for as
+// long as that transaction lived, and the leases of rows already delivered ran out: they were
+// sent again. Here only the record waits; it is written as it would have been, once the lock
+// is released.
+type outcomeRecorder struct {
+	mu      sync.Mutex
+	pending map[string]int16 // endpoint id → 1 success, 2 failure, 3 gone
+	order   []string         // pending's ids in the order they came
+	wake    chan struct{}    // 1-buffered: pending has something
+	done    chan struct{}    // closed by Stop: record what is left and end
+	ended   chan struct{}    // closed when the loop has ended
+}
+
+func newOutcomeRecorder() *outcomeRecorder {
+	return &outcomeRecorder{pending: map[string]int16{}, wake: make(chan struct{}, 1), done: make(chan struct{}), ended: make(chan struct{})}
+}
+
+// add merges one batch's outcomes into those waiting: within what waits, as within a batch,
+// gone beats failure beats success.
+func (r *outcomeRecorder) add(ids []string, results []int16) {
 	if len(ids) == 0 {
 		return
 	}
-	rows, err := d.pool.Query(ctx, endpointOutcomesSQL, ids, results)
-	if err == nil {
-		var gone, skipped []string
-		var id string
-		var disabled, skip bool
-		_, err = pgx.ForEachRow(rows, []any{&id, &disabled, &skip}, func() error {
-			switch {
-			case skip:
-				skipped = append(skipped, id)
-			case disabled:
-				gone = append(gone, id)
-			}
-			return nil
-		})
-		// The statement's errors (a refused disable among them) surface while reading its rows.
-		if err == nil {
-			d.keepOutcomes(skipped, ids, results)
-			for _, id := range gone {
-				d.disabledEndpoint(ctx, id, goneReason)
+	r.mu.Lock()
+	for i, id := range ids {
+		if prev, ok := r.pending[id]; ok {
+			r.pending[id] = max(prev, results[i])
+			continue
+		}
+		r.pending[id] = results[i]
+		r.order = append(r.order, id)
+	}
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take empties what waits.
+func (r *outcomeRecorder) take() ([]string, []int16) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids, results := r.order, make([]int16, len(r.order))
+	for i, id := range ids {
+		results[i] = r.pending[id]
+	}
+	r.order, r.pending = nil, map[string]int16{}
+	return ids, results
+}
+
+// recordOutcomes runs until Stop closes done, then records what is left (bounded by ctx).
+func (d *Dispatcher) recordOutcomes(ctx context.Context) {
+	r := d.outcomes
+	defer close(r.ended)
+	for {
+		select {
+		case <-r.wake:
+		case <-r.done:
+			if ids, results := r.take(); len(ids) > 0 {
+				d.writeOutcomes(ctx, ids, results)
 			}
 			return
 		}
-	}
-	d.log.Warn("recording endpoint outcomes failed", zap.Error(err))
-	d.keepOutcomes(ids, ids, results)
-}
-
-// keepOutcomes sets aside the outcomes of the endpoints keep (of ids, with results) for the
-// next recordOutcomes.
-func (d *Dispatcher) keepOutcomes(keep, ids []string, results []int16) {
-	if len(keep) == 0 {
-		return
-	}
-	d.outcomesMu.Lock()
-	defer d.outcomesMu.Unlock()
-	if d.pendingOutcomes == nil {
-		d.pendingOutcomes = map[string]int16{}
-	}
-	for _, id := range keep {
-		if i := slices.Index(ids, id); i >= 0 && d.pendingOutcomes[id] != 3 {
-			d.pendingOutcomes[id] = results[i]
+		if ids, results := r.take(); len(ids) > 0 {
+			d.writeOutcomes(ctx, ids, results)
 		}
 	}
 }
 
-// flushOutcomes records the outcomes set aside, when no settled batch has done it: before the
-// housekeeping round disables endpoints for failing, one whose success is set aside must not be.
-// It returns the endpoints whose outcomes are still set aside (their rows still locked).
-func (d *Dispatcher) flushOutcomes(ctx context.Context) []string {
-	d.recordOutcomes(ctx, nil, nil)
-	d.outcomesMu.Lock()
-	defer d.outcomesMu.Unlock()
-	return slices.Collect(maps.Keys(d.pendingOutcomes))
+// writeOutcomes runs endpoint_outcomes.sql and disables the endpoints that answered 410.
+func (d *Dispatcher) writeOutcomes(ctx context.Context, ids []string, results []int16) {
+	rows, err := d.pool.Query(ctx, endpointOutcomesSQL, ids, results)
+	if err != nil {
+		d.log.Warn("recording endpoint outcomes failed", zap.Error(err))
+		return
+	}
+	// The statement's errors (a refused disable among them) surface while reading its rows.
+	gone, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var id string
+		var disabled bool
+		if err := r.Scan(&id, &disabled); err != nil || !disabled {
+			return "", err
+		}
+		return id, nil
+	})
+	if err != nil {
+		d.log.Warn("recording endpoint outcomes failed", zap.Error(err))
+		return
+	}
+	for _, id := range gone {
+		if id == "" {
+			continue
+		}
+		d.disabledEndpoint(ctx, id, goneReason)
+	}
 }
 
 // goneReason is the disabled_reason of an endpoint that answered 410.
@@ -986,8 +1014,7 @@ const goneReason = "the endpoint answered 410 Gone"
 // per housekeeping round.
 func (d *Dispatcher) disableStale(ctx context.Context) {
 	reason := fmt.Sprintf("no successful delivery for %s", d.cfg.EndpointDisableAfter)
-	waiting := d.flushOutcomes(ctx)
-	rows, err := d.pool.Query(ctx, endpointDisableSQL, d.cfg.EndpointDisableAfter.Milliseconds(), reason, waiting)
+	rows, err := d.pool.Query(ctx, endpointDisableSQL, d.cfg.EndpointDisableAfter.Milliseconds(), reason)
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Warn("disabling failing endpoints failed", zap.Error(err))
