@@ -419,14 +419,18 @@ func (d *Dispatcher) Start(ctx context.Context) error {
 		d.log.Warn("drain cut short: cancelling in-flight requests", zap.Int("in_flight", inFlight),
 			zap.String("cause", cause.Error()))
 	}
-	if err := d.stages.Start(ctx); err != nil {
-		pool.Close()
-		return err
-	}
+	// Before the stages: the settle stage hands it outcomes from its first batch.
 	d.outcomes = newOutcomeRecorder()
 	var outcomesCtx context.Context
 	outcomesCtx, d.outcomesCancel = context.WithCancel(context.WithoutCancel(ctx))
 	go d.recordOutcomes(outcomesCtx)
+	if err := d.stages.Start(ctx); err != nil {
+		d.outcomesCancel()
+		close(d.outcomes.done)
+		<-d.outcomes.ended
+		pool.Close()
+		return err
+	}
 	// Only now: Stop after a failed Start has nothing to shut down.
 	d.started = true
 	d.log.Info("dispatcher started",
