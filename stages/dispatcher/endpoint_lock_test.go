@@ -6,34 +6,45 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/sql/outbox"
 )
 
-// TestLockedEndpointRowHoldsNoSettle: a transaction that holds one managed endpoint's row
-// locked (an operator's psql session, an API change, a recovery batch) does not hold up the
-// settles of other endpoints' deliveries. Recording endpoint A's first success waited for the
-// lock inside the one settle goroutine: endpoint B's deliveries stayed unsettled for as long as
-// the transaction lived, and were sent again at each lease's end.
-func TestLockedEndpointRowHoldsNoSettle(t *testing.T) {
-	t.Parallel()
+// lockedEndpoint starts a dispatcher with endpoint A (event types a.*, answered by a) and
+// endpoint B (b.*, answered by other), then locks A's row in another session's transaction
+// (mode: a row-locking clause), as an operator's psql session, an API change or a recovery
+// batch would; the transaction is rolled back at cleanup unless the test ends it.
+func lockedEndpoint(t *testing.T, a, other *consumer, mode string) (*bundle, endpoints.Endpoint, pgx.Tx) {
+	t.Helper()
 	b := setup(t)
-	a, other := newConsumer(t, nil), newConsumer(t, nil)
 	epA := b.addEndpoint(endpoints.New{URL: a.URL(), EventTypes: []string{"a.*"}})
 	b.addEndpoint(endpoints.New{URL: other.URL(), EventTypes: []string{"b.*"}})
 	cfg := b.config("")
 	cfg.EncryptionKey = testKey
 	b.start(cfg)
-
 	ctx := context.Background()
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR UPDATE`, epA.ID); err != nil {
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM webhook_endpoints WHERE id = $1 `+mode, epA.ID); err != nil {
 		t.Fatal(err)
 	}
+	return b, epA, tx
+}
+
+// TestLockedEndpointRowHoldsNoSettle: a transaction that holds one managed endpoint's row
+// locked does not hold up the settles of other endpoints' deliveries. Recording endpoint A's
+// first success waited for the lock inside the one settle goroutine: endpoint B's deliveries
+// stayed unsettled for as long as the transaction lived, and were sent again at each lease's
+// end.
+func TestLockedEndpointRowHoldsNoSettle(t *testing.T) {
+	t.Parallel()
+	a, other := newConsumer(t, nil), newConsumer(t, nil)
+	b, epA, tx := lockedEndpoint(t, a, other, "FOR UPDATE")
 	first := b.enqueue(outbox.Event{EventType: "a.first"}) // A's first success: an outcome to record
 	eventually(t, 10*time.Second, "A's delivery settled while its endpoint's row is locked", func() bool {
 		return b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, first) == 0 && a.received() == 1
@@ -47,11 +58,10 @@ func TestLockedEndpointRowHoldsNoSettle(t *testing.T) {
 	if n := other.received(); n != 5 {
 		t.Errorf("endpoint B received %d requests for its 5 events, want 5", n)
 	}
-	if err := tx.Rollback(ctx); err != nil {
+	if err := tx.Rollback(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	// A's success, waiting for its row while it was locked, is recorded once it is free.
-	b.enqueue(outbox.Event{EventType: "b.event"})
 	eventually(t, 10*time.Second, "A's success recorded once its row is free", func() bool {
 		return b.count(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND last_success_at IS NOT NULL`, epA.ID) == 1
 	})
@@ -62,32 +72,15 @@ func TestLockedEndpointRowHoldsNoSettle(t *testing.T) {
 // lock (off the settle goroutine), it is not dropped.
 func TestLockedEndpointRowKeepsItsGone(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
 	gone := newConsumer(t, func(_ arrival, w http.ResponseWriter) { w.WriteHeader(http.StatusGone) })
-	other := newConsumer(t, nil)
-	epA := b.addEndpoint(endpoints.New{URL: gone.URL(), EventTypes: []string{"a.*"}})
-	b.addEndpoint(endpoints.New{URL: other.URL(), EventTypes: []string{"b.*"}})
-	cfg := b.config("")
-	cfg.EncryptionKey = testKey
-	b.start(cfg)
-
-	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR SHARE`, epA.ID); err != nil {
-		t.Fatal(err)
-	}
+	b, epA, tx := lockedEndpoint(t, gone, newConsumer(t, nil), "FOR SHARE")
 	first := b.enqueue(outbox.Event{EventType: "a.first"})
 	eventually(t, 10*time.Second, "A's 410 settled while its row is locked", func() bool {
 		return b.count(`SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1`, first) == 0
 	})
-	if err := tx.Rollback(ctx); err != nil {
+	if err := tx.Rollback(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	b.enqueue(outbox.Event{EventType: "b.event"})
 	eventually(t, 10*time.Second, "A disabled for its 410 once its row is free", func() bool {
 		return b.count(`SELECT count(*) FROM webhook_endpoints WHERE id = $1 AND NOT enabled AND disabled_reason LIKE '%410%'`, epA.ID) == 1
 	})
