@@ -399,14 +399,16 @@ func (s *Sender) attempt(ctx context.Context, d *delivery.Delivery) delivery.Out
 		// error, so that test events cannot tell the dispatcher's internal names that exist
 		// from those that do not. The log's detail says which.
 		tenantReads := d.Endpoint.RowURL || d.Tenant != "" || d.EmptyTenant
+		refused, isRefused := errRefused(err)
 		var dnsErr *net.DNSError
-		if refused, ok := errRefused(err); ok && tenantReads && !refused.literal {
+		switch {
+		case isRefused && tenantReads && !refused.literal:
 			return delivery.Outcome{Kind: delivery.Retry, Error: unresolvedError, Detail: refused.Error(), Duration: elapsed}
-		} else if !ok && tenantReads && errors.As(err, &dnsErr) {
+		case !isRefused && tenantReads && errors.As(err, &dnsErr):
 			return delivery.Outcome{Kind: delivery.Retry, Error: unresolvedError,
 				Detail: describeError(err, s.cfg.Timeout, false), Duration: elapsed}
 		}
-		if refused, ok := errRefused(err); ok {
+		if isRefused {
 			// A policy refusal, made before any connection: Permanent, because nothing but
 			// the operator (WEBHOOK_ALLOWED_NETWORKS, then a replay) or the consumer's own
 			// DNS can change it, and retrying for the schedule's days would only delay the
