@@ -926,8 +926,8 @@ func newOutcomeRecorder() *outcomeRecorder {
 	return &outcomeRecorder{pending: map[string]int16{}, wake: make(chan struct{}, 1), done: make(chan struct{}), ended: make(chan struct{})}
 }
 
-// add merges one batch's outcomes into those waiting: within what waits, as within a batch,
-// gone beats failure beats success.
+// add merges one batch's outcomes into those waiting: a newer batch's result replaces an older
+// one (an endpoint that failed and then succeeded is healthy), except a 410, which stays.
 func (r *outcomeRecorder) add(ids []string, results []int16) {
 	if len(ids) == 0 {
 		return
@@ -935,7 +935,9 @@ func (r *outcomeRecorder) add(ids []string, results []int16) {
 	r.mu.Lock()
 	for i, id := range ids {
 		if prev, ok := r.pending[id]; ok {
-			r.pending[id] = max(prev, results[i])
+			if prev != 3 {
+				r.pending[id] = results[i]
+			}
 			continue
 		}
 		r.pending[id] = results[i]
