@@ -130,17 +130,25 @@ func TestDemoStopsOnSIGINT(t *testing.T) {
 	if m == nil {
 		t.Fatalf("the demo printed no curl line for its first delivery; stdout:\n%s", p.stdout.String())
 	}
-	req, _ := http.NewRequest("GET", m[2], nil)
-	req.Header.Set("Authorization", m[1])
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"attempts"`) {
-		t.Fatalf("the demo's curl line answered %d: %s", resp.StatusCode, body)
-	}
+	// The line is printed as the consumer receives the delivery, which the dispatcher settles
+	// a moment later: until then the delivery shows no attempt.
+	var status int
+	var body []byte
+	pollUntil(t, 10*time.Second, "the demo's curl line to show the delivery's attempts", func() bool {
+		req, _ := http.NewRequest("GET", m[2], nil)
+		req.Header.Set("Authorization", m[1])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		status = resp.StatusCode
+		if status != http.StatusOK {
+			t.Fatalf("the demo's curl line answered %d: %s", status, body)
+		}
+		return strings.Contains(string(body), `"attempts"`)
+	})
 	checkDemoPortal(t, p.stdout.String())
 	p.signal(syscall.SIGINT)
 	if code := p.waitExit(20 * time.Second); code != 0 {
