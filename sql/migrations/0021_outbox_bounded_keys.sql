@@ -87,41 +87,33 @@ SET created_at = CASE WHEN created_at = '-infinity' THEN now() ELSE created_at E
 WHERE NOT processed AND (created_at = '-infinity' OR enqueued_at = '-infinity' OR octet_length(stream_id) > 256);
 
 -- Qualified built-ins. A function body resolves names with the search_path of the session
--- that runs it: every producer's insert runs these, and a role that can create a function in a
--- schema on a producer's (or the owner's) path could plant pg_sequence_last_value(text), which
--- outranks the built-in's regclass for a quoted name, and have it run as whoever inserts.
--- Written as a quoted string (format's %L), not a dollar-quoted body: a schema name may hold
--- any dollar tag.
+-- that runs it: every producer's insert runs the first, the API, the CLI and the dispatcher (an
+-- endpoint it disables) the second, and a role that can create a function in a schema on their
+-- path could plant pg_sequence_last_value(text) or nextval(text), which outrank the built-ins'
+-- regclass for a quoted name, and have it run as whoever inserts. The sequences are named with
+-- their schema. Written as quoted strings (format's %L), not dollar-quoted bodies: a schema
+-- name may hold any dollar tag.
 DO $do$
 DECLARE
-    seq text;
+    until_seq text;
+    version_seq text;
 BEGIN
-    SELECT format('%I.%I', n.nspname, c.relname) INTO seq
+    SELECT max(format('%I.%I', n.nspname, c.relname)) FILTER (WHERE c.oid = 'webhook_outbox_notify_until'::regclass),
+           max(format('%I.%I', n.nspname, c.relname)) FILTER (WHERE c.oid = 'webhook_endpoints_version'::regclass)
+    INTO until_seq, version_seq
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    WHERE c.oid = 'webhook_outbox_notify_until'::regclass;
+    WHERE c.oid IN ('webhook_outbox_notify_until'::regclass, 'webhook_endpoints_version'::regclass);
     EXECUTE format('CREATE OR REPLACE FUNCTION webhook_outbox_notify_wanted() RETURNS boolean LANGUAGE plpgsql STABLE AS %L',
         format('BEGIN
             RETURN pg_catalog.to_timestamp(pg_catalog.pg_sequence_last_value(%L::pg_catalog.regclass)::pg_catalog.float8 / 1000)
                        > pg_catalog.statement_timestamp()
                 AND pg_catalog.current_setting(''fluxhook.dispatcher'', true) IS DISTINCT FROM ''on'';
-        END;', seq));
-END
-$do$;
-
--- The endpoints' version trigger runs for the API, the CLI and the dispatcher (an endpoint it
--- disables): the same, with its sequence named with its schema.
-DO $do$
-DECLARE
-    seq text;
-BEGIN
-    SELECT format('%I.%I', n.nspname, c.relname) INTO seq
-    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-    WHERE c.oid = 'webhook_endpoints_version'::regclass;
+        END;', until_seq));
     EXECUTE format('CREATE OR REPLACE FUNCTION webhook_endpoints_changed() RETURNS trigger LANGUAGE plpgsql AS %L',
         format('BEGIN
             PERFORM pg_catalog.nextval(%L::pg_catalog.regclass);
             RETURN NULL;
-        END;', seq));
+        END;', version_seq));
 END
 $do$;
 

@@ -1575,21 +1575,15 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 		}
 	case delivery.Retry:
 		d.stats.Retried.Add(1)
-		f := append(fields(), zap.String("error", o.Error), zap.Int64("retry_in_ms", o.Delay.Milliseconds()))
-		if o.Detail != "" {
-			f = append(f, zap.String("detail", o.Detail))
-		}
-		d.log.Warn("delivery attempt failed", f...)
+		d.log.Warn("delivery attempt failed", withDetail(append(fields(), zap.String("error", o.Error),
+			zap.Int64("retry_in_ms", o.Delay.Milliseconds())), o)...)
 	case delivery.Permanent:
 		d.stats.DeadLettered.Add(1)
 		f := append(fields(), zap.String("reason", o.Reason))
 		if o.Error != "" { // none for a row refused before any attempt (the reason says why)
 			f = append(f, zap.String("error", o.Error))
 		}
-		if o.Detail != "" {
-			f = append(f, zap.String("detail", o.Detail))
-		}
-		d.log.Error("delivery dead-lettered", f...)
+		d.log.Error("delivery dead-lettered", withDetail(f, o)...)
 	case delivery.Defer:
 		d.stats.Deferred.Add(1)
 		if ce := d.log.Check(zap.DebugLevel, "delivery deferred"); ce != nil {
@@ -1598,6 +1592,14 @@ func (d *Dispatcher) logOutcome(del *delivery.Delivery) {
 	case delivery.Release:
 		d.stats.Released.Add(1)
 	}
+}
+
+// withDetail adds o's Detail, what only the log says (see delivery.Outcome.Detail), to f.
+func withDetail(f []zap.Field, o delivery.Outcome) []zap.Field {
+	if o.Detail != "" {
+		f = append(f, zap.String("detail", o.Detail))
+	}
+	return f
 }
 
 // sendByMargin is how long before its lease ends a row is no longer sent.

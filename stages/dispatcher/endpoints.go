@@ -966,14 +966,11 @@ func (r *outcomeRecorder) take() ([]string, []int16) {
 func (d *Dispatcher) recordOutcomes(ctx context.Context) {
 	r := d.outcomes
 	defer close(r.ended)
-	for {
+	for stop := false; !stop; {
 		select {
 		case <-r.wake:
 		case <-r.done:
-			if ids, results := r.take(); len(ids) > 0 {
-				d.writeOutcomes(ctx, ids, results)
-			}
-			return
+			stop = true
 		}
 		if ids, results := r.take(); len(ids) > 0 {
 			d.writeOutcomes(ctx, ids, results)
