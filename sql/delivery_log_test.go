@@ -510,11 +510,12 @@ func TestLogMaintenanceCallsNoOverload(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 	ctx := logCtx(t)
-	// Every path: a row the default partition caught for now (moved), a partition past the
-	// retention and an empty future one wider than the step (both dropped).
+	// Every path: a row the default partition caught for a time ahead (moved; a row of now
+	// would stay in the default partition when a minute begins before maintain runs), a
+	// partition past the retention and an empty future one wider than the step (both dropped).
 	if _, err := db.Pool.Exec(ctx, `
 		INSERT INTO webhook_delivery_log (id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, processed_at)
-		VALUES (1, 'caught', '{}', now(), gen_random_uuid(), 1, now(), now());
+		VALUES (1, 'caught', '{}', now(), gen_random_uuid(), 1, now(), now() + interval '3 minutes');
 		CREATE TABLE webhook_delivery_log_old PARTITION OF webhook_delivery_log
 			FOR VALUES FROM (now() - interval '2 hours') TO (now() - interval '1 hour');
 		CREATE TABLE webhook_delivery_log_wide PARTITION OF webhook_delivery_log

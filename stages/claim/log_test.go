@@ -59,10 +59,11 @@ func TestMaintainLog(t *testing.T) {
 	db := sqltest.NewMigrated(t)
 	ctx := deadline(t)
 	// Before any maintenance every settle lands in the default partition; an old partition
-	// holds a row past retention.
+	// holds a row past retention. The caught row is a few minutes ahead: one of now would stay
+	// in the default partition when a minute begins before MaintainLog runs.
 	if _, err := db.Pool.Exec(ctx, `
 		INSERT INTO webhook_delivery_log (id, event_type, payload, created_at, delivery_id, attempt, enqueued_at, processed_at)
-		VALUES (1, 'caught', '{}', now(), gen_random_uuid(), 1, now(), now()),
+		VALUES (1, 'caught', '{}', now(), gen_random_uuid(), 1, now(), now() + interval '3 minutes'),
 		       (2, 'stale', '{}', now(), gen_random_uuid(), 1, now(), now() - interval '3 hours');
 		CREATE TABLE webhook_delivery_log_old PARTITION OF webhook_delivery_log
 			FOR VALUES FROM (now() - interval '2 hours') TO (now() - interval '1 hour');
