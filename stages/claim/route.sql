@@ -38,8 +38,17 @@
 -- 'r' row, and its deliveries (by delivery id) share it: returned with every delivery, it
 -- was turned into text and sent 10 times per event of the fan-out bench. Deliveries of a
 -- delivery id that several events of the batch carry bring their own.
-WITH input AS (
-    SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS t(id, token)
+--
+-- The event rows are leased by this claim, so only a session outside fluxhook (an operator's
+-- open transaction) holds one's lock for long: the statement waits at most a second for it
+-- (bounded: the in-statement lock_timeout covers the row locks of its execution, not the table
+-- locks taken before it), then fails, and its events come back after their lease, while claims
+-- skip the locked row. Waiting for it stopped every claim of the instance.
+WITH bound AS MATERIALIZED (
+    SELECT pg_catalog.set_config('lock_timeout', '1s', true) AS lock_timeout
+), input AS (
+    SELECT t.* FROM bound, unnest($1::bigint[], $2::bigint[]) AS t(id, token)
+    WHERE bound.lock_timeout IS NOT NULL
 ), src AS (
     SELECT o.id, i.token, o.delivery_id, o.stream_id, o.event_type, o.payload, o.created_at, o.enqueued_at, o.tenant,
            $4::boolean AND o.tenant IS NULL AS keep,

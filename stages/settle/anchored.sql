@@ -24,8 +24,13 @@
 -- Returns one row per event written ('e', its new token) and one per new delivery row ('d',
 -- its lease token, its endpoint id, its row id). An event whose lease this instance lost
 -- returns nothing and nothing of it is written: its holder delivers it again.
-WITH input AS (
-    SELECT * FROM unnest($1::bigint[], $2::bigint[], $8::bigint[], $12::int[]) AS t(id, token, new_token, n)
+-- An event row locked by a session outside fluxhook is waited for at most a second, as
+-- settle.sql says: the event is then left to its lease (settle.go, AnchoredResult.Failed).
+WITH bound AS MATERIALIZED (
+    SELECT pg_catalog.set_config('lock_timeout', '1s', true) AS lock_timeout
+), input AS (
+    SELECT t.* FROM bound, unnest($1::bigint[], $2::bigint[], $8::bigint[], $12::int[]) AS t(id, token, new_token, n)
+    WHERE bound.lock_timeout IS NOT NULL
 ), deliveries AS (
     -- The endpoint ids come as text and are cast here: pgx parsing them into uuids on the
     -- client was 3% of the dispatcher's CPU in the fanout bench.

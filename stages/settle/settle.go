@@ -472,6 +472,13 @@ func isRowError(err error) bool {
 	return false
 }
 
+// isLockTimeout reports whether err is PostgreSQL's lock_not_available: a settle statement
+// waited its lock_timeout for a row another session holds (settle.sql).
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
 // isEncodingError reports whether err is the database refusing text it cannot store in its
 // encoding (character_not_in_repertoire, which invalid byte sequences raise too, and
 // untranslatable_character): what a consumer's answer, valid UTF-8, can still cause in a
@@ -508,9 +515,16 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 			d.Outcome.Excerpted = false
 			err = s.pool.QueryRow(ctx, settleSQL, s.columns(one)...).Scan(r.columns(&written)...)
 		}
-		if err == nil {
+		switch {
+		case err == nil:
 			r.Stale = markStale(one, written)
-		} else {
+		case isLockTimeout(err):
+			// A session outside fluxhook holds the row (settle.sql): left to its lease, it is
+			// delivered again once that session lets it go; the rest of the batch goes on.
+			d.Outcome.Unsettled = true
+			d.Outcome.Reason = "the row was locked by another session for over a second: " + err.Error()
+			r = Result{Unsettled: 1}
+		default:
 			if !isRowError(err) {
 				return total, fmt.Errorf("settle: %w (after the batch failed: %v)", err, batchErr)
 			}

@@ -32,11 +32,25 @@
 -- entries of just-settled rows included, instead of looking up its ids (measured under the
 -- bench's steady workload: 0.78 ms per settle of 1.5 rows). The primary key is the only index
 -- this form can use, so a settle costs the same whatever the backlog and the statistics.
-WITH input AS (
-    SELECT *
-    FROM unnest($1::bigint[], $2::smallint[], $3::int[], $4::text[], $5::int[], $6::bigint[], $7::text[],
+--
+-- A row being settled is leased by this dispatcher, so only a session outside fluxhook (an
+-- operator's open transaction, an application's SELECT ... FOR UPDATE) holds its lock for
+-- long; waiting for it stalled every settle of the instance, every endpoint and tenant, for as
+-- long as that session lasted. So the statement waits at most a second for a row's lock
+-- (bounded: the in-statement lock_timeout covers only the waits of its execution, row locks,
+-- not the table locks taken before it, which the log's maintenance makes settles queue
+-- behind): the batch then fails, each row is settled alone, and the locked one is left to its
+-- lease (settle.go, Result.Unsettled). The other rows of a stream that a settle parks or
+-- releases are skipped when locked: they stay as they are, which only costs time.
+WITH bound AS MATERIALIZED (
+    SELECT pg_catalog.set_config('lock_timeout', '1s', true) AS lock_timeout
+), input AS (
+    SELECT t.*
+    FROM bound,
+         unnest($1::bigint[], $2::smallint[], $3::int[], $4::text[], $5::int[], $6::bigint[], $7::text[],
                 $9::bigint[], $10::bigint[], $11::text[])
         AS t(id, kind, status, error, duration_ms, delay_ms, reason, token, order_key, excerpt)
+    WHERE bound.lock_timeout IS NOT NULL
 ), settled AS (
     DELETE FROM webhook_outbox o
     USING input i
@@ -125,7 +139,8 @@ WITH input AS (
           AND p.created_at <= now()
         -- Kept a subquery run per head: flattened into a join, the plan made on an empty table
         -- walked the whole stream index on every settle.
-        OFFSET 0) p
+        OFFSET 0
+        FOR UPDATE OF p SKIP LOCKED) p
 ), parked AS (
     -- An ordered head that will not be due for a second or more (a retry, a deferral by the
     -- gate, a stream stopped at its dead letter) takes the later rows of its stream and
@@ -164,15 +179,19 @@ WITH input AS (
     UPDATE webhook_outbox o
     SET created_at = now(), deferred_reason = NULL
     WHERE o.id = ANY (ARRAY(
-            SELECT (SELECT n.id FROM webhook_outbox n
-                    WHERE n.stream_id = s.stream_id AND NOT n.processed
-                      AND coalesce('ep:' || n.endpoint_id::text, n.endpoint_url, '')
-                            = coalesce('ep:' || s.endpoint_id::text, s.endpoint_url, '')
-                      AND coalesce(n.order_key, n.id) > s.order_key
-                    ORDER BY coalesce(n.order_key, n.id)
-                    LIMIT 1)
-            FROM settled s
-            WHERE s.kind IN (1, 3) AND s.order_key IS NOT NULL AND s.stream_id IS NOT NULL))
+            SELECT l.id FROM webhook_outbox l
+            WHERE l.id = ANY (ARRAY(
+                    SELECT (SELECT n.id FROM webhook_outbox n
+                            WHERE n.stream_id = s.stream_id AND NOT n.processed
+                              AND coalesce('ep:' || n.endpoint_id::text, n.endpoint_url, '')
+                                    = coalesce('ep:' || s.endpoint_id::text, s.endpoint_url, '')
+                              AND coalesce(n.order_key, n.id) > s.order_key
+                            ORDER BY coalesce(n.order_key, n.id)
+                            LIMIT 1)
+                    FROM settled s
+                    WHERE s.kind IN (1, 3) AND s.order_key IS NOT NULL AND s.stream_id IS NOT NULL))
+              AND l.processed IS NOT TRUE AND l.deferred_reason = 'behind its stream' AND l.created_at > now()
+            FOR UPDATE SKIP LOCKED))
       AND o.processed IS NOT TRUE AND o.deferred_reason = 'behind its stream' AND o.created_at > now()
     RETURNING o.id
     -- successor:end

@@ -1,0 +1,135 @@
+package settle_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fluxora/fluxhook/sql/sqltest"
+	"github.com/fluxora/fluxhook/stages/delivery"
+	"github.com/fluxora/fluxhook/stages/settle"
+)
+
+// lockRows opens a transaction on its own connection that holds rows ids of the outbox locked
+// (an operator's forgotten SELECT ... FOR UPDATE) until the returned function ends it.
+func lockRows(t *testing.T, db *sqltest.DB, ids ...int64) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := tx.Exec(ctx, `SELECT 1 FROM webhook_outbox WHERE id = ANY ($1) FOR UPDATE`, ids)
+	if err != nil || tag.RowsAffected() != int64(len(ids)) {
+		t.Fatalf("locking rows %v: %v (%d locked)", ids, err, tag.RowsAffected())
+	}
+	done := false
+	release = func() {
+		if !done {
+			done = true
+			_ = tx.Rollback(ctx)
+			_ = conn.Close(ctx)
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// TestSettleLeavesARowLockedElsewhere: a row that a session outside fluxhook holds locked
+// while it is in flight no longer stalls the settle (and so every settle of the instance) for
+// as long as that session lasts: the rest of the batch is settled, the locked row is reported
+// unsettled, its outcome not written, and it stays leased, to come back after its lease.
+func TestSettleLeavesARowLockedElsewhere(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	rows := leased(t, db, "e", 3)
+	for _, r := range rows {
+		r.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+	}
+	rows[2].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503"}
+	release := lockRows(t, db, rows[1].ID)
+	defer release()
+
+	// Without the bound the settle waits for the lock for ever: the deadline fails the test.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := s.Settle(ctx, rows)
+	if err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+	if res.Settled != 2 || res.Requeued != 1 || res.Unsettled != 1 {
+		t.Errorf("result %+v, want 2 settled (one a retry) and the locked row unsettled", res)
+	}
+	if !rows[1].Outcome.Unsettled || !strings.Contains(rows[1].Outcome.Reason, "locked by another session") {
+		t.Errorf("the locked row's outcome: unsettled %v, reason %q; want unsettled, saying it was locked",
+			rows[1].Outcome.Unsettled, rows[1].Outcome.Reason)
+	}
+	if rows[0].Outcome.Unsettled || rows[2].Outcome.Unsettled {
+		t.Error("a row nobody locked is reported unsettled")
+	}
+	release()
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = $1 AND leased_by = 'me' AND lease_token = $2 AND NOT processed`,
+		rows[1].ID, myToken); n != 1 {
+		t.Error("the locked row is no longer in the queue under its lease")
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_delivery_log WHERE id = ANY ($1)`, []int64{rows[0].ID, rows[2].ID}); n != 2 {
+		t.Errorf("%d of the 2 other rows in the delivery log", n)
+	}
+	// Once the session lets it go, the row settles as any other.
+	rows[1].Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+	settleWant(context.Background(), t, s, rows[1:2], settle.Result{Settled: 1})
+}
+
+// TestSettleSkipsLockedRowsOfItsStream: the rows of a stream that a settle parks behind its
+// head, or releases after it, are left as they are when another session holds them locked: the
+// head's own outcome is written at once, not after that session ends.
+func TestSettleSkipsLockedRowsOfItsStream(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (id, url, secret, ordering) VALUES
+		($1, 'http://127.0.0.1:9/a', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'stream')`, parkedEP); err != nil {
+		t.Fatal(err)
+	}
+	// Stream s: a head retried, two rows waiting behind it (one locked). Stream t: a head
+	// delivered, the row parked behind it locked.
+	orderedRows(t, db, `
+		(1000, 's', '`+parkedEP+`', 100, -5, NULL, false, true),
+		(1001, 's', '`+parkedEP+`', 101, -4, NULL, false, true),
+		(1002, 's', '`+parkedEP+`', 102, -3, NULL, false, true),
+		(1100, 't', '`+parkedEP+`', 110, -5, NULL, false, true),
+		(1101, 't', '`+parkedEP+`', 111, 600, 'behind its stream', false, true)`)
+	retried := leasedHead(t, db, 1000, 100)
+	retried.Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503"}
+	delivered := leasedHead(t, db, 1100, 110)
+	delivered.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+	release := lockRows(t, db, 1001, 1101)
+	defer release()
+
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	res, err := s.Settle(ctx, []*delivery.Delivery{retried, delivered})
+	if err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+	if res.Settled != 2 || res.Requeued != 1 || res.Unsettled != 0 || res.Fallback != 0 {
+		t.Errorf("result %+v, want both heads settled by the batch statement", res)
+	}
+	if in, reason := dueIn(t, db, 1002); in < 55*time.Second || reason != behind {
+		t.Errorf("the unlocked row behind the retried head: due in %s (%q), want parked with it", in, reason)
+	}
+	if in, reason := dueIn(t, db, 1001); in > 0 || reason != "" {
+		t.Errorf("the locked row behind the retried head: due in %s (%q), want left due as it was", in, reason)
+	}
+	if in, reason := dueIn(t, db, 1101); in < 9*time.Minute || reason != behind {
+		t.Errorf("the locked row parked behind the delivered head: due in %s (%q), want left parked", in, reason)
+	}
+}
