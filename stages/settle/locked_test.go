@@ -133,3 +133,65 @@ func TestSettleSkipsLockedRowsOfItsStream(t *testing.T) {
 		t.Errorf("the locked row parked behind the delivered head: due in %s (%q), want left parked", in, reason)
 	}
 }
+
+// TestSettleStillWaitsForTheLogsMaintenance: the bound on row locks does not cut the waits for
+// table locks, which the delivery log's maintenance makes settles queue behind on purpose
+// (a SHARE lock while it creates the partition of now): a settle waiting longer than the
+// bound for the log is written once the lock is gone, not left to its lease.
+func TestSettleStillWaitsForTheLogsMaintenance(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	rows := leased(t, db, "e", 2)
+	for _, r := range rows {
+		r.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+	}
+	conn, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `LOCK TABLE ONLY webhook_delivery_log IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	type settled struct {
+		res settle.Result
+		err error
+	}
+	done := make(chan settled, 1)
+	go func() {
+		res, err := s.Settle(ctx, rows)
+		done <- settled{res, err}
+	}()
+	// Until the settle has waited for the log's lock longer than the bound on row locks.
+	for {
+		var waited bool
+		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE $1 = ANY (pg_blocking_pids(pid)) AND wait_event_type = 'Lock' AND now() - state_change > interval '2 seconds')`,
+			conn.PgConn().PID()).Scan(&waited); err != nil {
+			t.Fatal(err)
+		}
+		if waited {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the settle ended (%+v, %v) while the log was locked, want it waiting", r.res, r.err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.res.Settled != 2 || r.res.Unsettled != 0 {
+		t.Errorf("settle after the log's lock: %+v, %v; want both rows settled", r.res, r.err)
+	}
+}
