@@ -19,6 +19,7 @@ import (
 
 	"github.com/fluxora/fluxhook/sql/audit"
 	"github.com/fluxora/fluxhook/sql/deadletters"
+	"github.com/fluxora/fluxhook/sql/outbox"
 )
 
 // The dead letters' logic (the SQL, what replay skips and why, purge) is package
@@ -466,6 +467,9 @@ func (o *replayOutcome) print(w io.Writer, all, dryRun bool) error {
 	if n := len(o.SkippedFor(deadletters.SkipSameEvent)); n > 0 {
 		summary += fmt.Sprintf(", skipped %d of events already going there", n)
 	}
+	if n := len(o.SkippedFor(deadletters.SkipURLTooLong)); n > 0 {
+		summary += fmt.Sprintf(", skipped %d with a URL over %d bytes", n, outbox.MaxEndpointURLBytes)
+	}
 	if dryRun {
 		summary += " (dry run: nothing changed)"
 	}
@@ -488,6 +492,9 @@ func (o *replayOutcome) why(l deadletters.Skip) string {
 	case deadletters.SkipOtherTenant:
 		return fmt.Sprintf("its tenant (%s) is not endpoint %s's (%s): events never cross tenants",
 			tenantName(l.Tenant), o.Target.ID, tenantName(o.Target.Tenant))
+	case deadletters.SkipURLTooLong:
+		return fmt.Sprintf("its endpoint_url is longer than the %d bytes the queue takes; --to-endpoint ID replays it to a managed endpoint",
+			outbox.MaxEndpointURLBytes)
 	case deadletters.SkipEndpointOtherTenant:
 		return fmt.Sprintf("its endpoint %s now belongs to %s, not to the event's tenant (%s): events never cross tenants; --to-endpoint ID replays it to an endpoint of its tenant",
 			*l.EndpointID, tenantName(l.EndpointTenant), tenantName(l.Tenant))

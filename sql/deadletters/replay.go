@@ -144,11 +144,15 @@ const (
 	// SkipEndpointRemoved, exactly as for one removed, so that it never learns that its old
 	// endpoint lives on under someone else.
 	SkipEndpointOtherTenant SkipReason = "endpoint_other_tenant"
+	// SkipURLTooLong: its endpoint_url (a producer's own URL) is longer than the outbox takes
+	// since schema 21 (outbox.MaxEndpointURLBytes); only a dead letter written before can hold
+	// one. Options.ToEndpoint replays it to a managed endpoint instead.
+	SkipURLTooLong SkipReason = "url_too_long"
 )
 
 // SkipReasons lists every SkipReason in the order the CLI reports them.
 var SkipReasons = []SkipReason{SkipAlreadyReplayed, SkipSuperseded, SkipEndpointRemoved, SkipSameEvent,
-	SkipOtherTenant, SkipEndpointOtherTenant}
+	SkipOtherTenant, SkipEndpointOtherTenant, SkipURLTooLong}
 
 // Skip is a selected dead letter that Replay left alone, and why.
 type Skip struct {
@@ -209,6 +213,7 @@ type locked struct {
 	endpointRemoved     bool
 	endpointOtherTenant bool
 	endpointTenant      *string
+	urlTooLong          bool
 }
 
 // Replay re-enqueues the selected dead letters, in tx, as `fluxhook dlq replay` does: each as
@@ -255,7 +260,7 @@ func replay(ctx context.Context, tx pgx.Tx, sel Selection, opts Options, candida
 	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (locked, error) {
 		var l locked
 		return l, r.Scan(&l.ID, &l.DeliveryID, &l.EventType, &l.ReplayedAt, &l.EndpointID, &l.supersededBy,
-			&l.Tenant, &l.endpointRemoved, &l.endpointOtherTenant, &l.endpointTenant)
+			&l.Tenant, &l.endpointRemoved, &l.endpointOtherTenant, &l.endpointTenant, &l.urlTooLong)
 	})
 	if err != nil {
 		return Outcome{}, fmt.Errorf("reading dead letters: %w", err)
@@ -284,6 +289,8 @@ func replay(ctx context.Context, tx pgx.Tx, sel Selection, opts Options, candida
 			skip.Reason = SkipEndpointRemoved
 		case target == nil && l.endpointOtherTenant:
 			skip.Reason, skip.EndpointTenant = SkipEndpointOtherTenant, l.endpointTenant
+		case target == nil && l.urlTooLong:
+			skip.Reason = SkipURLTooLong
 		case target != nil && !sameTenant(l.Tenant, target.Tenant):
 			skip.Reason = SkipOtherTenant
 		case target != nil && toTarget[l.DeliveryID]:

@@ -162,3 +162,36 @@ func TestPurgeScoped(t *testing.T) {
 		t.Errorf("Purge of everything = %v, want ErrInvalid", err)
 	}
 }
+
+// TestReplaySkipsAURLTooLongForTheQueue: a dead letter whose endpoint_url is longer than the
+// queue takes since schema 21 (only one written before it can be) is skipped, saying so,
+// instead of failing the replay: a filtered replay that selects it still replays the others
+// (it rolled back whole). Replayed to a managed endpoint, it goes.
+func TestReplaySkipsAURLTooLongForTheQueue(t *testing.T) {
+	t.Parallel()
+	db := setup(t)
+	short := insert(t, db, fixture{tenant: acme, eventType: "order.old"})
+	long := insert(t, db, fixture{tenant: acme, eventType: "order.old"})
+	// Written as before schema 21: the dead-letter table has no limit on the URL.
+	exec(t, db, `UPDATE webhook_dead_letter SET endpoint_url = 'https://consumer.example/' || repeat('a', 3000) WHERE id = $1`, long)
+	exec(t, db, `UPDATE webhook_dead_letter SET endpoint_url = 'https://consumer.example/short' WHERE id = $1`, short)
+
+	out, err := replay(t, db, deadletters.Selection{Tenant: acme, Matching: &deadletters.Filter{EventType: "order.old"}}, deadletters.Options{})
+	if err != nil {
+		t.Fatalf("filtered replay: %v", err)
+	}
+	if !slices.Equal(replayedIDs(out), []int64{short}) {
+		t.Errorf("replayed %v, want %d alone", replayedIDs(out), short)
+	}
+	if skipped := out.SkippedFor(deadletters.SkipURLTooLong); len(skipped) != 1 || skipped[0].ID != long {
+		t.Errorf("skipped as too long: %+v, want dead letter %d", skipped, long)
+	}
+	out, err = replay(t, db, deadletters.Selection{Tenant: acme, IDs: []int64{long}}, deadletters.Options{ToEndpoint: acmeOther})
+	if err != nil || !slices.Equal(replayedIDs(out), []int64{long}) {
+		t.Fatalf("replay to a managed endpoint = %+v, %v; want it replayed", out, err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE delivery_id = $1 AND endpoint_id = $2 AND endpoint_url IS NULL`,
+		deliveryOf(t, db, long), acmeOther); n != 1 {
+		t.Errorf("%d rows of the event for the managed endpoint, want 1", n)
+	}
+}

@@ -16,7 +16,9 @@
 -- remove), so a replay to it would only be dead-lettered again; tenant is for the target's
 -- check (Options.ToEndpoint). endpoint_other_tenant: the endpoint exists but its tenant was
 -- changed since (endpoints update --tenant): the event never goes there again, and the
--- endpoint's current tenant is returned.
+-- endpoint's current tenant is returned. url_too_long: its endpoint_url is longer than the
+-- outbox takes (webhook_outbox_endpoint_url_length, schema 21; only a dead letter written
+-- before that schema can hold one), so it cannot go back to it.
 SELECT d.id, d.delivery_id::text, d.event_type, d.replayed_at, d.endpoint_id::text,
        (SELECT max(n.id) FROM webhook_dead_letter n
         WHERE n.delivery_id = d.delivery_id AND n.id > d.id
@@ -25,7 +27,8 @@ SELECT d.id, d.delivery_id::text, d.event_type, d.replayed_at, d.endpoint_id::te
        d.tenant,
        d.endpoint_id IS NOT NULL
          AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = d.endpoint_id) AS endpoint_removed,
-       e.id IS NOT NULL AND e.tenant IS DISTINCT FROM d.tenant AS endpoint_other_tenant, e.tenant
+       e.id IS NOT NULL AND e.tenant IS DISTINCT FROM d.tenant AS endpoint_other_tenant, e.tenant,
+       coalesce(octet_length(d.endpoint_url) > 2048, false) AS url_too_long
 FROM webhook_dead_letter d
 -- Locked against a tenant change until the replay commits: an event replayed to its own
 -- endpoint goes only while that endpoint is still of the event's tenant.
