@@ -2,6 +2,7 @@ package settle_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +15,9 @@ import (
 )
 
 // lockRows opens a transaction on its own connection that holds rows ids of the outbox locked
-// (an operator's forgotten SELECT ... FOR UPDATE) until the returned function ends it.
-func lockRows(t *testing.T, db *sqltest.DB, ids ...int64) (release func()) {
+// (an operator's forgotten SELECT ... FOR UPDATE) until the returned function ends it; pid is
+// that connection's backend.
+func lockRows(t *testing.T, db *sqltest.DB, ids ...int64) (release func(), pid uint32) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, db.URL)
@@ -39,7 +41,7 @@ func lockRows(t *testing.T, db *sqltest.DB, ids ...int64) (release func()) {
 		}
 	}
 	t.Cleanup(release)
-	return release
+	return release, conn.PgConn().PID()
 }
 
 // TestSettleLeavesARowLockedElsewhere: a row that a session outside fluxhook holds locked
@@ -55,7 +57,7 @@ func TestSettleLeavesARowLockedElsewhere(t *testing.T) {
 		r.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
 	}
 	rows[2].Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503"}
-	release := lockRows(t, db, rows[1].ID)
+	release, lockerPID := lockRows(t, db, rows[1].ID)
 	defer release()
 
 	// Without the bound the settle waits for the lock for ever: the deadline fails the test.
@@ -68,7 +70,8 @@ func TestSettleLeavesARowLockedElsewhere(t *testing.T) {
 	if res.Settled != 2 || res.Requeued != 1 || res.Unsettled != 1 {
 		t.Errorf("result %+v, want 2 settled (one a retry) and the locked row unsettled", res)
 	}
-	if !rows[1].Outcome.Unsettled || !strings.Contains(rows[1].Outcome.Reason, "locked by another session") {
+	if !rows[1].Outcome.Unsettled || !strings.Contains(rows[1].Outcome.Reason, "locked by another session") ||
+		!strings.Contains(rows[1].Outcome.Reason, fmt.Sprintf("held by pid %d,", lockerPID)) {
 		t.Errorf("the locked row's outcome: unsettled %v, reason %q; want unsettled, saying it was locked",
 			rows[1].Outcome.Unsettled, rows[1].Outcome.Reason)
 	}
@@ -112,7 +115,7 @@ func TestSettleSkipsLockedRowsOfItsStream(t *testing.T) {
 	retried.Outcome = delivery.Outcome{Kind: delivery.Retry, Status: 503, Error: "HTTP 503"}
 	delivered := leasedHead(t, db, 1100, 110)
 	delivered.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
-	release := lockRows(t, db, 1001, 1101)
+	release, _ := lockRows(t, db, 1001, 1101)
 	defer release()
 
 	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})

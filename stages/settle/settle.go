@@ -472,6 +472,31 @@ func isRowError(err error) bool {
 	return false
 }
 
+// lockHolder names, as " (held by pid N, ...)", the session whose transaction holds row id
+// locked, so that the operator reading the log knows which session to end; "" when it cannot
+// be told (the lock is gone, or shared by several: the row's xmax is then a multixact). A role
+// without pg_read_all_stats still sees another session's pid, user and application name.
+func (s *Settler) lockHolder(ctx context.Context, id int64) string {
+	var pid int32
+	var user, app, since string
+	err := s.pool.QueryRow(ctx, `
+		SELECT a.pid, coalesce(a.usename::text, ''), coalesce(a.application_name, ''),
+		       coalesce(pg_catalog.to_char(a.xact_start AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), '')
+		FROM webhook_outbox o
+		JOIN pg_catalog.pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = o.xmax AND l.granted
+		JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+		WHERE o.id = $1 AND l.mode = 'ExclusiveLock'
+		LIMIT 1`, id).Scan(&pid, &user, &app, &since)
+	if err != nil {
+		return ""
+	}
+	out := fmt.Sprintf(" (held by pid %d, user %q, application %q", pid, user, app)
+	if since != "" {
+		out += ", in a transaction since " + since
+	}
+	return out + ")"
+}
+
 // isLockTimeout reports whether err is PostgreSQL's lock_not_available: a settle statement
 // waited its lock_timeout for a row another session holds (settle.sql).
 func isLockTimeout(err error) bool {
@@ -522,7 +547,7 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 			// A session outside fluxhook holds the row (settle.sql): left to its lease, it is
 			// delivered again once that session lets it go; the rest of the batch goes on.
 			d.Outcome.Unsettled = true
-			d.Outcome.Reason = "the row was locked by another session for over a second: " + err.Error()
+			d.Outcome.Reason = "the row was locked by another session for over a second" + s.lockHolder(ctx, d.ID) + ": " + err.Error()
 			r = Result{Unsettled: 1}
 		default:
 			if !isRowError(err) {
