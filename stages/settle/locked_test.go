@@ -99,10 +99,7 @@ func TestSettleSkipsLockedRowsOfItsStream(t *testing.T) {
 	db := sqltest.NewMigrated(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (id, url, secret, ordering) VALUES
-		($1, 'http://127.0.0.1:9/a', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'stream')`, parkedEP); err != nil {
-		t.Fatal(err)
-	}
+	orderedEndpoint(t, db)
 	// Stream s: a head retried, two rows waiting behind it (one locked). Stream t: a head
 	// delivered, the row parked behind it locked.
 	orderedRows(t, db, `

@@ -32,6 +32,15 @@ func orderedRows(t *testing.T, db *sqltest.DB, rows string) {
 	}
 }
 
+// orderedEndpoint adds endpoint parkedEP, which orders its streams.
+func orderedEndpoint(t *testing.T, db *sqltest.DB) {
+	t.Helper()
+	if _, err := db.Pool.Exec(context.Background(), `INSERT INTO webhook_endpoints (id, url, secret, ordering) VALUES
+		($1, 'http://127.0.0.1:9/a', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'stream')`, parkedEP); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // leasedHead leases row id to "me" and returns it as a claimed ordered delivery.
 func leasedHead(t *testing.T, db *sqltest.DB, id, orderKey int64) *delivery.Delivery {
 	t.Helper()
@@ -118,10 +127,7 @@ func TestDeferralParksAndTheHeadReleasesTheNext(t *testing.T) {
 	t.Parallel()
 	db := sqltest.NewMigrated(t)
 	ctx := context.Background()
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (id, url, secret, ordering) VALUES
-		($1, 'http://127.0.0.1:9/a', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'stream')`, parkedEP); err != nil {
-		t.Fatal(err)
-	}
+	orderedEndpoint(t, db)
 	orderedRows(t, db, `
 		(1000, 's', '`+parkedEP+`', 100, -5, NULL, false, true),
 		(1001, 's', '`+parkedEP+`', 101, -4, NULL, false, true),
