@@ -343,11 +343,12 @@ func (s *Sender) Send(ctx context.Context, d *delivery.Delivery) {
 }
 
 // TenantMismatch is the dead-letter reason of a delivery whose event's tenant is not its managed
-// endpoint's (the endpoint's tenant was changed after the event was routed to it). The
-// tenants are named: both are the operator's own labels, and the reason says what to do.
+// endpoint's (the endpoint's tenant was changed after the event was routed to it). It names the
+// event's tenant only: the dead letter is that tenant's to read, and the endpoint's new tenant
+// (another customer) is none of its business; the operator finds it on the endpoint.
 func TenantMismatch(d *delivery.Delivery, ep *delivery.Endpoint) string {
-	return fmt.Sprintf("endpoint %s now belongs to tenant %s, not to the event's tenant %s: never sent across tenants (replay it to an endpoint of tenant %s)",
-		strings.TrimPrefix(ep.Key, "ep:"), tenantName(ep.Tenant, ep.EmptyTenant), tenantName(d.Tenant, d.EmptyTenant), tenantName(d.Tenant, d.EmptyTenant))
+	return fmt.Sprintf("endpoint %s is no longer an endpoint of the event's tenant %s: never sent across tenants (replay it to an endpoint of tenant %s)",
+		strings.TrimPrefix(ep.Key, "ep:"), tenantName(d.Tenant, d.EmptyTenant), tenantName(d.Tenant, d.EmptyTenant))
 }
 
 func tenantName(t string, empty bool) string {

@@ -30,6 +30,10 @@ SET url = CASE WHEN 'url' = ANY ($2::text[]) THEN $5::text ELSE url END,
     ordering_failure = CASE WHEN 'ordering_failure' = ANY ($2::text[]) THEN $15::text ELSE ordering_failure END,
     permanent_statuses = CASE WHEN 'permanent_statuses' = ANY ($2::text[]) THEN $16::integer[] ELSE permanent_statuses END,
     restricted = CASE WHEN 'restricted' = ANY ($2::text[]) THEN $17::boolean ELSE restricted END,
+    -- A new tenant starts with no health: the old tenant's last delivery time is not its to
+    -- read, and the old tenant's failures must not count towards disabling it.
+    last_success_at = CASE WHEN 'tenant' = ANY ($2::text[]) AND $7::text IS DISTINCT FROM tenant THEN NULL ELSE last_success_at END,
+    failing_since = CASE WHEN 'tenant' = ANY ($2::text[]) AND $7::text IS DISTINCT FROM tenant THEN NULL ELSE failing_since END,
     secret = coalesce($13::text, secret),
     previous_secret = CASE WHEN $13::text IS NULL THEN previous_secret END,
     previous_secret_expires_at = CASE WHEN $13::text IS NULL THEN previous_secret_expires_at END

@@ -1,0 +1,82 @@
+package api_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fluxora/fluxhook/sql/outbox"
+)
+
+// TestMovedEndpointsDeadLetterNamesNoOtherTenant: an endpoint of acme is moved to globex while a
+// request of an acme event is in flight. The retry is never sent across tenants (it is
+// dead-lettered), and the dead letter, which acme's key reads, does not name the tenant the
+// endpoint now belongs to: another customer, as the replay path's endpoint_removed keeps it.
+func TestMovedEndpointsDeadLetterNamesNoOtherTenant(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	acme := h.key(ptr("acme"))
+	arrived, release := make(chan struct{}, 10), make(chan struct{})
+	consumer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	t.Cleanup(consumer.Close)
+	ep := h.endpoint(consumer.URL+"/acme", "acme")
+	startDispatcher(t, h)
+	if _, err := outbox.Enqueue(context.Background(), h.db.Pool, outbox.Event{EventType: "order.created",
+		Payload: map[string]any{"n": 1}, Tenant: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-arrived:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first attempt never arrived")
+	}
+	h.must(http.StatusOK, h.admin, "PATCH", "/v1/endpoints/"+ep, map[string]any{"tenant": "globex", "headers": map[string]string{}})
+	close(release)
+	r := h.poll(acme, "/v1/dead-letters", func(r response) bool { return len(r.Body["data"].([]any)) > 0 })
+	if strings.Contains(string(r.Raw), "globex") {
+		t.Errorf("acme's dead letters name the tenant its old endpoint now belongs to: %s", r.Raw)
+	}
+	if !strings.Contains(string(r.Raw), "never sent across tenants") {
+		t.Errorf("acme's dead letter does not say why: %s", r.Raw)
+	}
+}
+
+// TestMovedEndpointStartsWithoutHealth: an endpoint given to another tenant no longer shows
+// when the old tenant's last delivery succeeded, nor dates a failure streak from the old
+// tenant's failures (which would count towards disabling it for the new one).
+func TestMovedEndpointStartsWithoutHealth(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	acme, globex := h.key(ptr("acme")), h.key(ptr("globex"))
+	consumer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
+	t.Cleanup(consumer.Close)
+	ep := h.endpoint(consumer.URL+"/acme", "acme")
+	startDispatcher(t, h)
+	if _, err := outbox.Enqueue(context.Background(), h.db.Pool, outbox.Event{EventType: "order.created",
+		Payload: map[string]any{"n": 1}, Tenant: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	h.poll(acme, "/v1/endpoints/"+ep, func(r response) bool { s, _ := r.Body["last_success_at"].(string); return s != "" })
+	h.exec(`UPDATE webhook_endpoints SET failing_since = now() - interval '1 hour' WHERE id = $1`, ep)
+	h.must(http.StatusOK, h.admin, "PATCH", "/v1/endpoints/"+ep, map[string]any{"tenant": "globex", "headers": map[string]string{}})
+	got := h.must(http.StatusOK, globex, "GET", "/v1/endpoints/"+ep, nil)
+	if got.Body["last_success_at"] != nil || got.Body["failing_since"] != nil {
+		t.Errorf("globex reads acme's delivery health on the endpoint it was given: %s", got.Raw)
+	}
+	// A change that keeps the tenant keeps the health.
+	h.exec(`UPDATE webhook_endpoints SET last_success_at = now() WHERE id = $1`, ep)
+	h.must(http.StatusOK, globex, "PATCH", "/v1/endpoints/"+ep, map[string]any{"description": "renamed"})
+	if got := h.must(http.StatusOK, globex, "GET", "/v1/endpoints/"+ep, nil); got.Body["last_success_at"] == nil {
+		t.Errorf("a change within the tenant cleared the endpoint's health: %s", got.Raw)
+	}
+}
