@@ -81,6 +81,9 @@ func (d *Dispatcher) settleRiding(ctx context.Context, batch []*delivery.Deliver
 			if ctx.Err() == nil {
 				d.log.Warn("settle sent with a claim failed; it goes again alone", zap.Error(err), zap.Int("rows", len(rows)))
 			}
+			res, err = d.settler.SettleRefused(ctx, rows, err)
+			d.settled(ctx, batch, rows, done, res, err)
+			return
 		}
 	}
 	res, err := d.settler.Settle(ctx, rows)

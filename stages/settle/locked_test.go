@@ -195,3 +195,106 @@ func TestSettleStillWaitsForTheLogsMaintenance(t *testing.T) {
 		t.Errorf("settle after the log's lock: %+v, %v; want both rows settled", r.res, r.err)
 	}
 }
+
+// TestSettleWaitsOnceForManyLockedRows: with several rows of a batch held by one session
+// outside fluxhook, the settle waits its bound once, not once per locked row in turn: the
+// unlocked rows are written while their lease (here 5 s, what serve accepts for a short
+// WEBHOOK_TIMEOUT_MS) still holds. Waiting a second per locked row let it run out: another
+// instance claimed them again (simulated below as claim.sql takes a row whose lease ended),
+// sent them twice, and this settle's outcomes were refused as stale.
+func TestSettleWaitsOnceForManyLockedRows(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	const k = 8
+	locked := leased(t, db, "locked", k)
+	free := leased(t, db, "free", 2)
+	ids := make([]int64, 0, k)
+	for _, r := range locked {
+		ids = append(ids, r.ID)
+	}
+	freeIDs := []int64{free[0].ID, free[1].ID}
+	if _, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET lease_until = now() + interval '5 seconds' WHERE id = ANY ($1)`, freeIDs); err != nil {
+		t.Fatal(err)
+	}
+	batch := append(append([]*delivery.Delivery{}, locked...), free...)
+	for _, r := range batch {
+		r.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+	}
+	release, _ := lockRows(t, db, ids...)
+	defer release()
+
+	settled := make(chan struct{})
+	reclaimed := make(chan int64, 1)
+	go func() {
+		for {
+			tag, err := db.Pool.Exec(ctx, `UPDATE webhook_outbox SET leased_by = 'other', lease_token = 99,
+				lease_until = now() + interval '1 minute' WHERE id = ANY ($1) AND lease_until < now()`, freeIDs)
+			if err == nil && tag.RowsAffected() > 0 {
+				reclaimed <- tag.RowsAffected()
+				return
+			}
+			select {
+			case <-settled:
+				reclaimed <- 0
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	res, err := s.Settle(ctx, batch)
+	close(settled)
+	if err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+	if n := <-reclaimed; n > 0 {
+		t.Errorf("%d unlocked rows' leases ran out while the settle waited for the locked ones", n)
+	}
+	if res.Settled != 2 || res.Stale != 0 || res.Unsettled != k {
+		t.Errorf("result %+v, want the 2 unlocked rows settled and the %d locked ones unsettled", res, k)
+	}
+	for _, r := range locked {
+		if !r.Outcome.Unsettled || !strings.Contains(r.Outcome.Reason, "locked by another session") {
+			t.Errorf("locked row %d: unsettled %v, reason %q", r.ID, r.Outcome.Unsettled, r.Outcome.Reason)
+		}
+	}
+}
+
+// TestSettleAnchoredLeavesLockedEventsToTheirLease: events routed in memory whose rows a
+// session outside fluxhook holds locked are left to their lease (Failed, saying so), after one
+// wait of the bound, and the other events of the batch are written.
+func TestSettleAnchoredLeavesLockedEventsToTheirLease(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := settle.New(db.Pool, settle.Config{InstanceID: "me"})
+	evs := leased(t, db, "e", 3)
+	eps := anchoredEndpoints(t, db, 1)
+	var batch []settle.Anchored
+	for i, ev := range evs {
+		batch = append(batch, settle.Anchored{EventID: ev.ID, LeaseToken: myToken, NewToken: int64(300 + i), Endpoints: 1,
+			Delivered: []*delivery.Delivery{delivered(eps[0])}})
+	}
+	release, _ := lockRows(t, db, evs[0].ID, evs[2].ID)
+	defer release()
+	res, err := s.SettleAnchored(ctx, batch, time.Minute)
+	if err != nil {
+		t.Fatalf("SettleAnchored: %v", err)
+	}
+	if !res.Written[301] || res.Written[300] || res.Written[302] {
+		t.Errorf("written %v, want the unlocked event 301 alone", res.Written)
+	}
+	for _, nt := range []int64{300, 302} {
+		if err := res.Failed[nt]; err == nil || !strings.Contains(err.Error(), "locked by another session") {
+			t.Errorf("locked event %d: failed with %v, want left to its lease, saying it was locked", nt, err)
+		}
+	}
+	release()
+	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = ANY ($1) AND leased_by = 'me' AND lease_token = $2`,
+		[]int64{evs[0].ID, evs[2].ID}, myToken); n != 2 {
+		t.Errorf("%d of the 2 locked events still in the queue under their lease", n)
+	}
+}

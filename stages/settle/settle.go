@@ -132,6 +132,23 @@ func (r *Result) columns(written *[]int64) []any {
 // so that callers (logs, the gate) see the final decision. It returns an error only when
 // rows could not be settled at all (their leases will expire and they will be re-delivered).
 func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Result, error) {
+	return s.settle(ctx, batch, true)
+}
+
+// SettleRefused settles batch after the database refused its batch statement with err where
+// Settle did not run it (sent in a pipeline with a claim): a lock timeout goes straight to
+// settling around the locked rows, without waiting for them once more; any other error
+// settles as Settle does.
+func (s *Settler) SettleRefused(ctx context.Context, batch []*delivery.Delivery, err error) (Result, error) {
+	if isLockTimeout(err) {
+		return s.settleAround(ctx, batch, err)
+	}
+	return s.Settle(ctx, batch)
+}
+
+// settle runs the batch statement for batch, and on a refusal settles around the rows locked
+// elsewhere (when around is set and the refusal was a lock timeout) or row by row.
+func (s *Settler) settle(ctx context.Context, batch []*delivery.Delivery, around bool) (Result, error) {
 	if len(batch) == 0 {
 		return Result{}, nil
 	}
@@ -146,9 +163,66 @@ func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Resul
 	if !isStatementError(err) || len(batch) == 1 && ctx.Err() != nil {
 		return Result{}, fmt.Errorf("settle: %w", err)
 	}
+	if around && isLockTimeout(err) {
+		return s.settleAround(ctx, batch, err)
+	}
 	// The batch was rejected by the database because of (probably) one row: settle each row
 	// on its own so the bad one cannot hold back the rest.
 	return s.settleEach(ctx, batch, err)
+}
+
+// settleAround settles batch, whose statement waited its lock_timeout for a row that a session
+// outside fluxhook holds (settle.sql), without waiting for any locked row again: one look
+// finds the rows locked now, which are left to their lease (Unsettled, the reason naming the
+// session), and the others are settled as a batch. Waiting a second for each locked row in
+// turn held every settle of the instance for as many seconds as the session held rows, long
+// enough for unrelated rows' leases to run out.
+func (s *Settler) settleAround(ctx context.Context, batch []*delivery.Delivery, cause error) (Result, error) {
+	ids := make([]int64, len(batch))
+	for i, d := range batch {
+		ids[i] = d.ID
+	}
+	locked, err := lockedRows(ctx, s.pool, ids)
+	if err != nil || len(locked) == 0 {
+		// The look failed, or the lock is gone already: row by row, as for any refusal.
+		return s.settleEach(ctx, batch, cause)
+	}
+	var total Result
+	rest := make([]*delivery.Delivery, 0, len(batch)-len(locked))
+	for _, d := range batch {
+		if !locked[d.ID] {
+			rest = append(rest, d)
+			continue
+		}
+		s.leaveLocked(ctx, d, cause)
+		total.Unsettled++
+	}
+	r, err := s.settle(ctx, rest, false)
+	r.Unsettled += total.Unsettled
+	return r, err
+}
+
+// lockedRows returns which of the outbox rows ids another session holds locked now, without
+// waiting for any: the rows FOR UPDATE SKIP LOCKED passes over (locked for the look's own
+// instant, which no other statement of this dispatcher waits for: only its settle writes rows
+// it leases).
+func lockedRows(ctx context.Context, pool *pgxpool.Pool, ids []int64) (map[int64]bool, error) {
+	rows, err := pool.Query(ctx, `
+		SELECT o.id FROM webhook_outbox o WHERE o.id = ANY ($1)
+		EXCEPT
+		SELECT f.id FROM (SELECT id FROM webhook_outbox WHERE id = ANY ($1) FOR UPDATE SKIP LOCKED) f`, ids)
+	if err != nil {
+		return nil, err
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, err
+	}
+	locked := make(map[int64]bool, len(found))
+	for _, id := range found {
+		locked[id] = true
+	}
+	return locked, nil
 }
 
 // Queue adds the batch statement Settle would run to b (deciding each row's outcome as Settle
@@ -472,6 +546,14 @@ func isRowError(err error) bool {
 	return false
 }
 
+// leaveLocked leaves d, whose row a session outside fluxhook holds (settle.sql), to its lease:
+// it is delivered again once that session lets it go, and the reason, which the log carries,
+// names the session.
+func (s *Settler) leaveLocked(ctx context.Context, d *delivery.Delivery, cause error) {
+	d.Outcome.Unsettled = true
+	d.Outcome.Reason = "the row was locked by another session for over a second" + s.lockHolder(ctx, d.ID) + ": " + cause.Error()
+}
+
 // lockHolder names, as " (held by pid N, ...)", the session whose transaction holds row id
 // locked, so that the operator reading the log knows which session to end; "" when it cannot
 // be told (the lock is gone, or shared by several: the row's xmax is then a multixact). A role
@@ -544,10 +626,7 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 		case err == nil:
 			r.Stale = markStale(one, written)
 		case isLockTimeout(err):
-			// A session outside fluxhook holds the row (settle.sql): left to its lease, it is
-			// delivered again once that session lets it go; the rest of the batch goes on.
-			d.Outcome.Unsettled = true
-			d.Outcome.Reason = "the row was locked by another session for over a second" + s.lockHolder(ctx, d.ID) + ": " + err.Error()
+			s.leaveLocked(ctx, d, err)
 			r = Result{Unsettled: 1}
 		default:
 			if !isRowError(err) {
@@ -664,10 +743,20 @@ func (s *Settler) SettleAnchored(ctx context.Context, batch []Anchored, lease ti
 		return res, err
 	}
 	res.Refused = err
+	if isLockTimeout(err) {
+		// As settleAround: the events whose rows are locked now are left to their lease, and
+		// the others written as a batch, without waiting for a locked row again.
+		if batch = s.anchoredAround(ctx, batch, err, &res); len(batch) == 0 {
+			return res, nil
+		}
+		if err = s.settleAnchored(ctx, batch, lease, &res); err == nil || !isStatementError(err) {
+			return res, err
+		}
+	}
 	for _, a := range batch {
 		if err := s.settleAnchored(ctx, []Anchored{a}, lease, &res); err == nil {
 			continue
-		} else if !isStatementError(err) {
+		} else if !isStatementError(err) || isLockTimeout(err) {
 			res.Failed[a.NewToken] = err
 			continue
 		}
@@ -680,6 +769,30 @@ func (s *Settler) SettleAnchored(ctx context.Context, batch []Anchored, lease ti
 		res.AsRows[a.NewToken] = true
 	}
 	return res, nil
+}
+
+// anchoredAround records in res.Failed the events of batch whose rows another session holds
+// locked now (the anchored statement waited its lock_timeout, cause, for one) and returns the
+// others. When none can be told locked (the look failed, the lock is gone), it returns batch.
+func (s *Settler) anchoredAround(ctx context.Context, batch []Anchored, cause error, res *AnchoredResult) []Anchored {
+	ids := make([]int64, len(batch))
+	for i, a := range batch {
+		ids[i] = a.EventID
+	}
+	locked, err := lockedRows(ctx, s.pool, ids)
+	if err != nil || len(locked) == 0 {
+		return batch
+	}
+	rest := make([]Anchored, 0, len(batch))
+	for _, a := range batch {
+		if locked[a.EventID] {
+			res.Failed[a.NewToken] = fmt.Errorf("the event's row was locked by another session for over a second%s: %w",
+				s.lockHolder(ctx, a.EventID), cause)
+			continue
+		}
+		rest = append(rest, a)
+	}
+	return rest
 }
 
 // endpointIDs returns the endpoint ids of ds.

@@ -137,6 +137,10 @@ WITH bound AS MATERIALIZED (
           AND coalesce('ep:' || p.endpoint_id::text, p.endpoint_url, '') = h.key
           AND coalesce(p.order_key, p.id) > h.order_key
           AND p.created_at <= now()
+          -- parked's own conditions on the row, so that no row it leaves alone is locked (a
+          -- row in flight is its holder's to settle, which must not find it locked).
+          AND (p.deferred_reason IS NULL OR p.deferred_reason = 'behind its stream')
+          AND (p.lease_until IS NULL OR p.lease_until < now())
         -- Kept a subquery run per head: flattened into a join, the plan made on an empty table
         -- walked the whole stream index on every settle.
         OFFSET 0
