@@ -3,8 +3,24 @@
 -- already), 3 a 410 Gone (disabled with the reason, as the Standard Webhooks specification asks).
 -- Returns the ids of endpoints this statement disabled, so that the caller logs it once and
 -- dead-letters their pending deliveries.
+--
+-- The rows to change are locked first, in the order of their ids: two instances recording the
+-- same endpoints in different orders deadlocked, and PostgreSQL aborted one's record.
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::smallint[]) AS t(id, result)
+), locked AS (
+    SELECT e.id
+    FROM webhook_endpoints e JOIN input i ON e.id = i.id
+    -- Only real changes: a healthy endpoint's success every batch would bump the endpoints'
+    -- version (and every dispatcher's cache) for nothing; a success is written at most once
+    -- a minute. Checked again on the row's latest version once it is locked, so that the
+    -- update below needs no check of its own.
+    WHERE (i.result = 3 AND e.enabled
+           OR i.result = 2 AND e.failing_since IS NULL
+           OR i.result = 1 AND (e.failing_since IS NOT NULL OR e.last_success_at IS NULL
+                                OR e.last_success_at < now() - interval '1 minute'))
+    ORDER BY e.id
+    FOR NO KEY UPDATE OF e
 )
 UPDATE webhook_endpoints e
 SET last_success_at = CASE WHEN i.result = 1 THEN now() ELSE e.last_success_at END,
@@ -13,12 +29,5 @@ SET last_success_at = CASE WHEN i.result = 1 THEN now() ELSE e.last_success_at E
     disabled_at = CASE WHEN i.result = 3 AND e.enabled THEN now() ELSE e.disabled_at END,
     disabled_reason = CASE WHEN i.result = 3 AND e.enabled THEN 'the endpoint answered 410 Gone' ELSE e.disabled_reason END
 FROM input i
-WHERE e.id = i.id
-  -- Only real changes: a healthy endpoint's success every batch would bump the endpoints'
-  -- version (and every dispatcher's cache) for nothing; a success is written at most once
-  -- a minute.
-  AND (i.result = 3 AND e.enabled
-       OR i.result = 2 AND e.failing_since IS NULL
-       OR i.result = 1 AND (e.failing_since IS NOT NULL OR e.last_success_at IS NULL
-                            OR e.last_success_at < now() - interval '1 minute'))
+WHERE e.id = ANY (ARRAY(SELECT id FROM locked)) AND e.id = i.id
 RETURNING e.id::text, i.result = 3 AND NOT e.enabled

@@ -950,11 +950,13 @@ func (r *outcomeRecorder) add(ids []string, results []int16) {
 	}
 }
 
-// take empties what waits.
+// take empties what waits, the ids in their order (endpoint_outcomes.sql locks the rows in
+// it: two instances recording the same endpoints never wait for each other in a cycle).
 func (r *outcomeRecorder) take() ([]string, []int16) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ids, results := r.order, make([]int16, len(r.order))
+	slices.Sort(ids)
 	for i, id := range ids {
 		results[i] = r.pending[id]
 	}
@@ -962,48 +964,121 @@ func (r *outcomeRecorder) take() ([]string, []int16) {
 	return ids, results
 }
 
-// recordOutcomes runs until Stop closes done, then records what is left (bounded by ctx).
+// putBack returns to what waits the outcomes a failed record took: older than any that came
+// meanwhile, which replace them, except a 410, which stays.
+func (r *outcomeRecorder) putBack(ids []string, results []int16) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, id := range ids {
+		newer, ok := r.pending[id]
+		switch {
+		case !ok:
+			r.pending[id] = results[i]
+			r.order = append(r.order, id)
+		case results[i] == 3 && newer != 3:
+			r.pending[id] = 3
+		}
+	}
+}
+
+// recordOutcomes runs until Stop closes done, then records what is left (bounded by ctx). A
+// record the database refused for a passing reason (a deadlock, a lock or statement timeout, a
+// lost connection) is put back and tried again, merged with what came meanwhile: dropped, a
+// 410 lost there never disabled its endpoint, and a lost success left a recovered endpoint
+// failing, to be disabled later.
 func (d *Dispatcher) recordOutcomes(ctx context.Context) {
 	r := d.outcomes
 	defer close(r.ended)
-	for stop := false; !stop; {
+	for {
+		stop := false
 		select {
 		case <-r.wake:
 		case <-r.done:
 			stop = true
 		}
-		if ids, results := r.take(); len(ids) > 0 {
-			d.writeOutcomes(ctx, ids, results)
+		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 10*time.Second) {
+			ids, results := r.take()
+			if len(ids) == 0 || d.writeOutcomes(ctx, ids, results) {
+				break
+			}
+			r.putBack(ids, results)
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return
+			}
+		}
+		if stop {
+			return
 		}
 	}
 }
 
-// writeOutcomes runs endpoint_outcomes.sql and disables the endpoints that answered 410.
-func (d *Dispatcher) writeOutcomes(ctx context.Context, ids []string, results []int16) {
-	rows, err := d.pool.Query(ctx, endpointOutcomesSQL, ids, results)
-	if err != nil {
-		d.log.Warn("recording endpoint outcomes failed", zap.Error(err))
-		return
-	}
-	// The statement's errors (a refused disable among them) surface while reading its rows.
-	gone, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
-		var id string
-		var disabled bool
-		if err := r.Scan(&id, &disabled); err != nil || !disabled {
-			return "", err
+// writeOutcomes runs endpoint_outcomes.sql and disables the endpoints that answered 410. It
+// reports false when the record should be tried again: the database refused it for a passing
+// reason. Refused for any other (a trigger or constraint an operator put on the endpoints),
+// each endpoint is recorded alone, so that one that cannot be does not hold back the others.
+func (d *Dispatcher) writeOutcomes(ctx context.Context, ids []string, results []int16) bool {
+	gone, err := d.recordEndpointOutcomes(ctx, ids, results)
+	switch {
+	case err == nil:
+	case passing(err):
+		if ctx.Err() == nil {
+			d.log.Warn("recording endpoint outcomes failed; trying again", zap.Error(err), zap.Int("endpoints", len(ids)))
 		}
-		return id, nil
-	})
-	if err != nil {
-		d.log.Warn("recording endpoint outcomes failed", zap.Error(err))
-		return
+		return false
+	case len(ids) == 1:
+		d.log.Warn("recording endpoint outcomes failed", zap.Error(err), zap.String("endpoint_id", ids[0]))
+		return true
+	default:
+		for i := range ids {
+			if !d.writeOutcomes(ctx, ids[i:i+1], results[i:i+1]) {
+				return false // what is left goes back with it, including those recorded (harmless)
+			}
+		}
+		return true
 	}
 	for _, id := range gone {
-		if id == "" {
-			continue
-		}
 		d.disabledEndpoint(ctx, id, goneReason)
 	}
+	return true
+}
+
+// recordEndpointOutcomes runs endpoint_outcomes.sql and returns the endpoints it disabled.
+func (d *Dispatcher) recordEndpointOutcomes(ctx context.Context, ids []string, results []int16) ([]string, error) {
+	rows, err := d.pool.Query(ctx, endpointOutcomesSQL, ids, results)
+	if err != nil {
+		return nil, err
+	}
+	// The statement's errors (a refused disable among them) surface while reading its rows.
+	var gone []string
+	for rows.Next() {
+		var id string
+		var disabled bool
+		if err := rows.Scan(&id, &disabled); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if disabled {
+			gone = append(gone, id)
+		}
+	}
+	return gone, rows.Err()
+}
+
+// passing reports whether err is the database refusing a statement for a reason that passes:
+// a deadlock or serialization failure (class 40), a lock or statement timeout, a lost
+// connection or a server going down, or no error from the server at all (the network).
+func passing(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true
+	}
+	switch c := pgErr.Code; {
+	case strings.HasPrefix(c, "40"), strings.HasPrefix(c, "08"), strings.HasPrefix(c, "57"), strings.HasPrefix(c, "53"), c == "55P03":
+		return true
+	}
+	return false
 }
 
 // goneReason is the disabled_reason of an endpoint that answered 410.

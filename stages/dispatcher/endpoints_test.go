@@ -336,8 +336,9 @@ func TestTenantChangeNeverCarriesEventsAcross(t *testing.T) {
 		t.Fatalf("globex's consumer received %d requests of an acme event after the endpoint changed tenant", n)
 	}
 	_, _, reason := b.deadLetter(id)
-	if !strings.Contains(reason, `tenant "globex"`) || !strings.Contains(reason, `tenant "acme"`) {
-		t.Errorf("dead-letter reason %q, want one naming the endpoint's tenant (globex) and the event's (acme)", reason)
+	// acme reads its dead letter: the endpoint's new tenant, another customer, is not named.
+	if strings.Contains(reason, `globex`) || !strings.Contains(reason, `tenant "acme"`) {
+		t.Errorf("dead-letter reason %q, want one naming the event's tenant (acme) alone", reason)
 	}
 	if n := acme.received(); n != 1 {
 		t.Errorf("acme's old URL received %d requests, want only the first attempt", n)

@@ -343,12 +343,18 @@ func (s *Sender) Send(ctx context.Context, d *delivery.Delivery) {
 }
 
 // TenantMismatch is the dead-letter reason of a delivery whose event's tenant is not its managed
-// endpoint's (the endpoint's tenant was changed after the event was routed to it). It names the
-// event's tenant only: the dead letter is that tenant's to read, and the endpoint's new tenant
-// (another customer) is none of its business; the operator finds it on the endpoint.
+// endpoint's (the endpoint's tenant was changed after the event was routed to it). The
+// endpoint's tenant is named only in a dead letter without a tenant, which only the operator
+// reads: a tenant's dead letter is that tenant's to read, and the endpoint's new tenant
+// (another customer) is none of its business.
 func TenantMismatch(d *delivery.Delivery, ep *delivery.Endpoint) string {
+	id, event := strings.TrimPrefix(ep.Key, "ep:"), tenantName(d.Tenant, d.EmptyTenant)
+	if d.Tenant == "" {
+		return fmt.Sprintf("endpoint %s belongs to tenant %s, not to the event's tenant %s: never sent across tenants (replay it to an endpoint of tenant %s)",
+			id, tenantName(ep.Tenant, ep.EmptyTenant), event, event)
+	}
 	return fmt.Sprintf("endpoint %s is no longer an endpoint of the event's tenant %s: never sent across tenants (replay it to an endpoint of tenant %s)",
-		strings.TrimPrefix(ep.Key, "ep:"), tenantName(d.Tenant, d.EmptyTenant), tenantName(d.Tenant, d.EmptyTenant))
+		id, event, event)
 }
 
 func tenantName(t string, empty bool) string {
