@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -44,6 +45,13 @@ func (d *Dispatcher) Handler() http.Handler {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := d.Ready(ctx); err != nil {
+			if errors.Is(err, errDatabaseUnready) {
+				// The driver's error names the database's address, role and database: the
+				// log has it, the unauthenticated answer does not.
+				d.log.Warn("not ready: database check failed", zap.Error(err))
+				http.Error(w, "database unavailable or schema not current (the log says which)", http.StatusServiceUnavailable)
+				return
+			}
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -51,6 +59,10 @@ func (d *Dispatcher) Handler() http.Handler {
 	})
 	return mux
 }
+
+// errDatabaseUnready marks Ready's error when PostgreSQL did not answer or the schema is not
+// current.
+var errDatabaseUnready = errors.New("database")
 
 // Registry is the dispatcher's own Prometheus registry, for programs that embed fluxhook and
 // serve metrics themselves.
@@ -95,7 +107,7 @@ func (d *Dispatcher) Ready(ctx context.Context) error {
 		return fmt.Errorf("not started")
 	}
 	if err := fluxsql.CheckCurrent(ctx, pool); err != nil {
-		return fmt.Errorf("database: %w", err)
+		return fmt.Errorf("%w: %w", errDatabaseUnready, err)
 	}
 	if !waker.Connected() {
 		return fmt.Errorf("NOTIFY listener not connected")
