@@ -153,7 +153,14 @@ func List(ctx context.Context, q Querier, f Filter) ([]Entry, error) {
 	if limit <= 0 || limit > 1000 {
 		limit = 100
 	}
-	rows, _ := q.Query(ctx, `SELECT id, at, actor, tenant, action, object_type, object_id, before, after
+	// A tenant reads its own keys' and sessions' ids as actors; every other actor (an operator's
+	// login name, an admin key's id) reads "operator": staff names are not a customer's to know.
+	rows, _ := q.Query(ctx, `SELECT id, at,
+		       CASE WHEN $1::text IS NULL THEN actor
+		            WHEN actor ~ '^(key|portal):[0-9a-f-]{36}$' AND EXISTS (SELECT 1 FROM webhook_api_keys k
+		                 WHERE k.id = split_part(actor, ':', 2)::uuid AND k.tenant = $1) THEN actor
+		            ELSE 'operator' END,
+		       tenant, action, object_type, object_id, before, after
 		FROM webhook_audit
 		WHERE ($1::text IS NULL OR tenant = $1)
 		  AND ($2 = '' OR object_type = $2)
