@@ -25,9 +25,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/stages/delivery"
 )
 
@@ -505,6 +507,10 @@ type Routed struct {
 	// Queued counts the ordered deliveries (and ordered events kept for WEBHOOK_URL) left
 	// unleased for a claim, which takes each when it is its stream's head.
 	Queued int
+	// Locked are the ids of events left to their lease, unrouted, because a session outside
+	// fluxhook held their rows locked (route.sql waited its lock_timeout): they come back
+	// once their lease ends, and claims pass over them while the lock lasts.
+	Locked []int64
 }
 
 // NeedsRouting reports whether d is an event not yet fanned out to the endpoints: a first
@@ -518,6 +524,41 @@ func NeedsRouting(d *delivery.Delivery) bool {
 // event whose lease this claim no longer holds is left alone and appears in no list of the
 // result: its current holder routes it.
 func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDefault bool) (Routed, error) {
+	out, err := c.route(ctx, events, keepDefault)
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		return out, err
+	}
+	// A session outside fluxhook holds an event's row: the events locked now are left to
+	// their lease, the others routed, instead of all of them waiting for a lease.
+	ids := make([]int64, len(events))
+	for i, d := range events {
+		ids[i] = d.ID
+	}
+	locked, lerr := fluxsql.LockedOutboxRows(ctx, c.pool, ids)
+	if lerr != nil || len(locked) == 0 {
+		return Routed{}, err
+	}
+	rest := make([]*delivery.Delivery, 0, len(events)-len(locked))
+	var lockedIDs []int64
+	for _, d := range events {
+		if locked[d.ID] {
+			lockedIDs = append(lockedIDs, d.ID)
+		} else {
+			rest = append(rest, d)
+		}
+	}
+	if len(rest) > 0 {
+		if out, err = c.route(ctx, rest, keepDefault); err != nil {
+			return Routed{}, err
+		}
+	}
+	out.Locked = lockedIDs
+	return out, nil
+}
+
+// route runs route.sql for events (see Route).
+func (c *Claimer) route(ctx context.Context, events []*delivery.Delivery, keepDefault bool) (Routed, error) {
 	ids := make([]int64, len(events))
 	tokens := make([]int64, len(events))
 	oversized := []int64{}

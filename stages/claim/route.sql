@@ -42,8 +42,9 @@
 -- The event rows are leased by this claim, so only a session outside fluxhook (an operator's
 -- open transaction) holds one's lock for long: the statement waits at most a second for it
 -- (bounded: the in-statement lock_timeout covers the row locks of its execution, not the table
--- locks taken before it), then fails, and its events come back after their lease, while claims
--- skip the locked row. Waiting for it stopped every claim of the instance.
+-- locks taken before it), then fails: Claimer.Route leaves the events locked then to their
+-- lease (claims skip the locked rows meanwhile) and routes the others. Waiting for it stopped
+-- every claim of the instance.
 WITH bound AS MATERIALIZED (
     SELECT pg_catalog.set_config('lock_timeout', '1s', true) AS lock_timeout
 ), input AS (

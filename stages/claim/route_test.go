@@ -459,3 +459,48 @@ func TestRouteBesideASettleOfTheHeads(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteLeavesLockedEventsToTheirLease: claimed events whose rows a session outside fluxhook
+// holds locked (an operator's open SELECT ... FOR UPDATE) are left to their lease, in no list
+// of the result but Locked, after one wait of the bound; the others of the batch are routed.
+// Waiting for the lock stopped every claim of the instance, and failing the whole statement
+// held every event of the batch back for a lease.
+func TestRouteLeavesLockedEventsToTheirLease(t *testing.T) {
+	t.Parallel()
+	db, c := newRegistered(t, "a")
+	ctx := deadline(t)
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (url, secret, created_at)
+		VALUES ('http://127.0.0.1:1/hook', 's', now() - interval '1 minute');
+		INSERT INTO webhook_outbox (event_type, payload, enqueued_at)
+		SELECT 't.locked', '{}', now() - interval '1 second' FROM generate_series(1, 3)`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Claim(ctx, 10, claim.Skip{}, false, claim.Cursor{})
+	if err != nil || len(res.Rows) != 3 {
+		t.Fatalf("claimed %d rows: %v; want the 3 events", len(res.Rows), err)
+	}
+	locked := res.Rows[1].ID
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM webhook_outbox WHERE id = $1 FOR UPDATE`, locked); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Route(ctx, res.Rows, false)
+	if err != nil {
+		t.Fatalf("Route: %v", err)
+	}
+	if len(r.Locked) != 1 || r.Locked[0] != locked || len(r.Deliveries) != 2 || len(r.Settled) != 2 {
+		t.Errorf("routed %d deliveries, settled %v, locked %v; want the 2 unlocked events routed and %d left locked",
+			len(r.Deliveries), r.Settled, r.Locked, locked)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var routed bool
+	if err := db.Pool.QueryRow(ctx, `SELECT routed_at IS NOT NULL FROM webhook_outbox WHERE id = $1 AND leased_by = 'a'`, locked).Scan(&routed); err != nil || routed {
+		t.Errorf("the locked event: routed %v, %v; want it in the queue, leased and unrouted", routed, err)
+	}
+}

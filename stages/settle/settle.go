@@ -34,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/stages/delivery"
 )
 
@@ -182,7 +183,7 @@ func (s *Settler) settleAround(ctx context.Context, batch []*delivery.Delivery, 
 	for i, d := range batch {
 		ids[i] = d.ID
 	}
-	locked, err := lockedRows(ctx, s.pool, ids)
+	locked, err := fluxsql.LockedOutboxRows(ctx, s.pool, ids)
 	if err != nil || len(locked) == 0 {
 		// The look failed, or the lock is gone already: row by row, as for any refusal.
 		return s.settleEach(ctx, batch, cause)
@@ -200,29 +201,6 @@ func (s *Settler) settleAround(ctx context.Context, batch []*delivery.Delivery, 
 	r, err := s.settle(ctx, rest, false)
 	r.Unsettled += total.Unsettled
 	return r, err
-}
-
-// lockedRows returns which of the outbox rows ids another session holds locked now, without
-// waiting for any: the rows FOR UPDATE SKIP LOCKED passes over (locked for the look's own
-// instant, which no other statement of this dispatcher waits for: only its settle writes rows
-// it leases).
-func lockedRows(ctx context.Context, pool *pgxpool.Pool, ids []int64) (map[int64]bool, error) {
-	rows, err := pool.Query(ctx, `
-		SELECT o.id FROM webhook_outbox o WHERE o.id = ANY ($1)
-		EXCEPT
-		SELECT f.id FROM (SELECT id FROM webhook_outbox WHERE id = ANY ($1) FOR UPDATE SKIP LOCKED) f`, ids)
-	if err != nil {
-		return nil, err
-	}
-	found, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return nil, err
-	}
-	locked := make(map[int64]bool, len(found))
-	for _, id := range found {
-		locked[id] = true
-	}
-	return locked, nil
 }
 
 // Queue adds the batch statement Settle would run to b (deciding each row's outcome as Settle
@@ -779,7 +757,7 @@ func (s *Settler) anchoredAround(ctx context.Context, batch []Anchored, cause er
 	for i, a := range batch {
 		ids[i] = a.EventID
 	}
-	locked, err := lockedRows(ctx, s.pool, ids)
+	locked, err := fluxsql.LockedOutboxRows(ctx, s.pool, ids)
 	if err != nil || len(locked) == 0 {
 		return batch
 	}
