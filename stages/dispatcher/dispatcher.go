@@ -1154,7 +1154,7 @@ func (d *Dispatcher) warmSettle(ctx context.Context) {
 	anchored := routes && d.inMemory.Load()
 	err := d.settler.Warm(ctx, anchored)
 	if routes {
-		rows, qErr := d.pool.Query(ctx, endpointOutcomesSQL, []string{}, []int16{})
+		rows, qErr := d.pool.Query(ctx, endpointOutcomesSQL, []string{}, []int16{}, []string{}, []*string{})
 		if qErr == nil {
 			rows.Close()
 			qErr = rows.Err()

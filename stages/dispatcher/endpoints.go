@@ -882,8 +882,7 @@ func (d *Dispatcher) signManaged(del *delivery.Delivery, now time.Time) string {
 // failing, and a 410 Gone, which disables it (as the Standard Webhooks specification asks),
 // its pending deliveries then dead-lettered with the reason.
 func (d *Dispatcher) noteEndpointOutcomes(ctx context.Context, settled []*delivery.Delivery) {
-	var ids []string
-	var results []int16 // 1 success, 2 failure, 3 gone
+	var outs []endpointOutcome
 	seen := map[string]int{}
 	for _, del := range settled {
 		o := del.Outcome
@@ -902,14 +901,31 @@ func (d *Dispatcher) noteEndpointOutcomes(ctx context.Context, settled []*delive
 			continue
 		}
 		if i, ok := seen[del.EndpointID]; ok {
-			results[i] = max(results[i], r) // gone beats failure beats success within a batch
+			outs[i].result = max(outs[i].result, r) // gone beats failure beats success within a batch
 			continue
 		}
-		seen[del.EndpointID] = len(ids)
-		ids = append(ids, del.EndpointID)
-		results = append(results, r)
+		seen[del.EndpointID] = len(outs)
+		out := endpointOutcome{id: del.EndpointID, result: r}
+		if ep := del.Endpoint; ep != nil {
+			out.url, out.tenant = ep.URL, &ep.Tenant
+			if ep.Tenant == "" && !ep.EmptyTenant {
+				out.tenant = nil
+			}
+		}
+		outs = append(outs, out)
 	}
-	d.outcomes.add(ids, results)
+	d.outcomes.add(outs)
+}
+
+// endpointOutcome is what one batch says about one managed endpoint, and where it was said:
+// the URL and tenant the endpoint had when the request was made. It is recorded only while the
+// endpoint still has both: a 410 from a URL since replaced, or from before a move to another
+// tenant, says nothing about the endpoint as it is now.
+type endpointOutcome struct {
+	id     string
+	result int16 // 1 success, 2 failure, 3 gone
+	url    string
+	tenant *string // nil: none
 }
 
 // outcomeRecorder records endpoint outcomes (endpoint_outcomes.sql) on a goroutine of its own,
@@ -921,33 +937,27 @@ func (d *Dispatcher) noteEndpointOutcomes(ctx context.Context, settled []*delive
 // is released.
 type outcomeRecorder struct {
 	mu      sync.Mutex
-	pending map[string]int16 // endpoint id → 1 success, 2 failure, 3 gone
-	order   []string         // pending's ids in the order they came
-	wake    chan struct{}    // 1-buffered: pending has something
-	done    chan struct{}    // closed by Stop: record what is left and end
-	ended   chan struct{}    // closed when the loop has ended
+	pending map[string]endpointOutcome // by endpoint id
+	wake    chan struct{}              // 1-buffered: pending has something
+	done    chan struct{}              // closed by Stop: record what is left and end
+	ended   chan struct{}              // closed when the loop has ended
 }
 
 func newOutcomeRecorder() *outcomeRecorder {
-	return &outcomeRecorder{pending: map[string]int16{}, wake: make(chan struct{}, 1), done: make(chan struct{}), ended: make(chan struct{})}
+	return &outcomeRecorder{pending: map[string]endpointOutcome{}, wake: make(chan struct{}, 1), done: make(chan struct{}), ended: make(chan struct{})}
 }
 
-// add merges one batch's outcomes into those waiting: a newer batch's result replaces an older
-// one (an endpoint that failed and then succeeded is healthy), except a 410, which stays.
-func (r *outcomeRecorder) add(ids []string, results []int16) {
-	if len(ids) == 0 {
+// add merges one batch's outcomes into those waiting: a newer batch's outcome replaces an
+// older one (an endpoint that failed and then succeeded is healthy), except a 410, which stays.
+func (r *outcomeRecorder) add(outs []endpointOutcome) {
+	if len(outs) == 0 {
 		return
 	}
 	r.mu.Lock()
-	for i, id := range ids {
-		if prev, ok := r.pending[id]; ok {
-			if prev != 3 {
-				r.pending[id] = results[i]
-			}
-			continue
+	for _, o := range outs {
+		if prev, ok := r.pending[o.id]; !ok || prev.result != 3 {
+			r.pending[o.id] = o
 		}
-		r.pending[id] = results[i]
-		r.order = append(r.order, id)
 	}
 	r.mu.Unlock()
 	select {
@@ -956,33 +966,28 @@ func (r *outcomeRecorder) add(ids []string, results []int16) {
 	}
 }
 
-// take empties what waits, the ids in their order (endpoint_outcomes.sql locks the rows in
-// it: two instances recording the same endpoints never wait for each other in a cycle).
-func (r *outcomeRecorder) take() ([]string, []int16) {
+// take empties what waits, in the order of the endpoint ids (endpoint_outcomes.sql locks the
+// rows in it: two instances recording the same endpoints never wait for each other in a cycle).
+func (r *outcomeRecorder) take() []endpointOutcome {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ids, results := r.order, make([]int16, len(r.order))
-	slices.Sort(ids)
-	for i, id := range ids {
-		results[i] = r.pending[id]
+	outs := make([]endpointOutcome, 0, len(r.pending))
+	for _, o := range r.pending {
+		outs = append(outs, o)
 	}
-	r.order, r.pending = nil, map[string]int16{}
-	return ids, results
+	slices.SortFunc(outs, func(a, b endpointOutcome) int { return strings.Compare(a.id, b.id) })
+	r.pending = map[string]endpointOutcome{}
+	return outs
 }
 
 // putBack returns to what waits the outcomes a failed record took: older than any that came
 // meanwhile, which replace them, except a 410, which stays.
-func (r *outcomeRecorder) putBack(ids []string, results []int16) {
+func (r *outcomeRecorder) putBack(outs []endpointOutcome) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for i, id := range ids {
-		newer, ok := r.pending[id]
-		switch {
-		case !ok:
-			r.pending[id] = results[i]
-			r.order = append(r.order, id)
-		case results[i] == 3 && newer != 3:
-			r.pending[id] = 3
+	for _, o := range outs {
+		if newer, ok := r.pending[o.id]; !ok || o.result == 3 && newer.result != 3 {
+			r.pending[o.id] = o
 		}
 	}
 }
@@ -1003,11 +1008,11 @@ func (d *Dispatcher) recordOutcomes(ctx context.Context) {
 			stop = true
 		}
 		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 10*time.Second) {
-			ids, results := r.take()
-			if len(ids) == 0 || d.writeOutcomes(ctx, ids, results) {
+			outs := r.take()
+			if len(outs) == 0 || d.writeOutcomes(ctx, outs) {
 				break
 			}
-			r.putBack(ids, results)
+			r.putBack(outs)
 			select {
 			case <-time.After(wait):
 			case <-ctx.Done():
@@ -1024,21 +1029,21 @@ func (d *Dispatcher) recordOutcomes(ctx context.Context) {
 // reports false when the record should be tried again: the database refused it for a passing
 // reason. Refused for any other (a trigger or constraint an operator put on the endpoints),
 // each endpoint is recorded alone, so that one that cannot be does not hold back the others.
-func (d *Dispatcher) writeOutcomes(ctx context.Context, ids []string, results []int16) bool {
-	gone, err := d.recordEndpointOutcomes(ctx, ids, results)
+func (d *Dispatcher) writeOutcomes(ctx context.Context, outs []endpointOutcome) bool {
+	gone, err := d.recordEndpointOutcomes(ctx, outs)
 	switch {
 	case err == nil:
 	case passing(err):
 		if ctx.Err() == nil {
-			d.log.Warn("recording endpoint outcomes failed; trying again", zap.Error(err), zap.Int("endpoints", len(ids)))
+			d.log.Warn("recording endpoint outcomes failed; trying again", zap.Error(err), zap.Int("endpoints", len(outs)))
 		}
 		return false
-	case len(ids) == 1:
-		d.log.Warn("recording endpoint outcomes failed", zap.Error(err), zap.String("endpoint_id", ids[0]))
+	case len(outs) == 1:
+		d.log.Warn("recording endpoint outcomes failed", zap.Error(err), zap.String("endpoint_id", outs[0].id))
 		return true
 	default:
-		for i := range ids {
-			if !d.writeOutcomes(ctx, ids[i:i+1], results[i:i+1]) {
+		for i := range outs {
+			if !d.writeOutcomes(ctx, outs[i:i+1]) {
 				return false // what is left goes back with it, including those recorded (harmless)
 			}
 		}
@@ -1051,8 +1056,12 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, ids []string, results []
 }
 
 // recordEndpointOutcomes runs endpoint_outcomes.sql and returns the endpoints it disabled.
-func (d *Dispatcher) recordEndpointOutcomes(ctx context.Context, ids []string, results []int16) ([]string, error) {
-	rows, err := d.pool.Query(ctx, endpointOutcomesSQL, ids, results)
+func (d *Dispatcher) recordEndpointOutcomes(ctx context.Context, outs []endpointOutcome) ([]string, error) {
+	ids, results, urls, tenants := make([]string, len(outs)), make([]int16, len(outs)), make([]string, len(outs)), make([]*string, len(outs))
+	for i, o := range outs {
+		ids[i], results[i], urls[i], tenants[i] = o.id, o.result, o.url, o.tenant
+	}
+	rows, err := d.pool.Query(ctx, endpointOutcomesSQL, ids, results, urls, tenants)
 	if err != nil {
 		return nil, err
 	}

@@ -7,17 +7,27 @@ import (
 
 // TestOutcomeRecorderMerges: outcomes waiting for the recorder merge by endpoint, a newer
 // batch's result replacing an older one (an endpoint that failed, then succeeded, is healthy),
-// except a 410, which stays; take returns them in the order they first came and empties them.
+// except a 410, which stays; take returns them in the order of their ids and empties them.
 func TestOutcomeRecorderMerges(t *testing.T) {
 	t.Parallel()
 	r := newOutcomeRecorder()
-	r.add([]string{"a", "b"}, []int16{2, 3})
-	r.add([]string{"b", "a", "c"}, []int16{1, 1, 2})
-	ids, results := r.take()
-	if !slices.Equal(ids, []string{"a", "b", "c"}) || !slices.Equal(results, []int16{1, 3, 2}) {
-		t.Errorf("take = %v %v; want [a b c] [1 3 2]", ids, results)
+	r.add(outcomesOf("a", 2, "b", 3))
+	r.add(outcomesOf("b", 1, "a", 1, "c", 2))
+	if got, want := r.take(), outcomesOf("a", 1, "b", 3, "c", 2); !slices.Equal(got, want) {
+		t.Errorf("take = %v; want %v", got, want)
 	}
-	if ids, _ := r.take(); len(ids) != 0 {
-		t.Errorf("a second take = %v; want nothing", ids)
+	if outs := r.take(); len(outs) != 0 {
+		t.Errorf("a second take = %v; want nothing", outs)
 	}
+}
+
+// outcomesOf builds endpoint outcomes from pairs of endpoint id and result, each to URL
+// "https://hooks.example.com/<id>" without a tenant.
+func outcomesOf(pairs ...any) []endpointOutcome {
+	var out []endpointOutcome
+	for i := 0; i < len(pairs); i += 2 {
+		id := pairs[i].(string)
+		out = append(out, endpointOutcome{id: id, result: int16(pairs[i+1].(int)), url: "https://hooks.example.com/" + id})
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -70,8 +71,10 @@ func TestOutcomeRecordsOfTwoInstancesNeverDeadlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A settled e1's 410, then e2's failure; B e2's failure, then e1's.
-	a.outcomes.add([]string{e1, e2}, []int16{3, 2})
-	b.outcomes.add([]string{e2, e1}, []int16{2, 2})
+	one, two := endpointOutcome{id: e1, url: "http://127.0.0.1:9/one"}, endpointOutcome{id: e2, url: "http://127.0.0.1:9/two"}
+	at := func(o endpointOutcome, result int16) endpointOutcome { o.result = result; return o }
+	a.outcomes.add([]endpointOutcome{at(one, 3), at(two, 2)})
+	b.outcomes.add([]endpointOutcome{at(two, 2), at(one, 2)})
 	pollUntil(t, ctx, "both records waiting for the transaction", func() bool {
 		var waiting int
 		// Blocked by the transaction, or by the other record queued for the same row first.
@@ -98,20 +101,77 @@ func TestOutcomeRecordsOfTwoInstancesNeverDeadlock(t *testing.T) {
 // that came meanwhile, which are newer and replace them, except a 410, which stays.
 func TestOutcomeRecorderPutsBackWhatFailed(t *testing.T) {
 	r := newOutcomeRecorder()
-	r.add([]string{"c", "a", "b"}, []int16{1, 3, 2})
-	ids, results := r.take()
-	if want := []string{"a", "b", "c"}; len(ids) != 3 || ids[0] != want[0] || ids[1] != want[1] || ids[2] != want[2] {
-		t.Fatalf("take gave %v, want the ids in order %v", ids, want)
+	r.add(outcomesOf("c", 1, "a", 3, "b", 2))
+	taken := r.take()
+	if ids := []string{taken[0].id, taken[1].id, taken[2].id}; !slices.Equal(ids, []string{"a", "b", "c"}) {
+		t.Fatalf("take gave %v, want the ids in order", ids)
 	}
-	r.add([]string{"a", "b"}, []int16{1, 1}) // newer: a succeeded, b succeeded
-	r.putBack(ids, results)
-	ids, results = r.take()
-	got := map[string]int16{}
-	for i, id := range ids {
-		got[id] = results[i]
-	}
-	if got["a"] != 3 || got["b"] != 1 || got["c"] != 1 || len(got) != 3 {
+	r.add(outcomesOf("a", 1, "b", 1)) // newer: a succeeded, b succeeded
+	r.putBack(taken)
+	if got, want := r.take(), outcomesOf("a", 3, "b", 1, "c", 1); !slices.Equal(got, want) {
 		t.Errorf("after the put back: %v, want a's 410 kept, b's newer success, c's success back", got)
+	}
+}
+
+// TestOutcomeRecordedOnlyWhereItWasSaid: a 410 recorded after the endpoint was changed (the
+// record waited for its row while an operator moved it to a new URL and another tenant) does
+// not disable the endpoint as it is now, nor does a success date the new tenant's health.
+func TestOutcomeRecordedOnlyWhereItWasSaid(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const e1, e2 = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (id, url, secret, tenant) VALUES
+		($1, 'http://127.0.0.1:9/old', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'acme'),
+		($2, 'http://127.0.0.1:9/two', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'acme')`, e1, e2); err != nil {
+		t.Fatal(err)
+	}
+	a := recorderInstance(t, db, "recorder-where", "1s")
+	op, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = op.Rollback(ctx) }()
+	if _, err := op.Exec(ctx, `UPDATE webhook_endpoints SET url = CASE WHEN id = $1 THEN 'http://127.0.0.1:9/new' ELSE url END,
+		tenant = 'globex' WHERE id IN ($1, $2)`, e1, e2); err != nil {
+		t.Fatal(err)
+	}
+	acme := "acme"
+	a.outcomes.add([]endpointOutcome{{id: e1, result: 3, url: "http://127.0.0.1:9/old", tenant: &acme},
+		{id: e2, result: 1, url: "http://127.0.0.1:9/two", tenant: &acme}})
+	pollUntil(t, ctx, "the record waiting for the change", func() bool {
+		var waiting int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'recorder-where' AND cardinality(pg_blocking_pids(pid)) > 0`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting == 1
+	})
+	if err := op.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, ctx, "the record done", func() bool {
+		var busy int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'recorder-where' AND state = 'active'`).Scan(&busy); err != nil {
+			t.Fatal(err)
+		}
+		a.outcomes.mu.Lock()
+		left := len(a.outcomes.pending)
+		a.outcomes.mu.Unlock()
+		return busy == 0 && left == 0
+	})
+	var enabled, dated bool
+	if err := db.Pool.QueryRow(ctx, `SELECT (SELECT enabled FROM webhook_endpoints WHERE id = $1),
+		(SELECT last_success_at IS NOT NULL FROM webhook_endpoints WHERE id = $2)`, e1, e2).Scan(&enabled, &dated); err != nil {
+		t.Fatal(err)
+	}
+	if !enabled {
+		t.Error("the endpoint, moved to a new URL and tenant, was disabled for its old URL's 410")
+	}
+	if dated {
+		t.Error("the endpoint moved to globex shows the success of acme's delivery")
 	}
 }
 
