@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/fluxora/fluxhook/sql/deadletters"
 	"github.com/fluxora/fluxhook/sql/sqltest"
 	"github.com/fluxora/fluxhook/stages/delivery"
 	"github.com/fluxora/fluxhook/stages/settle"
@@ -296,5 +297,51 @@ func TestSettleAnchoredLeavesLockedEventsToTheirLease(t *testing.T) {
 	if n := count(t, db, `SELECT count(*) FROM webhook_outbox WHERE id = ANY ($1) AND leased_by = 'me' AND lease_token = $2`,
 		[]int64{evs[0].ID, evs[2].ID}, myToken); n != 2 {
 		t.Errorf("%d of the 2 locked events still in the queue under their lease", n)
+	}
+}
+
+// TestSettleOfAStreamBeingReplayedGoesOn: a dead-letter replay that rejoins an ordered stream
+// holds the stream's later rows locked until it commits (a recovery batch, a filtered replay
+// of many rows), but not a row in flight: its delivered settle is written at once, instead of
+// waiting out its bound and being left to its lease, to be sent again.
+func TestSettleOfAStreamBeingReplayedGoesOn(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	orderedEndpoint(t, db)
+	var dl int64
+	if err := db.Pool.QueryRow(ctx, `INSERT INTO webhook_dead_letter
+		(delivery_id, stream_id, event_type, payload, attempts, reason, enqueued_at, endpoint_id, order_key)
+		VALUES (gen_random_uuid(), 's', 'e', '{}', 3, 'retries exhausted', now() - interval '1 minute', $1, 1)
+		RETURNING id`, parkedEP).Scan(&dl); err != nil {
+		t.Fatal(err)
+	}
+	orderedRows(t, db, `(2, 's', '`+parkedEP+`', 2, -1, NULL, false, true), (3, 's', '`+parkedEP+`', 3, -1, NULL, false, true)`)
+	head := leasedHead(t, db, 2, 2)
+	head.Outcome = delivery.Outcome{Kind: delivery.Delivered, Status: 200}
+
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if out, err := deadletters.Replay(ctx, tx, deadletters.Selection{IDs: []int64{dl}}, deadletters.Options{}); err != nil || len(out.Replayed) != 1 {
+		t.Fatalf("replay: %+v, %v", out, err)
+	}
+	// The replay's transaction is still open.
+	s := settle.New(db.Pool, settle.Config{Schedule: []time.Duration{time.Minute}, Jitter: -1, InstanceID: "me"})
+	res, err := s.Settle(ctx, []*delivery.Delivery{head})
+	if err != nil || res.Settled != 1 || head.Outcome.Unsettled {
+		t.Errorf("the delivered head's settle during a replay of its stream: %+v, %v (reason %q); want it settled",
+			res, err, head.Outcome.Reason)
+	}
+	// The row that is not in flight is still held for the replay: a claim passes over it.
+	var held bool
+	if err := db.Pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM webhook_outbox WHERE id = 3 FOR UPDATE SKIP LOCKED)`).Scan(&held); err != nil || !held {
+		t.Errorf("row 3, waiting behind the replayed event: held %v, %v; want it locked until the replay commits", held, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
