@@ -154,13 +154,10 @@ func List(ctx context.Context, q Querier, f Filter) ([]Entry, error) {
 		limit = 100
 	}
 	// A tenant reads its own keys' and sessions' ids as actors; every other actor (an operator's
-	// login name, an admin key's id) reads "operator": staff names are not a customer's to know.
-	rows, _ := q.Query(ctx, `SELECT id, at,
-		       CASE WHEN $1::text IS NULL THEN actor
-		            WHEN actor ~ '^(key|portal):[0-9a-f-]{36}$' AND EXISTS (SELECT 1 FROM webhook_api_keys k
-		                 WHERE k.id = split_part(actor, ':', 2)::uuid AND k.tenant = $1) THEN actor
-		            ELSE 'operator' END,
-		       tenant, action, object_type, object_id, before, after
+	// login name, an admin key's id) reads "operator", in the entry and in the created_by of
+	// the object it shows (a key, a recovery): staff names are not a customer's to know.
+	rows, _ := q.Query(ctx, `SELECT id, at, `+visibleActor("actor")+`, tenant, action, object_type, object_id,
+		       `+visibleCreatedBy("before")+`, `+visibleCreatedBy("after")+`
 		FROM webhook_audit
 		WHERE ($1::text IS NULL OR tenant = $1)
 		  AND ($2 = '' OR object_type = $2)
@@ -177,6 +174,36 @@ func List(ctx context.Context, q Querier, f Filter) ([]Entry, error) {
 		return nil, fmt.Errorf("reading the audit trail: %w", err)
 	}
 	return entries, nil
+}
+
+// visibleActor is the SQL expression of actor (an SQL expression) as the caller whose tenant is
+// $1 may read it: as it is for an admin ($1 NULL) and for the tenant's own keys and portal
+// sessions, "operator" for any other.
+func visibleActor(actor string) string {
+	return fmt.Sprintf(`CASE WHEN $1::text IS NULL THEN %[1]s
+		WHEN %[1]s ~ '^(key|portal):[0-9a-f-]{36}$' AND EXISTS (SELECT 1 FROM webhook_api_keys k
+		     WHERE k.id = pg_catalog.split_part(%[1]s, ':', 2)::uuid AND k.tenant = $1) THEN %[1]s
+		ELSE 'operator' END`, actor)
+}
+
+// visibleCreatedBy is the SQL expression of the JSON object column col with its created_by
+// as visibleActor shows it.
+func visibleCreatedBy(col string) string {
+	return fmt.Sprintf(`CASE WHEN $1::text IS NULL OR %[1]s->>'created_by' IS NULL THEN %[1]s
+		ELSE pg_catalog.jsonb_set(%[1]s, '{created_by}', pg_catalog.to_jsonb(%[2]s)) END`, col, visibleActor(col+"->>'created_by'"))
+}
+
+// VisibleActor returns actor as a caller of tenant may read it (nil: an admin, who reads it as
+// it is): a tenant reads its own keys and portal sessions, and "operator" for any other actor.
+func VisibleActor(ctx context.Context, q Querier, tenant *string, actor string) (string, error) {
+	if tenant == nil {
+		return actor, nil
+	}
+	var v string
+	if err := q.QueryRow(ctx, `SELECT `+visibleActor("$2::text"), tenant, actor).Scan(&v); err != nil {
+		return "", fmt.Errorf("reading who may be named: %w", err)
+	}
+	return v, nil
 }
 
 // CLIActor names the operating-system user running a CLI command, as the trail records it:

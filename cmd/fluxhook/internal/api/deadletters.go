@@ -235,8 +235,7 @@ func (s *Server) cancelRecovery(q *request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(q.w, http.StatusOK, r)
-	return nil
+	return s.writeRecovery(q, http.StatusOK, r)
 }
 
 func (s *Server) getRecovery(q *request) error {
@@ -245,6 +244,17 @@ func (s *Server) getRecovery(q *request) error {
 	if err != nil {
 		return deadLetterError(err, "recovery", id)
 	}
-	writeJSON(q.w, http.StatusOK, r)
+	return s.writeRecovery(q, http.StatusOK, r)
+}
+
+// writeRecovery answers with r, its created_by as the caller may read it (a tenant reads
+// "operator" for a job an operator started: see audit.VisibleActor).
+func (s *Server) writeRecovery(q *request, status int, r deadletters.Recovery) error {
+	by, err := audit.VisibleActor(q.ctx, s.cfg.Pool, q.scope(), r.CreatedBy)
+	if err != nil {
+		return err
+	}
+	r.CreatedBy = by
+	writeJSON(q.w, status, r)
 	return nil
 }

@@ -117,3 +117,30 @@ func TestTenantTrailNamesNoOperator(t *testing.T) {
 		t.Errorf("the admin's trail lost the CLI user: %s", r.Raw)
 	}
 }
+
+// TestTenantReadsNoOperatorIdentity: the operator's identity reaches a tenant through no other
+// field either: the created_by of a key or a recovery shown in the trail's before and after, and
+// a recovery read or cancelled by the tenant, all read "operator" when an admin key made them.
+func TestTenantReadsNoOperatorIdentity(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	acme := h.key(ptr("acme"))
+	adminActor := "key:" + h.must(http.StatusOK, h.admin, "GET", "/v1/me", nil).Body["key_id"].(string)
+	h.must(http.StatusCreated, h.admin, "POST", "/v1/api-keys", map[string]any{"tenant": "acme", "description": "ci"})
+	ep := h.endpoint("https://hooks.example.com/a", "acme")
+	rec := h.must(http.StatusAccepted, h.admin, "POST", "/v1/endpoints/"+ep+"/recover",
+		map[string]any{"since": time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)})
+	id := rec.Body["id"].(string)
+	for _, path := range []string{"/v1/audit", "/v1/recoveries/" + id} {
+		r := h.must(http.StatusOK, acme, "GET", path, nil)
+		if strings.Contains(string(r.Raw), adminActor) {
+			t.Errorf("GET %s as acme names the admin key: %s", path, r.Raw)
+		}
+		if !strings.Contains(string(r.Raw), `"created_by":"operator"`) {
+			t.Errorf("GET %s as acme: no created_by read as operator: %s", path, r.Raw)
+		}
+	}
+	if r := h.must(http.StatusOK, h.admin, "GET", "/v1/recoveries/"+id, nil); !strings.Contains(string(r.Raw), adminActor) {
+		t.Errorf("the admin no longer reads who started the recovery: %s", r.Raw)
+	}
+}
