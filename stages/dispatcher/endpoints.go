@@ -992,7 +992,8 @@ func (r *outcomeRecorder) putBack(outs []endpointOutcome) {
 	}
 }
 
-// recordOutcomes runs until Stop closes done, then records what is left (bounded by ctx). A
+// recordOutcomes runs until Stop closes done, then records what is left (bounded by ctx, and
+// by finalOutcomeTries). A
 // record the database refused for a passing reason (a deadlock, a lock or statement timeout, a
 // lost connection) is put back and tried again, merged with what came meanwhile: dropped, a
 // 410 lost there never disabled its endpoint, and a lost success left a recovered endpoint
@@ -1007,14 +1008,26 @@ func (d *Dispatcher) recordOutcomes(ctx context.Context) {
 		case <-r.done:
 			stop = true
 		}
-		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 10*time.Second) {
+		for wait, tries := 100*time.Millisecond, 1; ; wait, tries = min(2*wait, 10*time.Second), tries+1 {
 			outs := r.take()
 			if len(outs) == 0 || d.writeOutcomes(ctx, outs) {
 				break
 			}
+			if stop && tries >= finalOutcomeTries {
+				// Stopping, and the database still refuses: Stop must not wait on it for ever
+				// (a caller's context may have no deadline).
+				d.log.Warn("endpoint outcomes not recorded at shutdown", zap.Int("endpoints", len(outs)))
+				return
+			}
 			r.putBack(outs)
+			var stopping <-chan struct{} // Stop, while waiting to try again
+			if !stop {
+				stopping = r.done
+			}
 			select {
 			case <-time.After(wait):
+			case <-stopping:
+				stop = true
 			case <-ctx.Done():
 				return
 			}
@@ -1024,6 +1037,9 @@ func (d *Dispatcher) recordOutcomes(ctx context.Context) {
 		}
 	}
 }
+
+// finalOutcomeTries is how many times the outcomes left at Stop are tried (0.7 s of waits).
+const finalOutcomeTries = 3
 
 // writeOutcomes runs endpoint_outcomes.sql and disables the endpoints that answered 410. It
 // reports false when the record should be tried again: the database refused it for a passing

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,10 +15,10 @@ import (
 	"github.com/fluxora/fluxhook/stages/settle"
 )
 
-// recorderInstance is the part of a dispatcher the outcome recorder uses, running: a pool
-// with the dispatcher's session settings (deadlock_timeout as given, application_name name),
-// a log and a settler.
-func recorderInstance(t *testing.T, db *sqltest.DB, name, deadlockTimeout string) *Dispatcher {
+// recorderInstance is the part of a dispatcher the outcome recorder and disableStale use, the
+// recorder running: a pool with the dispatcher's session settings (deadlock_timeout as given,
+// application_name name), a log kept from Warn up, a settler and an hour's disable-after.
+func recorderInstance(t *testing.T, db *sqltest.DB, name, deadlockTimeout string) (*Dispatcher, *observer.ObservedLogs) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	if err != nil {
@@ -31,8 +32,9 @@ func recorderInstance(t *testing.T, db *sqltest.DB, name, deadlockTimeout string
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	core, _ := observer.New(zap.WarnLevel)
+	core, logs := observer.New(zap.WarnLevel)
 	d := &Dispatcher{pool: pool, log: zap.New(core), settler: settle.New(pool, settle.Config{InstanceID: name})}
+	d.cfg.EndpointDisableAfter = time.Hour
 	d.outcomes = newOutcomeRecorder()
 	ctx, cancel := context.WithCancel(context.Background())
 	go d.recordOutcomes(ctx)
@@ -41,7 +43,7 @@ func recorderInstance(t *testing.T, db *sqltest.DB, name, deadlockTimeout string
 		<-d.outcomes.ended
 		cancel()
 	})
-	return d
+	return d, logs
 }
 
 // TestOutcomeRecordsOfTwoInstancesNeverDeadlock: two instances record outcomes of the same two
@@ -60,8 +62,8 @@ func TestOutcomeRecordsOfTwoInstancesNeverDeadlock(t *testing.T) {
 		($2, 'http://127.0.0.1:9/two', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw')`, e1, e2); err != nil {
 		t.Fatal(err)
 	}
-	a := recorderInstance(t, db, "recorder-a", "100ms") // A would be the deadlock's victim
-	b := recorderInstance(t, db, "recorder-b", "10s")
+	a, _ := recorderInstance(t, db, "recorder-a", "100ms") // A would be the deadlock's victim
+	b, _ := recorderInstance(t, db, "recorder-b", "10s")
 	op, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +129,7 @@ func TestOutcomeRecordedOnlyWhereItWasSaid(t *testing.T) {
 		($2, 'http://127.0.0.1:9/two', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'acme')`, e1, e2); err != nil {
 		t.Fatal(err)
 	}
-	a := recorderInstance(t, db, "recorder-where", "1s")
+	a, _ := recorderInstance(t, db, "recorder-where", "1s")
 	op, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -175,6 +177,64 @@ func TestOutcomeRecordedOnlyWhereItWasSaid(t *testing.T) {
 	}
 }
 
+// TestOutcomeRecordNeverDeadlocksWithDisableStale: a success recorded for two failing
+// endpoints while the housekeeping disables them: both lock the rows in the order of their
+// ids. disableStale locked them in its plan's order (the tenant index), and the two deadlocked.
+func TestOutcomeRecordNeverDeadlocksWithDisableStale(t *testing.T) {
+	t.Parallel()
+	db := sqltest.NewMigrated(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const e1, e2 = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
+	// e2 first in the heap and in the tenant index: a plan's scan locks e2 first.
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO webhook_endpoints (id, url, secret, tenant, failing_since) VALUES
+		($2, 'http://127.0.0.1:9/two', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'alpha', now() - interval '2 hours'),
+		($1, 'http://127.0.0.1:9/one', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'zeta', now() - interval '2 hours')`, e1, e2); err != nil {
+		t.Fatal(err)
+	}
+	rec, recLogs := recorderInstance(t, db, "recorder-rec", "100ms")
+	dis, disLogs := recorderInstance(t, db, "recorder-dis", "1s")
+	op, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = op.Rollback(ctx) }()
+	if _, err := op.Exec(ctx, `SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR UPDATE`, e1); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(name string) func() bool {
+		return func() bool {
+			var n int
+			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1
+				AND cardinality(pg_blocking_pids(pid)) > 0`, name).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n == 1
+		}
+	}
+	zeta, alpha := "zeta", "alpha"
+	rec.outcomes.add([]endpointOutcome{{id: e2, result: 1, url: "http://127.0.0.1:9/two", tenant: &alpha},
+		{id: e1, result: 1, url: "http://127.0.0.1:9/one", tenant: &zeta}})
+	pollUntil(t, ctx, "the record waiting", waiting("recorder-rec"))
+	done := make(chan struct{})
+	go func() { dis.disableStale(ctx); close(done) }()
+	pollUntil(t, ctx, "disableStale waiting", waiting("recorder-dis"))
+	if err := op.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	pollUntil(t, ctx, "the record written", func() bool {
+		rec.outcomes.mu.Lock()
+		defer rec.outcomes.mu.Unlock()
+		return len(rec.outcomes.pending) == 0 && !waiting("recorder-rec")()
+	})
+	for _, l := range append(recLogs.All(), disLogs.All()...) {
+		if err, ok := l.ContextMap()["error"].(string); ok && strings.Contains(err, "40P01") {
+			t.Errorf("deadlock between the outcome recorder and disableStale: %q: %v", l.Message, err)
+		}
+	}
+}
+
 // pollUntil checks cond every 20 ms until it holds, failing t when ctx ends first.
 func pollUntil(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	t.Helper()
@@ -184,5 +244,32 @@ func pollUntil(t *testing.T, ctx context.Context, what string, cond func() bool)
 			t.Fatalf("gave up waiting for %s: %v", what, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+}
+
+// TestOutcomeRecorderEndsWithTheDatabaseGone: with the database unreachable, Stop's last
+// record is tried a few times, then given up with a warning: a Stop whose context has no
+// deadline (a program embedding the dispatcher) must still return.
+func TestOutcomeRecorderEndsWithTheDatabaseGone(t *testing.T) {
+	t.Parallel()
+	// Loopback, a port nothing listens on: refused at once.
+	pool, err := pgxpool.New(context.Background(), "postgres://root@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	core, logs := observer.New(zap.WarnLevel)
+	d := &Dispatcher{pool: pool, log: zap.New(core)}
+	d.outcomes = newOutcomeRecorder()
+	go d.recordOutcomes(context.Background())
+	d.outcomes.add(outcomesOf("11111111-1111-4111-8111-111111111111", 2))
+	close(d.outcomes.done)
+	select {
+	case <-d.outcomes.ended:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the recorder had not ended 30 s after Stop, the database unreachable")
+	}
+	if logs.FilterMessage("endpoint outcomes not recorded at shutdown").Len() != 1 {
+		t.Errorf("no warning that the last outcomes were given up: %v", logs.All())
 	}
 }
