@@ -77,15 +77,8 @@ func TestOutcomeRecordsOfTwoInstancesNeverDeadlock(t *testing.T) {
 	at := func(o endpointOutcome, result int16) endpointOutcome { o.result = result; return o }
 	a.outcomes.add([]endpointOutcome{at(one, 3), at(two, 2)})
 	b.outcomes.add([]endpointOutcome{at(two, 2), at(one, 2)})
-	pollUntil(t, ctx, "both records waiting for the transaction", func() bool {
-		var waiting int
-		// Blocked by the transaction, or by the other record queued for the same row first.
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name LIKE 'recorder-%' AND cardinality(pg_blocking_pids(pid)) > 0`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		return waiting == 2
-	})
+	// Blocked by the transaction, or by the other record queued for the same row first.
+	pollUntil(t, ctx, "both records waiting for the transaction", func() bool { return blocked(t, ctx, db, "recorder-%") == 2 })
 	if err := op.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -142,14 +135,7 @@ func TestOutcomeRecordedOnlyWhereItWasSaid(t *testing.T) {
 	acme := "acme"
 	a.outcomes.add([]endpointOutcome{{id: e1, result: 3, url: "http://127.0.0.1:9/old", tenant: &acme},
 		{id: e2, result: 1, url: "http://127.0.0.1:9/two", tenant: &acme}})
-	pollUntil(t, ctx, "the record waiting for the change", func() bool {
-		var waiting int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = 'recorder-where' AND cardinality(pg_blocking_pids(pid)) > 0`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		return waiting == 1
-	})
+	pollUntil(t, ctx, "the record waiting for the change", func() bool { return blocked(t, ctx, db, "recorder-where") == 1 })
 	if err := op.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -202,16 +188,7 @@ func TestOutcomeRecordNeverDeadlocksWithDisableStale(t *testing.T) {
 	if _, err := op.Exec(ctx, `SELECT 1 FROM webhook_endpoints WHERE id = $1 FOR UPDATE`, e1); err != nil {
 		t.Fatal(err)
 	}
-	waiting := func(name string) func() bool {
-		return func() bool {
-			var n int
-			if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1
-				AND cardinality(pg_blocking_pids(pid)) > 0`, name).Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			return n == 1
-		}
-	}
+	waiting := func(name string) func() bool { return func() bool { return blocked(t, ctx, db, name) == 1 } }
 	zeta, alpha := "zeta", "alpha"
 	rec.outcomes.add([]endpointOutcome{{id: e2, result: 1, url: "http://127.0.0.1:9/two", tenant: &alpha},
 		{id: e1, result: 1, url: "http://127.0.0.1:9/one", tenant: &zeta}})
@@ -233,6 +210,17 @@ func TestOutcomeRecordNeverDeadlocksWithDisableStale(t *testing.T) {
 			t.Errorf("deadlock between the outcome recorder and disableStale: %q: %v", l.Message, err)
 		}
 	}
+}
+
+// blocked counts the sessions whose application_name is LIKE name that wait for a lock.
+func blocked(t *testing.T, ctx context.Context, db *sqltest.DB, name string) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE application_name LIKE $1 AND cardinality(pg_blocking_pids(pid)) > 0`, name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // pollUntil checks cond every 20 ms until it holds, failing t when ctx ends first.

@@ -32,10 +32,7 @@ func TestMovedEndpointsDeadLetterNamesNoOtherTenant(t *testing.T) {
 	t.Cleanup(consumer.Close)
 	ep := h.endpoint(consumer.URL+"/acme", "acme")
 	startDispatcher(t, h)
-	if _, err := outbox.Enqueue(context.Background(), h.db.Pool, outbox.Event{EventType: "order.created",
-		Payload: map[string]any{"n": 1}, Tenant: "acme"}); err != nil {
-		t.Fatal(err)
-	}
+	enqueueFor(t, h, "acme")
 	select {
 	case <-arrived:
 	case <-time.After(20 * time.Second):
@@ -65,10 +62,7 @@ func TestMovedEndpointStartsWithoutHealth(t *testing.T) {
 	t.Cleanup(consumer.Close)
 	ep := h.endpoint(consumer.URL+"/acme", "acme")
 	startDispatcher(t, h)
-	if _, err := outbox.Enqueue(context.Background(), h.db.Pool, outbox.Event{EventType: "order.created",
-		Payload: map[string]any{"n": 1}, Tenant: "acme"}); err != nil {
-		t.Fatal(err)
-	}
+	enqueueFor(t, h, "acme")
 	h.poll(acme, "/v1/endpoints/"+ep, func(r response) bool { s, _ := r.Body["last_success_at"].(string); return s != "" })
 	h.exec(`UPDATE webhook_endpoints SET failing_since = now() - interval '1 hour' WHERE id = $1`, ep)
 	h.must(http.StatusOK, h.admin, "PATCH", "/v1/endpoints/"+ep, map[string]any{"tenant": "globex", "headers": map[string]string{}})
@@ -142,5 +136,14 @@ func TestTenantReadsNoOperatorIdentity(t *testing.T) {
 	}
 	if r := h.must(http.StatusOK, h.admin, "GET", "/v1/recoveries/"+id, nil); !strings.Contains(string(r.Raw), adminActor) {
 		t.Errorf("the admin no longer reads who started the recovery: %s", r.Raw)
+	}
+}
+
+// enqueueFor enqueues one order.created event of tenant.
+func enqueueFor(t *testing.T, h *harness, tenant string) {
+	t.Helper()
+	if _, err := outbox.Enqueue(context.Background(), h.db.Pool, outbox.Event{EventType: "order.created",
+		Payload: map[string]any{"n": 1}, Tenant: tenant}); err != nil {
+		t.Fatal(err)
 	}
 }
