@@ -992,12 +992,11 @@ func (r *outcomeRecorder) putBack(outs []endpointOutcome) {
 	}
 }
 
-// recordOutcomes runs until Stop closes done, then records what is left (bounded by ctx, and
-// by finalOutcomeTries). A
-// record the database refused for a passing reason (a deadlock, a lock or statement timeout, a
-// lost connection) is put back and tried again, merged with what came meanwhile: dropped, a
-// 410 lost there never disabled its endpoint, and a lost success left a recovered endpoint
-// failing, to be disabled later.
+// recordOutcomes runs until Stop closes done, then records what is left (bounded by ctx and by
+// finalOutcomeTries). A record the database refused for a passing reason (a deadlock, a lock or
+// statement timeout, a lost connection) is put back and tried again, merged with what came
+// meanwhile: dropped, a 410 lost there never disabled its endpoint, and a lost success left a
+// recovered endpoint failing, to be disabled later.
 func (d *Dispatcher) recordOutcomes(ctx context.Context) {
 	r := d.outcomes
 	defer close(r.ended)
