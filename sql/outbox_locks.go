@@ -2,9 +2,18 @@ package sql
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
+
+// IsLockTimeout reports whether err is PostgreSQL's lock_not_available: a statement waited its
+// lock_timeout for a lock another session holds.
+func IsLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == lockNotAvailable
+}
 
 // RowsQuerier runs a query returning rows: a pool, a connection or a transaction.
 type RowsQuerier interface {

@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -525,8 +524,7 @@ func NeedsRouting(d *delivery.Delivery) bool {
 // result: its current holder routes it.
 func (c *Claimer) Route(ctx context.Context, events []*delivery.Delivery, keepDefault bool) (Routed, error) {
 	out, err := c.route(ctx, events, keepDefault)
-	var pgErr *pgconn.PgError
-	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+	if err == nil || !fluxsql.IsLockTimeout(err) {
 		return out, err
 	}
 	// A session outside fluxhook holds an event's row: the events locked now are left to

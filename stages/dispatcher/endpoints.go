@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	fluxsql "github.com/fluxora/fluxhook/sql"
 	"github.com/fluxora/fluxhook/sql/endpoints"
 	"github.com/fluxora/fluxhook/stages/claim"
 	"github.com/fluxora/fluxhook/stages/delivery"
@@ -1101,11 +1102,11 @@ func (d *Dispatcher) recordEndpointOutcomes(ctx context.Context, outs []endpoint
 // connection or a server going down, or no error from the server at all (the network).
 func passing(err error) bool {
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
+	if !errors.As(err, &pgErr) || fluxsql.IsLockTimeout(err) {
 		return true
 	}
 	switch c := pgErr.Code; {
-	case strings.HasPrefix(c, "40"), strings.HasPrefix(c, "08"), strings.HasPrefix(c, "57"), strings.HasPrefix(c, "53"), c == "55P03":
+	case strings.HasPrefix(c, "40"), strings.HasPrefix(c, "08"), strings.HasPrefix(c, "57"), strings.HasPrefix(c, "53"):
 		return true
 	}
 	return false

@@ -141,7 +141,7 @@ func (s *Settler) Settle(ctx context.Context, batch []*delivery.Delivery) (Resul
 // settling around the locked rows, without waiting for them once more; any other error
 // settles as Settle does.
 func (s *Settler) SettleRefused(ctx context.Context, batch []*delivery.Delivery, err error) (Result, error) {
-	if isLockTimeout(err) {
+	if fluxsql.IsLockTimeout(err) {
 		return s.settleAround(ctx, batch, err)
 	}
 	return s.Settle(ctx, batch)
@@ -164,7 +164,7 @@ func (s *Settler) settle(ctx context.Context, batch []*delivery.Delivery, around
 	if !isStatementError(err) || len(batch) == 1 && ctx.Err() != nil {
 		return Result{}, fmt.Errorf("settle: %w", err)
 	}
-	if around && isLockTimeout(err) {
+	if around && fluxsql.IsLockTimeout(err) {
 		return s.settleAround(ctx, batch, err)
 	}
 	// The batch was rejected by the database because of (probably) one row: settle each row
@@ -557,13 +557,6 @@ func (s *Settler) lockHolder(ctx context.Context, id int64) string {
 	return out + ")"
 }
 
-// isLockTimeout reports whether err is PostgreSQL's lock_not_available: a settle statement
-// waited its lock_timeout for a row another session holds (settle.sql).
-func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
-}
-
 // isEncodingError reports whether err is the database refusing text it cannot store in its
 // encoding (character_not_in_repertoire, which invalid byte sequences raise too, and
 // untranslatable_character): what a consumer's answer, valid UTF-8, can still cause in a
@@ -603,7 +596,7 @@ func (s *Settler) settleEach(ctx context.Context, batch []*delivery.Delivery, ba
 		switch {
 		case err == nil:
 			r.Stale = markStale(one, written)
-		case isLockTimeout(err):
+		case fluxsql.IsLockTimeout(err):
 			s.leaveLocked(ctx, d, err)
 			r = Result{Unsettled: 1}
 		default:
@@ -721,7 +714,7 @@ func (s *Settler) SettleAnchored(ctx context.Context, batch []Anchored, lease ti
 		return res, err
 	}
 	res.Refused = err
-	if isLockTimeout(err) {
+	if fluxsql.IsLockTimeout(err) {
 		// As settleAround: the events whose rows are locked now are left to their lease, and
 		// the others written as a batch, without waiting for a locked row again.
 		if batch = s.anchoredAround(ctx, batch, err, &res); len(batch) == 0 {
@@ -734,7 +727,7 @@ func (s *Settler) SettleAnchored(ctx context.Context, batch []Anchored, lease ti
 	for _, a := range batch {
 		if err := s.settleAnchored(ctx, []Anchored{a}, lease, &res); err == nil {
 			continue
-		} else if !isStatementError(err) || isLockTimeout(err) {
+		} else if !isStatementError(err) || fluxsql.IsLockTimeout(err) {
 			res.Failed[a.NewToken] = err
 			continue
 		}
